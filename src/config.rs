@@ -1,0 +1,724 @@
+//! Configuration from `MIRROR_PROXY_*` environment variables, parsed and
+//! validated in one place before anything starts.
+//!
+//! Every problem is collected, so an operator fixing a deployment sees all of
+//! them in one run instead of one per restart. Files named by the TLS settings
+//! are read and parsed here too: a certificate that does not load is a
+//! configuration error, not a runtime surprise on the first connection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use regex::Regex;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::mirror::link::{ControlBatchPolicy, Link, Links};
+use crate::mirror::pid::ClusterId;
+
+/// The prefix shared by every variable the proxy reads.
+pub const PREFIX: &str = "MIRROR_PROXY_";
+
+/// One problem with one variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    pub variable: String,
+    pub value: Option<String>,
+    pub expected: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={:?}: expected {}", self.variable, v, self.expected),
+            None => write!(
+                f,
+                "{} is not set: expected {}",
+                self.variable, self.expected
+            ),
+        }
+    }
+}
+
+/// All problems found in the environment, reported together.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError(pub Vec<ConfigProblem>);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration ({} problem(s)):", self.0.len())?;
+        for p in &self.0 {
+            writeln!(f, "  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// TLS towards clients: our certificate, and optionally the CA that signs
+/// client certificates (needed for links bound to a TLS subject).
+#[derive(Clone)]
+pub struct ClientTls {
+    pub cert_chain: Vec<CertificateDer<'static>>,
+    pub key: Arc<PrivateKeyDer<'static>>,
+    pub client_ca: Option<Vec<CertificateDer<'static>>>,
+}
+
+/// TLS towards the brokers.
+#[derive(Clone)]
+pub struct UpstreamTls {
+    pub ca: Vec<CertificateDer<'static>>,
+    pub client_cert: Option<(Vec<CertificateDer<'static>>, Arc<PrivateKeyDer<'static>>)>,
+    /// Name to verify the broker certificate against, instead of the host the
+    /// proxy connects to.
+    pub server_name: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Clone)]
+pub struct Config {
+    pub bootstrap_servers: Vec<String>,
+    pub listen: SocketAddr,
+    pub advertised_host: String,
+    pub broker_port_base: u16,
+    pub admin_listen: SocketAddr,
+    pub admin_token: Option<String>,
+    pub max_frame_bytes: usize,
+    pub connect_timeout_ms: u64,
+    pub log_format: LogFormat,
+    pub client_tls: Option<ClientTls>,
+    pub upstream_tls: Option<UpstreamTls>,
+    pub links: Links,
+}
+
+impl fmt::Debug for Config {
+    // Keys stay out of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("listen", &self.listen)
+            .field("advertised_host", &self.advertised_host)
+            .field("broker_port_base", &self.broker_port_base)
+            .field("admin_listen", &self.admin_listen)
+            .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("client_tls", &self.client_tls.is_some())
+            .field("upstream_tls", &self.upstream_tls.is_some())
+            .field("links", &self.links.names())
+            .finish()
+    }
+}
+
+/// Documentation of every variable: (name without prefix, default, meaning).
+/// The README table is written from this list.
+pub const VARIABLES: &[(&str, &str, &str)] = &[
+    ("BOOTSTRAP_SERVERS", "(required)", "Comma-separated host:port of the destination brokers the proxy bootstraps from."),
+    ("LISTEN", "0.0.0.0:9092", "Bootstrap listener address (host:port)."),
+    ("ADVERTISED_HOST", "host of LISTEN", "Host name clients are told to connect to for every broker; required when LISTEN binds all interfaces."),
+    ("BROKER_PORT_BASE", "port of LISTEN", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n)."),
+    ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
+    ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
+    ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
+    ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
+    ("LOG_FORMAT", "text", "`text` or `json` (one JSON object per line). Filter with RUST_LOG (default info)."),
+    ("TLS_CERT", "(none)", "PEM certificate chain served to clients; enables TLS on every client listener."),
+    ("TLS_KEY", "(none)", "PEM private key for TLS_CERT (PKCS#8, PKCS#1 or SEC1)."),
+    ("TLS_CLIENT_CA", "(none)", "PEM CA bundle for client certificates. Clients may still connect without one; links with TLS_SUBJECT require one."),
+    ("UPSTREAM_TLS", "false", "`true` to connect to the brokers with TLS."),
+    ("UPSTREAM_TLS_CA", "(required with UPSTREAM_TLS)", "PEM CA bundle that signs the broker certificates."),
+    ("UPSTREAM_TLS_CERT", "(none)", "PEM client certificate chain presented to the brokers."),
+    ("UPSTREAM_TLS_KEY", "(none)", "PEM private key for UPSTREAM_TLS_CERT."),
+    ("UPSTREAM_TLS_SERVER_NAME", "(broker host)", "Name the broker certificates are verified against, instead of the advertised broker host."),
+    ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
+    ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
+    ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
+    ("LINK_<NAME>_TOPICS", "(required per link)", "Comma-separated mirrored topics: names or regular expressions, each matched against the whole topic name."),
+    ("LINK_<NAME>_TLS_SUBJECT", "(none)", "When set, only a TLS client whose certificate subject matches may act as the link (`CN=name` matches the common name; anything else the full subject, e.g. `CN=replicator,O=acme`)."),
+    ("LINK_<NAME>_CONTROL_BATCHES", "drop", "Control batches arriving on the link: `drop` (acknowledge without writing, counted) or `forward` (send on, remapped, for the broker to decide)."),
+];
+
+struct Env<'a> {
+    vars: &'a HashMap<String, String>,
+    problems: Vec<ConfigProblem>,
+}
+
+impl Env<'_> {
+    fn raw(&self, name: &str) -> Option<String> {
+        self.vars
+            .get(&format!("{PREFIX}{name}"))
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+
+    fn problem(&mut self, name: &str, value: Option<String>, expected: impl Into<String>) {
+        self.problems.push(ConfigProblem {
+            variable: format!("{PREFIX}{name}"),
+            value,
+            expected: expected.into(),
+        });
+    }
+
+    /// Parse an optional variable; a bad value is recorded and yields `None`.
+    fn parse<T>(
+        &mut self,
+        name: &str,
+        expected: &str,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Option<T> {
+        let raw = self.raw(name)?;
+        match parse(&raw) {
+            Some(v) => Some(v),
+            None => {
+                self.problem(name, Some(raw), expected);
+                None
+            }
+        }
+    }
+
+    fn certs(&mut self, name: &str) -> Option<Vec<CertificateDer<'static>>> {
+        let path = self.raw(name)?;
+        let loaded = CertificateDer::pem_file_iter(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string()));
+        match loaded {
+            Ok(certs) if !certs.is_empty() => Some(certs),
+            Ok(_) => {
+                self.problem(
+                    name,
+                    Some(path),
+                    "a PEM file holding at least one CERTIFICATE",
+                );
+                None
+            }
+            Err(e) => {
+                self.problem(
+                    name,
+                    Some(path),
+                    format!("a readable PEM certificate file ({e})"),
+                );
+                None
+            }
+        }
+    }
+
+    fn key(&mut self, name: &str) -> Option<PrivateKeyDer<'static>> {
+        let path = self.raw(name)?;
+        match PrivateKeyDer::from_pem_file(PathBuf::from(&path)) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                self.problem(
+                    name,
+                    Some(path),
+                    format!("a readable PEM private key file ({e})"),
+                );
+                None
+            }
+        }
+    }
+}
+
+fn parse_socket_addr(s: &str) -> Option<SocketAddr> {
+    s.parse().ok()
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Some(true),
+        "false" | "0" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+fn valid_host_port(s: &str) -> bool {
+    match s.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
+        None => false,
+    }
+}
+
+/// The `<NAME>` part of a link's variables.
+pub fn link_env_name(link: &str) -> String {
+    link.to_ascii_uppercase().replace('-', "_")
+}
+
+impl Config {
+    /// Read the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let vars: HashMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(PREFIX))
+            .collect();
+        Self::from_vars(&vars)
+    }
+
+    /// Validate a map of variables (full names, with the prefix).
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
+        let mut env = Env {
+            vars,
+            problems: Vec::new(),
+        };
+
+        let bootstrap_servers: Vec<String> = match env.raw("BOOTSTRAP_SERVERS") {
+            None => {
+                env.problem(
+                    "BOOTSTRAP_SERVERS",
+                    None,
+                    "comma-separated host:port list of the destination brokers",
+                );
+                Vec::new()
+            }
+            Some(raw) => {
+                let list: Vec<String> = raw
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if list.is_empty() || !list.iter().all(|s| valid_host_port(s)) {
+                    env.problem(
+                        "BOOTSTRAP_SERVERS",
+                        Some(raw),
+                        "comma-separated host:port list, e.g. broker1:9092,broker2:9092",
+                    );
+                }
+                list
+            }
+        };
+
+        let listen_default: SocketAddr = ([0, 0, 0, 0], 9092).into();
+        let listen = env
+            .parse(
+                "LISTEN",
+                "host:port with an IP address, e.g. 0.0.0.0:9092",
+                parse_socket_addr,
+            )
+            .unwrap_or(listen_default);
+
+        let advertised_host = match env.raw("ADVERTISED_HOST") {
+            Some(h)
+                if h.contains(':')
+                    && !h.starts_with('[')
+                    && h.parse::<std::net::Ipv6Addr>().is_err() =>
+            {
+                env.problem(
+                    "ADVERTISED_HOST",
+                    Some(h),
+                    "a host name or IP address without a port",
+                );
+                String::new()
+            }
+            Some(h) => h,
+            None if listen.ip().is_unspecified() => {
+                env.problem("ADVERTISED_HOST", None, "the host clients reach the proxy at (required because MIRROR_PROXY_LISTEN binds all interfaces)");
+                String::new()
+            }
+            None => listen.ip().to_string(),
+        };
+
+        let broker_port_base = env
+            .parse(
+                "BROKER_PORT_BASE",
+                "a port number (0-65535); node n is served at base + n",
+                |s| s.parse::<u16>().ok(),
+            )
+            .unwrap_or(listen.port());
+
+        let admin_token = env.raw("ADMIN_TOKEN");
+        let admin_default: SocketAddr = ([127, 0, 0, 1], 9190).into();
+        let admin_listen = env
+            .parse(
+                "ADMIN_LISTEN",
+                "host:port with an IP address, e.g. 127.0.0.1:9190",
+                parse_socket_addr,
+            )
+            .unwrap_or(admin_default);
+        if !admin_listen.ip().is_loopback() && admin_token.is_none() {
+            env.problem(
+                "ADMIN_LISTEN",
+                Some(admin_listen.to_string()),
+                "a loopback address unless MIRROR_PROXY_ADMIN_TOKEN is set",
+            );
+        }
+
+        let max_frame_bytes = env
+            .parse(
+                "MAX_FRAME_BYTES",
+                "a whole number of bytes from 1024 to 2147483647",
+                |s| {
+                    s.parse::<usize>()
+                        .ok()
+                        .filter(|n| (1024..=i32::MAX as usize).contains(n))
+                },
+            )
+            .unwrap_or(100 * 1024 * 1024);
+
+        let connect_timeout_ms = env
+            .parse(
+                "CONNECT_TIMEOUT_MS",
+                "a whole number of milliseconds greater than 0",
+                |s| s.parse::<u64>().ok().filter(|n| *n > 0),
+            )
+            .unwrap_or(10_000);
+
+        let log_format = env
+            .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
+                "text" => Some(LogFormat::Text),
+                "json" => Some(LogFormat::Json),
+                _ => None,
+            })
+            .unwrap_or(LogFormat::Text);
+
+        let client_tls = Self::client_tls(&mut env);
+        let upstream_tls = Self::upstream_tls(&mut env);
+        let links = Self::links(&mut env, client_tls.as_ref(), true);
+
+        if env.problems.is_empty() {
+            Ok(Config {
+                bootstrap_servers,
+                listen,
+                advertised_host,
+                broker_port_base,
+                admin_listen,
+                admin_token,
+                max_frame_bytes,
+                connect_timeout_ms,
+                log_format,
+                client_tls,
+                upstream_tls,
+                links,
+            })
+        } else {
+            Err(ConfigError(env.problems))
+        }
+    }
+
+    /// Only the mirror links (for the `unmap` subcommand, which needs no
+    /// listener or TLS settings).
+    pub fn links_from_env() -> Result<Links, ConfigError> {
+        let vars: HashMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(PREFIX))
+            .collect();
+        let mut env = Env {
+            vars: &vars,
+            problems: Vec::new(),
+        };
+        let links = Self::links(&mut env, None, false);
+        if env.problems.is_empty() {
+            Ok(links)
+        } else {
+            Err(ConfigError(env.problems))
+        }
+    }
+
+    fn client_tls(env: &mut Env<'_>) -> Option<ClientTls> {
+        let cert = env.certs("TLS_CERT");
+        let key = env.key("TLS_KEY");
+        let client_ca = env.certs("TLS_CLIENT_CA");
+        let cert_set = env.raw("TLS_CERT").is_some();
+        let key_set = env.raw("TLS_KEY").is_some();
+        if cert_set != key_set {
+            let missing = if cert_set { "TLS_KEY" } else { "TLS_CERT" };
+            env.problem(missing, None, "set together with its partner: TLS needs both MIRROR_PROXY_TLS_CERT and MIRROR_PROXY_TLS_KEY");
+        }
+        if env.raw("TLS_CLIENT_CA").is_some() && !cert_set {
+            env.problem(
+                "TLS_CERT",
+                None,
+                "a server certificate, because MIRROR_PROXY_TLS_CLIENT_CA is set",
+            );
+        }
+        Some(ClientTls {
+            cert_chain: cert?,
+            key: Arc::new(key?),
+            client_ca,
+        })
+    }
+
+    fn upstream_tls(env: &mut Env<'_>) -> Option<UpstreamTls> {
+        let enabled = env
+            .parse("UPSTREAM_TLS", "`true` or `false`", parse_bool)
+            .unwrap_or(false);
+        let ca = env.certs("UPSTREAM_TLS_CA");
+        let cert = env.certs("UPSTREAM_TLS_CERT");
+        let key = env.key("UPSTREAM_TLS_KEY");
+        let server_name = env.raw("UPSTREAM_TLS_SERVER_NAME");
+        if !enabled {
+            return None;
+        }
+        if env.raw("UPSTREAM_TLS_CA").is_none() {
+            env.problem(
+                "UPSTREAM_TLS_CA",
+                None,
+                "a PEM CA bundle, because MIRROR_PROXY_UPSTREAM_TLS is true",
+            );
+        }
+        let cert_set = env.raw("UPSTREAM_TLS_CERT").is_some();
+        if cert_set != env.raw("UPSTREAM_TLS_KEY").is_some() {
+            let missing = if cert_set {
+                "UPSTREAM_TLS_KEY"
+            } else {
+                "UPSTREAM_TLS_CERT"
+            };
+            env.problem(
+                missing,
+                None,
+                "set together with its partner (client certificate and key)",
+            );
+        }
+        let client_cert = match (cert, key) {
+            (Some(c), Some(k)) => Some((c, Arc::new(k))),
+            _ => None,
+        };
+        Some(UpstreamTls {
+            ca: ca?,
+            client_cert,
+            server_name,
+        })
+    }
+
+    fn links(env: &mut Env<'_>, client_tls: Option<&ClientTls>, check_tls: bool) -> Links {
+        let Some(raw) = env.raw("LINKS") else {
+            return Links::default();
+        };
+        let name_re = Regex::new("^[a-z0-9-]+$").ok();
+        let mut links = Vec::new();
+        let mut client_ids: BTreeMap<String, String> = BTreeMap::new();
+        for name in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if !name_re.as_ref().is_some_and(|re| re.is_match(name)) {
+                env.problem(
+                    "LINKS",
+                    Some(raw.clone()),
+                    format!("link names made of [a-z0-9-]+ (found {name:?})"),
+                );
+                continue;
+            }
+            let var = |suffix: &str| format!("LINK_{}_{suffix}", link_env_name(name));
+
+            let source_cluster_id = match env.raw(&var("SOURCE_CLUSTER_ID")) {
+                None => {
+                    env.problem(
+                        &var("SOURCE_CLUSTER_ID"),
+                        None,
+                        "the source cluster id: 22 characters of URL-safe base64 encoding 16 bytes",
+                    );
+                    None
+                }
+                Some(v) => match v.parse::<ClusterId>() {
+                    Ok(id) => Some(id),
+                    Err(e) => {
+                        env.problem(&var("SOURCE_CLUSTER_ID"), Some(v), e.to_string());
+                        None
+                    }
+                },
+            };
+            let client_id = env
+                .raw(&var("CLIENT_ID"))
+                .unwrap_or_else(|| format!("mirror-{name}"));
+            if let Some(other) = client_ids.insert(client_id.clone(), name.to_string()) {
+                env.problem(
+                    &var("CLIENT_ID"),
+                    Some(client_id.clone()),
+                    format!("a client id no other link uses (link {other:?} has it)"),
+                );
+            }
+            let topics = match env.raw(&var("TOPICS")) {
+                None => {
+                    env.problem(
+                        &var("TOPICS"),
+                        None,
+                        "comma-separated topic names or regular expressions",
+                    );
+                    None
+                }
+                Some(v) => {
+                    let mut patterns = Vec::new();
+                    let mut ok = true;
+                    for p in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        match Regex::new(&format!("^(?:{p})$")) {
+                            Ok(re) => patterns.push(re),
+                            Err(e) => {
+                                ok = false;
+                                env.problem(
+                                    &var("TOPICS"),
+                                    Some(v.clone()),
+                                    format!("valid regular expressions ({p:?}: {e})"),
+                                );
+                            }
+                        }
+                    }
+                    if ok && patterns.is_empty() {
+                        env.problem(
+                            &var("TOPICS"),
+                            Some(v),
+                            "at least one topic name or regular expression",
+                        );
+                        None
+                    } else {
+                        ok.then_some(patterns)
+                    }
+                }
+            };
+            let tls_subject = env.raw(&var("TLS_SUBJECT"));
+            if check_tls
+                && tls_subject.is_some()
+                && client_tls.and_then(|t| t.client_ca.as_ref()).is_none()
+            {
+                env.problem(&var("TLS_SUBJECT"), tls_subject.clone(), "client TLS with client certificates: set MIRROR_PROXY_TLS_CERT, MIRROR_PROXY_TLS_KEY and MIRROR_PROXY_TLS_CLIENT_CA");
+            }
+            let control_batches = env
+                .parse(
+                    &var("CONTROL_BATCHES"),
+                    "`drop` or `forward`",
+                    |s| match s {
+                        "drop" => Some(ControlBatchPolicy::Drop),
+                        "forward" => Some(ControlBatchPolicy::Forward),
+                        _ => None,
+                    },
+                )
+                .unwrap_or(ControlBatchPolicy::Drop);
+            if let (Some(source_cluster_id), Some(topics)) = (source_cluster_id, topics) {
+                links.push(Link::new(
+                    name.to_string(),
+                    source_cluster_id,
+                    client_id,
+                    topics,
+                    tls_subject,
+                    control_batches,
+                ));
+            }
+        }
+        Links::new(links)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
+            .collect()
+    }
+
+    fn problems(pairs: &[(&str, &str)]) -> Vec<ConfigProblem> {
+        match Config::from_vars(&vars(pairs)) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0,
+        }
+    }
+
+    #[test]
+    fn minimal_configuration_has_documented_defaults() {
+        let c = Config::from_vars(&vars(&[
+            ("BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+        ]))
+        .expect("valid");
+        assert_eq!(c.bootstrap_servers, vec!["127.0.0.1:9092"]);
+        assert_eq!(c.advertised_host, "127.0.0.1");
+        assert_eq!(c.broker_port_base, 19092);
+        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
+        assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert!(c.client_tls.is_none() && c.upstream_tls.is_none());
+        assert!(c.links.is_empty());
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_variable_and_value() {
+        let p = problems(&[
+            ("LISTEN", "not-an-address"),
+            ("MAX_FRAME_BYTES", "12"),
+            ("LOG_FORMAT", "xml"),
+            ("ADMIN_LISTEN", "0.0.0.0:9190"),
+            ("TLS_CERT", "/nonexistent/cert.pem"),
+        ]);
+        let vars: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        for expected in [
+            "MIRROR_PROXY_BOOTSTRAP_SERVERS",
+            "MIRROR_PROXY_LISTEN",
+            "MIRROR_PROXY_MAX_FRAME_BYTES",
+            "MIRROR_PROXY_LOG_FORMAT",
+            "MIRROR_PROXY_ADMIN_LISTEN",
+            "MIRROR_PROXY_TLS_CERT",
+            "MIRROR_PROXY_TLS_KEY",
+        ] {
+            assert!(vars.contains(&expected), "{expected} missing from {vars:?}");
+        }
+        let text = ConfigError(p).to_string();
+        assert!(
+            text.contains("MIRROR_PROXY_LOG_FORMAT=\"xml\": expected `text` or `json`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn links_are_parsed_with_defaults() {
+        let c = Config::from_vars(&vars(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("LINKS", "east-1,west"),
+            ("LINK_EAST_1_SOURCE_CLUSTER_ID", "MkU3OEVBNTcwNTJENDM2Qk"),
+            ("LINK_EAST_1_TOPICS", "orders,audit\\..*"),
+            ("LINK_WEST_SOURCE_CLUSTER_ID", "AAAAAAAAAAAAAAAAAAAAAA"),
+            ("LINK_WEST_TOPICS", "x"),
+            ("LINK_WEST_CLIENT_ID", "west-replicator"),
+            ("LINK_WEST_CONTROL_BATCHES", "forward"),
+        ]))
+        .expect("valid");
+        let east = c.links.by_client_id("mirror-east-1").expect("east");
+        assert_eq!(east.name(), "east-1");
+        assert_eq!(east.region(), 0x71720375);
+        assert!(east.mirrors_topic("orders"));
+        assert!(east.mirrors_topic("audit.2024"));
+        assert!(!east.mirrors_topic("orders2"));
+        assert_eq!(east.control_batches(), ControlBatchPolicy::Drop);
+        let west = c.links.by_client_id("west-replicator").expect("west");
+        assert_eq!(west.control_batches(), ControlBatchPolicy::Forward);
+    }
+
+    #[test]
+    fn bad_links_name_the_variable() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("LINKS", "a,B_ad"),
+            ("LINK_A_SOURCE_CLUSTER_ID", "too-short"),
+            ("LINK_A_TOPICS", "("),
+            ("LINK_A_TLS_SUBJECT", "CN=x"),
+            ("LINK_A_CONTROL_BATCHES", "keep"),
+        ]);
+        let mut vars: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        vars.sort();
+        assert_eq!(
+            vars,
+            vec![
+                "MIRROR_PROXY_LINKS",
+                "MIRROR_PROXY_LINK_A_CONTROL_BATCHES",
+                "MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID",
+                "MIRROR_PROXY_LINK_A_TOPICS",
+                "MIRROR_PROXY_LINK_A_TLS_SUBJECT",
+            ]
+        );
+        let id = p
+            .iter()
+            .find(|p| p.variable.ends_with("SOURCE_CLUSTER_ID"))
+            .expect("id problem");
+        assert!(id.expected.contains("22 characters"), "{}", id.expected);
+    }
+
+    #[test]
+    fn advertised_host_is_required_when_listening_on_all_interfaces() {
+        let p = problems(&[("BOOTSTRAP_SERVERS", "b:9092")]);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].variable, "MIRROR_PROXY_ADVERTISED_HOST");
+    }
+}

@@ -1,0 +1,176 @@
+//! The `kafka-mirror-proxy` binary: `run` (the default) starts the proxy from
+//! `MIRROR_PROXY_*` variables; `map` and `unmap` read producer ids the way
+//! the proxy writes them, for operators reading a log dump.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use kafka_mirror_proxy::config::{Config, LogFormat};
+use kafka_mirror_proxy::metrics::Metrics;
+use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
+use kafka_mirror_proxy::proxy::Proxy;
+
+#[derive(Parser)]
+#[command(
+    name = "kafka-mirror-proxy",
+    version,
+    about = "Kafka proxy that remaps mirrored producer ids"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy (configured from MIRROR_PROXY_* variables; see README).
+    Run,
+    /// Print the producer id the proxy writes for a source PID.
+    Map {
+        /// Source cluster id (22 characters of URL-safe base64).
+        #[arg(long)]
+        source_cluster_id: String,
+        /// Producer id on the source cluster.
+        #[arg(long, allow_hyphen_values = true)]
+        pid: i64,
+    },
+    /// Split a mapped producer id into region and identity, and name the
+    /// configured link (MIRROR_PROXY_LINKS...) whose region it is.
+    Unmap {
+        #[arg(long, allow_hyphen_values = true)]
+        pid: i64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Run) {
+        Command::Run => run(),
+        Command::Map {
+            source_cluster_id,
+            pid,
+        } => map(&source_cluster_id, pid),
+        Command::Unmap { pid } => unmap(pid),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kafka-mirror-proxy: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn map(source_cluster_id: &str, pid: i64) -> anyhow::Result<()> {
+    let id: ClusterId = source_cluster_id
+        .parse()
+        .with_context(|| format!("--source-cluster-id {source_cluster_id:?}"))?;
+    let region = cluster_hash(&id);
+    match map_pid(region, pid) {
+        Mapping::Mapped(mapped) => println!("{mapped}"),
+        Mapping::Unchanged => println!("{pid}"),
+        Mapping::Unplaceable(why) => anyhow::bail!("producer id {pid} cannot be mapped: {why}"),
+    }
+    Ok(())
+}
+
+fn unmap(pid: i64) -> anyhow::Result<()> {
+    let Some((region, identity)) = unmap_pid(pid) else {
+        println!("producer id {pid} is not a mapped id (mapped ids are negative and not -1)");
+        return Ok(());
+    };
+    println!("region   0x{region:08x}");
+    println!("identity {identity}");
+    let links = Config::links_from_env().context("reading the link configuration")?;
+    match links.by_region(region) {
+        Some(link) => println!(
+            "link     {} (source cluster {})",
+            link.name(),
+            link.source_cluster_id()
+        ),
+        None if links.is_empty() => {
+            println!("link     (no links configured in MIRROR_PROXY_LINKS)")
+        }
+        None => println!(
+            "link     none of the configured links ({})",
+            links.names().join(", ")
+        ),
+    }
+    Ok(())
+}
+
+fn run() -> anyhow::Result<()> {
+    let config = Config::from_env()?;
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(serve(config))
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    tracing::info!(?config, "starting");
+    let admin_addr = config.admin_listen;
+    let metrics = Arc::new(Metrics::default());
+    let admin = kafka_mirror_proxy::admin::bind(admin_addr)
+        .await
+        .with_context(|| {
+            format!("binding the admin listener on {admin_addr} (MIRROR_PROXY_ADMIN_LISTEN)")
+        })?;
+    let admin_addr = admin.local_addr().unwrap_or(admin_addr);
+    let proxy = Proxy::start(config, metrics).await?;
+    let shared = Arc::clone(&proxy.shared);
+    tokio::spawn(async move {
+        if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
+            tracing::error!(error = %e, "admin endpoint stopped");
+        }
+    });
+    tracing::info!(
+        bootstrap = %proxy.bootstrap_addr,
+        admin = %admin_addr,
+        links = ?proxy.shared.config.links.names(),
+        "proxy ready"
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,238 @@
+//! Mirror links: which Produce requests belong to which source cluster.
+//!
+//! A request belongs to a link when its header carries the link's client id
+//! and, if the link is bound to a TLS subject, the connection presented a
+//! matching client certificate. Everything else is local traffic whose
+//! producer IDs are never touched.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use regex::Regex;
+
+use crate::mirror::pid::{cluster_hash, ClusterId};
+
+/// What a link does with control batches (transaction markers copied from
+/// the source log). A stock broker refuses client-written control batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlBatchPolicy {
+    /// Acknowledge without writing, and count them.
+    Drop,
+    /// Send them on (remapped) and let the broker decide.
+    Forward,
+}
+
+/// One mirror link: one flow of mirrored traffic from one source cluster.
+#[derive(Debug)]
+pub struct Link {
+    name: String,
+    source_cluster_id: ClusterId,
+    region: u32,
+    client_id: String,
+    topics: Vec<Regex>,
+    tls_subject: Option<String>,
+    control_batches: ControlBatchPolicy,
+}
+
+impl Link {
+    pub fn new(
+        name: String,
+        source_cluster_id: ClusterId,
+        client_id: String,
+        topics: Vec<Regex>,
+        tls_subject: Option<String>,
+        control_batches: ControlBatchPolicy,
+    ) -> Link {
+        Link {
+            name,
+            region: cluster_hash(&source_cluster_id),
+            source_cluster_id,
+            client_id,
+            topics,
+            tls_subject,
+            control_batches,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn source_cluster_id(&self) -> &ClusterId {
+        &self.source_cluster_id
+    }
+    /// The 32-bit region of the bit-field mapping (the source cluster hash).
+    pub fn region(&self) -> u32 {
+        self.region
+    }
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+    pub fn control_batches(&self) -> ControlBatchPolicy {
+        self.control_batches
+    }
+    pub fn tls_subject(&self) -> Option<&str> {
+        self.tls_subject.as_deref()
+    }
+
+    /// Whether `topic` is one of the link's mirrored topics (each pattern is
+    /// anchored at both ends).
+    pub fn mirrors_topic(&self, topic: &str) -> bool {
+        self.topics.iter().any(|re| re.is_match(topic))
+    }
+
+    /// Whether a connection whose client certificate has `subject` may act
+    /// as this link.
+    pub fn admits(&self, subject: Option<&CertSubject>) -> bool {
+        match (&self.tls_subject, subject) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(want), Some(have)) => have.matches(want),
+        }
+    }
+}
+
+/// The subject of a verified client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertSubject {
+    /// RFC 4514-style, attributes in certificate order, e.g. `CN=r,O=acme`.
+    pub full: String,
+    pub common_name: Option<String>,
+}
+
+impl CertSubject {
+    /// `CN=name` matches the common name alone; anything else must equal the
+    /// full subject (spaces after commas ignored).
+    pub fn matches(&self, configured: &str) -> bool {
+        let normalize = |s: &str| s.split(',').map(str::trim).collect::<Vec<_>>().join(",");
+        let configured = normalize(configured);
+        if let Some(cn) = configured.strip_prefix("CN=") {
+            if !cn.contains(',') {
+                return self.common_name.as_deref() == Some(cn);
+            }
+        }
+        normalize(&self.full) == configured
+    }
+}
+
+/// Whom a request speaks for.
+#[derive(Debug, Clone)]
+pub enum Origin {
+    /// Not mirrored traffic.
+    Local,
+    /// The named link's replicator.
+    Link(Arc<Link>),
+    /// A connection that uses a link's client id without the certificate the
+    /// link requires.
+    Spoofed(Arc<Link>),
+}
+
+/// All configured links, looked up by client id.
+#[derive(Debug, Clone, Default)]
+pub struct Links {
+    by_client_id: HashMap<String, Arc<Link>>,
+    ordered: Vec<Arc<Link>>,
+}
+
+impl Links {
+    pub fn new(links: Vec<Link>) -> Links {
+        let ordered: Vec<Arc<Link>> = links.into_iter().map(Arc::new).collect();
+        let by_client_id = ordered
+            .iter()
+            .map(|l| (l.client_id.clone(), Arc::clone(l)))
+            .collect();
+        Links {
+            by_client_id,
+            ordered,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ordered.is_empty()
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.ordered.iter().map(|l| l.name()).collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Link>> {
+        self.ordered.iter()
+    }
+
+    pub fn by_client_id(&self, client_id: &str) -> Option<&Arc<Link>> {
+        self.by_client_id.get(client_id)
+    }
+
+    /// The link whose region `region` is, if any (for `unmap`).
+    pub fn by_region(&self, region: u32) -> Option<&Arc<Link>> {
+        self.ordered.iter().find(|l| l.region == region)
+    }
+
+    /// Classify a request by its client id and the connection's certificate.
+    pub fn classify(&self, client_id: Option<&str>, subject: Option<&CertSubject>) -> Origin {
+        match client_id.and_then(|id| self.by_client_id.get(id)) {
+            None => Origin::Local,
+            Some(link) if link.admits(subject) => Origin::Link(Arc::clone(link)),
+            Some(link) => Origin::Spoofed(Arc::clone(link)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(tls_subject: Option<&str>) -> Link {
+        Link::new(
+            "east".into(),
+            "MkU3OEVBNTcwNTJENDM2Qk".parse().expect("cluster id"),
+            "mirror-east".into(),
+            vec![Regex::new("^(?:orders)$").expect("regex")],
+            tls_subject.map(str::to_string),
+            ControlBatchPolicy::Drop,
+        )
+    }
+
+    fn subject(full: &str, cn: &str) -> CertSubject {
+        CertSubject {
+            full: full.into(),
+            common_name: Some(cn.into()),
+        }
+    }
+
+    #[test]
+    fn client_id_selects_the_link() {
+        let links = Links::new(vec![link(None)]);
+        assert!(
+            matches!(links.classify(Some("mirror-east"), None), Origin::Link(l) if l.name() == "east")
+        );
+        assert!(matches!(links.classify(Some("app"), None), Origin::Local));
+        assert!(matches!(links.classify(None, None), Origin::Local));
+    }
+
+    #[test]
+    fn tls_subject_guards_the_client_id() {
+        let links = Links::new(vec![link(Some("CN=replicator"))]);
+        let good = subject("CN=replicator, O=acme", "replicator");
+        let bad = subject("CN=intruder", "intruder");
+        assert!(matches!(
+            links.classify(Some("mirror-east"), Some(&good)),
+            Origin::Link(_)
+        ));
+        assert!(matches!(
+            links.classify(Some("mirror-east"), Some(&bad)),
+            Origin::Spoofed(_)
+        ));
+        assert!(matches!(
+            links.classify(Some("mirror-east"), None),
+            Origin::Spoofed(_)
+        ));
+    }
+
+    #[test]
+    fn full_subjects_compare_without_spaces() {
+        let s = subject("CN=replicator, O=acme", "replicator");
+        assert!(s.matches("CN=replicator,O=acme"));
+        assert!(!s.matches("CN=replicator,O=other"));
+        assert!(!s.matches("CN=other"));
+    }
+}

@@ -1,0 +1,345 @@
+//! Produce rewrite tests: requests encoded by `kafka-protocol` at every
+//! version, rewritten, and decoded again by its CRC-checking decoder.
+
+use super::*;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use regex::Regex;
+
+use crate::mirror::link::{ControlBatchPolicy, Link};
+use crate::mirror::pid::ClusterId;
+use crate::wire::header::RequestHeaderPeek;
+
+const CLUSTER: &str = "MkU3OEVBNTcwNTJENDM2Qk"; // hash 0x71720375
+const MAPPED_5: i64 = -5136071999516311547;
+const TOPIC_ID: Uuid = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+
+fn link(control: ControlBatchPolicy) -> Link {
+    Link::new(
+        "east".into(),
+        CLUSTER.parse::<ClusterId>().expect("cluster id"),
+        "mirror-east".into(),
+        vec![Regex::new("^(?:orders)$").expect("regex")],
+        None,
+        control,
+    )
+}
+
+fn batch(pid: i64, control: bool, values: &[&str]) -> Bytes {
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Record {
+            transactional: false,
+            control,
+            partition_leader_epoch: 0,
+            producer_id: pid,
+            producer_epoch: if pid >= 0 { 3 } else { -1 },
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            sequence: if pid >= 0 { 10 + i as i32 } else { -1 },
+            timestamp: 1_700_000_000_000 + i as i64,
+            key: Some(Bytes::from(format!("k{i}"))),
+            value: Some(Bytes::from(v.to_string())),
+            headers: Default::default(),
+            delete_horizon: false,
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .expect("encode batch");
+    buf.freeze()
+}
+
+/// (topic, partition, records) → a Produce request frame at `version`.
+fn request(version: i16, client_id: &str, parts: &[(&str, i32, Bytes)]) -> Bytes {
+    let mut topics: Vec<TopicProduceData> = Vec::new();
+    for (topic, index, records) in parts {
+        let data = PartitionProduceData::default()
+            .with_index(*index)
+            .with_records(Some(records.clone()));
+        match topics.iter_mut().find(|t| t.name.0.as_str() == *topic) {
+            Some(t) => t.partition_data.push(data),
+            None => topics.push(
+                TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                    .with_topic_id(if version >= 13 { TOPIC_ID } else { Uuid::nil() })
+                    .with_partition_data(vec![data]),
+            ),
+        }
+    }
+    let body = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(topics);
+    let header = RequestHeader::default()
+        .with_request_api_key(0)
+        .with_request_api_version(version)
+        .with_correlation_id(42)
+        .with_client_id(Some(StrBytes::from_string(client_id.into())));
+    let mut out = BytesMut::new();
+    header
+        .encode(&mut out, ApiKey::Produce.request_header_version(version))
+        .expect("header");
+    body.encode(&mut out, version).expect("body");
+    out.freeze()
+}
+
+fn body_offset(frame: &Bytes, version: i16) -> usize {
+    RequestHeaderPeek::parse(frame)
+        .expect("peek")
+        .body_offset(frame, ApiKey::Produce.request_header_version(version))
+        .expect("body offset")
+}
+
+fn names(id: Uuid) -> Option<String> {
+    (id == TOPIC_ID).then(|| "orders".to_string())
+}
+
+fn rewrite(frame: Bytes, version: i16, link: &Link) -> (ProducePlan, Bytes) {
+    let offset = body_offset(&frame, version);
+    let plan = plan(&frame, offset, version, link, &names).expect("plan");
+    let mut bytes = BytesMut::from(&frame[..]);
+    plan.apply(&mut bytes).expect("apply");
+    (plan, bytes.freeze())
+}
+
+/// Decode every batch of a request frame, verifying CRCs.
+fn decoded_pids(frame: &Bytes, version: i16) -> Vec<(i64, Vec<String>)> {
+    let offset = body_offset(frame, version);
+    let request = decode(frame, offset, version).expect("decode");
+    let mut out = Vec::new();
+    for t in request.topic_data {
+        for p in t.partition_data {
+            let mut records = p.records.expect("records");
+            for set in RecordBatchDecoder::decode_all(&mut records).expect("crc-checked decode") {
+                let values = set
+                    .records
+                    .iter()
+                    .map(|r| {
+                        String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()
+                    })
+                    .collect();
+                out.push((set.records[0].producer_id, values));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_produce_version_is_rewritten_with_valid_crcs() {
+    let link = link(ControlBatchPolicy::Drop);
+    let (min, max) = supported_versions();
+    assert_eq!((min, max), (3, 13));
+    for version in min..=max {
+        let frame = request(
+            version,
+            "mirror-east",
+            &[
+                ("orders", 0, batch(5, false, &["a", "b"])),
+                ("orders", 1, batch(-1, false, &["c"])),
+            ],
+        );
+        let (plan, out) = rewrite(frame.clone(), version, &link);
+        assert_eq!(plan.remapped_batches, 1, "v{version}");
+        assert_eq!(plan.forwarded_partitions, 2, "v{version}");
+        assert!(plan.local.is_empty(), "v{version}");
+        assert_eq!(out.len(), frame.len(), "v{version}: patched in place");
+        assert_eq!(
+            decoded_pids(&out, version),
+            vec![
+                (MAPPED_5, vec!["a".into(), "b".into()]),
+                (-1, vec!["c".into()])
+            ],
+            "v{version}"
+        );
+        // Only the 8 PID bytes and 4 CRC bytes of the first batch changed.
+        let changed = frame.iter().zip(out.iter()).filter(|(a, b)| a != b).count();
+        assert!(
+            changed > 0 && changed <= 12,
+            "v{version}: {changed} bytes changed"
+        );
+    }
+}
+
+#[test]
+fn already_mapped_pids_are_left_alone() {
+    let link = link(ControlBatchPolicy::Drop);
+    let frame = request(
+        9,
+        "mirror-east",
+        &[("orders", 0, batch(MAPPED_5, false, &["x"]))],
+    );
+    let (plan, out) = rewrite(frame.clone(), 9, &link);
+    assert_eq!(plan.patches(), 0);
+    assert_eq!(out, frame);
+}
+
+#[test]
+fn topics_outside_the_link_are_refused_by_name() {
+    let link = link(ControlBatchPolicy::Drop);
+    let frame = request(
+        9,
+        "mirror-east",
+        &[
+            ("orders", 0, batch(5, false, &["a"])),
+            ("payments", 0, batch(5, false, &["b"])),
+        ],
+    );
+    let offset = body_offset(&frame, 9);
+    let p = plan(&frame, offset, 9, &link, &names).expect("plan");
+    assert_eq!(p.forwarded_partitions, 1);
+    assert_eq!(p.local.len(), 1);
+    let LocalOutcome::Refused { refusal, message } = &p.local[0].outcome else {
+        panic!("expected a refusal, got {:?}", p.local[0].outcome)
+    };
+    assert_eq!(*refusal, Refusal::TopicNotMirrored);
+    assert!(
+        message.contains("'east'") && message.contains("'payments'"),
+        "{message}"
+    );
+
+    // The forwarded request keeps only the mirrored partition, patched.
+    let mut patched = BytesMut::from(&frame[..]);
+    p.apply(&mut patched).expect("apply");
+    let reduced = without_local_partitions(&patched.freeze(), 9, &p.local).expect("re-encode");
+    let reduced = reduced.freeze();
+    assert_eq!(
+        decoded_pids(&reduced, 9),
+        vec![(MAPPED_5, vec!["a".into()])]
+    );
+
+    // The merged response carries the refusal with its message.
+    let mut response = ProduceResponse::default();
+    merge_local(&mut response, 9, &p.local);
+    let frame = encode_response(42, 9, &response).expect("encode").freeze();
+    let (correlation, decoded) = decode_response(&frame, 9).expect("decode");
+    assert_eq!(correlation, 42);
+    let partition = &decoded.responses[0].partition_responses[0];
+    assert_eq!(decoded.responses[0].name.0.as_str(), "payments");
+    assert_eq!(partition.error_code, ResponseError::PolicyViolation.code());
+    assert!(partition
+        .error_message
+        .as_ref()
+        .is_some_and(|m| m.as_str().contains("does not mirror topic 'payments'")));
+}
+
+#[test]
+fn v13_topic_ids_resolve_or_ask_for_a_metadata_refresh() {
+    let link = link(ControlBatchPolicy::Drop);
+    let frame = request(13, "mirror-east", &[("orders", 0, batch(5, false, &["a"]))]);
+    let offset = body_offset(&frame, 13);
+    let unknown = plan(&frame, offset, 13, &link, &|_| None).expect("plan");
+    assert!(matches!(
+        &unknown.local[0].outcome,
+        LocalOutcome::Refused {
+            refusal: Refusal::UnknownTopicId,
+            ..
+        }
+    ));
+    let known = plan(&frame, offset, 13, &link, &names).expect("plan");
+    assert_eq!(known.remapped_batches, 1);
+}
+
+#[test]
+fn oversized_pids_are_refused_never_truncated() {
+    let link = link(ControlBatchPolicy::Drop);
+    let frame = request(
+        9,
+        "mirror-east",
+        &[("orders", 0, batch(1 << 31, false, &["a"]))],
+    );
+    let offset = body_offset(&frame, 9);
+    let p = plan(&frame, offset, 9, &link, &names).expect("plan");
+    assert_eq!(p.patches(), 0);
+    assert!(matches!(
+        &p.local[0].outcome,
+        LocalOutcome::Refused { refusal: Refusal::UnplaceablePid, message } if message.contains("2147483648")
+    ));
+}
+
+#[test]
+fn control_batches_are_dropped_or_forwarded_by_policy() {
+    let control = batch(5, true, &["marker"]);
+    let frame = request(9, "mirror-east", &[("orders", 0, control)]);
+    let offset = body_offset(&frame, 9);
+    let dropped = plan(&frame, offset, 9, &link(ControlBatchPolicy::Drop), &names).expect("plan");
+    assert_eq!(dropped.forwarded_partitions, 0);
+    assert_eq!(
+        dropped.local[0].outcome,
+        LocalOutcome::DroppedControl { batches: 1 }
+    );
+    let response = local_response(42, 9, &dropped.local)
+        .expect("encode")
+        .freeze();
+    let (_, decoded) = decode_response(&response, 9).expect("decode");
+    assert_eq!(decoded.responses[0].partition_responses[0].error_code, 0);
+
+    let (forwarded, out) = rewrite(frame, 9, &link(ControlBatchPolicy::Forward));
+    assert_eq!(forwarded.forwarded_partitions, 1);
+    assert_eq!(decoded_pids(&out, 9)[0].0, MAPPED_5);
+}
+
+#[test]
+fn a_corrupt_batch_stays_corrupt() {
+    let link = link(ControlBatchPolicy::Drop);
+    let mut bad = BytesMut::from(&batch(5, false, &["a"])[..]);
+    let last = bad.len() - 1;
+    bad[last] ^= 0x01; // flip a payload bit: the CRC no longer matches
+    let frame = request(9, "mirror-east", &[("orders", 0, bad.freeze())]);
+    let (plan, out) = rewrite(frame, 9, &link);
+    assert_eq!(plan.remapped_batches, 1);
+    let offset = body_offset(&out, 9);
+    let request = decode(&out, offset, 9).expect("decode");
+    let mut records = request.topic_data[0].partition_data[0]
+        .records
+        .clone()
+        .expect("records");
+    assert!(
+        RecordBatchDecoder::decode_all(&mut records).is_err(),
+        "CRC must still fail"
+    );
+}
+
+#[test]
+fn truncated_bodies_are_errors() {
+    let frame = request(9, "mirror-east", &[("orders", 0, batch(5, false, &["a"]))]);
+    let cut = frame.slice(..frame.len() - 10);
+    let offset = body_offset(&cut, 9);
+    assert!(matches!(
+        plan(&cut, offset, 9, &link(ControlBatchPolicy::Drop), &names),
+        Err(ProduceError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn spoofed_requests_are_refused_whole() {
+    let frame = request(
+        9,
+        "mirror-east",
+        &[
+            ("orders", 0, batch(5, false, &["a"])),
+            ("orders", 1, batch(5, false, &["b"])),
+        ],
+    );
+    let offset = body_offset(&frame, 9);
+    let p = refuse_all(&frame, offset, 9, Refusal::NotAuthorized, "no certificate").expect("plan");
+    assert_eq!(p.local.len(), 2);
+    let response = local_response(42, 9, &p.local).expect("encode").freeze();
+    let (_, decoded) = decode_response(&response, 9).expect("decode");
+    assert_eq!(decoded.responses.len(), 1);
+    assert!(decoded.responses[0]
+        .partition_responses
+        .iter()
+        .all(|p| p.error_code == ResponseError::TopicAuthorizationFailed.code()));
+}

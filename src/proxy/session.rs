@@ -1,0 +1,494 @@
+//! One client connection and its upstream connection to a broker.
+//!
+//! Two loops run side by side. The request loop reads client frames, peeks
+//! at their headers, lets the Produce filter rewrite mirror traffic, and
+//! forwards; for every request that expects an answer it first queues a
+//! `Pending` entry. The response loop takes those entries in order: a broker
+//! entry waits for the broker's next frame (brokers answer in order on a
+//! connection), a local entry is the proxy's own answer. So responses reach
+//! the client in request order with their correlation ids, however many are
+//! in flight, and a request that gets no response (`acks=0`) leaves nothing
+//! behind.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
+use kafka_protocol::protocol::Message;
+use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use super::addresses::{self, Learnt, RewriteError};
+use super::upstream::{BoxStream, ConnectError};
+use super::{Shared, StartError, Target};
+use crate::metrics::labels;
+use crate::mirror::link::{CertSubject, Origin};
+use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProduceError, Refusal};
+use crate::wire::frame::{write_frame, FrameError, FrameReader};
+use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
+
+/// Requests in flight per connection before the proxy stops reading from
+/// the client (backpressure).
+const MAX_IN_FLIGHT: usize = 512;
+
+/// Why a connection was closed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("TLS handshake with client failed: {0}")]
+    TlsHandshake(std::io::Error),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("no known address for broker node {0} (no Metadata response named it yet)")]
+    UnknownNode(i32),
+    #[error("bad frame from client: {0}")]
+    ClientFrame(FrameError),
+    #[error("malformed request header: {0}")]
+    Header(#[from] HeaderError),
+    #[error(transparent)]
+    Produce(#[from] ProduceError),
+    #[error(transparent)]
+    Rewrite(#[from] RewriteError),
+    #[error("{api:?} v{version} is newer than the proxy parses (up to v{max}); the proxy never advertised it")]
+    UnsupportedVersion { api: ApiKey, version: i16, max: i16 },
+    #[error("broker closed the connection with {in_flight} request(s) in flight")]
+    UpstreamClosed { in_flight: usize },
+    #[error("bad frame from broker: {0}")]
+    UpstreamFrame(FrameError),
+    #[error("broker sent a response with correlation id {got} while {expected} was expected")]
+    CorrelationMismatch { expected: i32, got: i32 },
+    #[error("broker sent a response nobody asked for")]
+    UnexpectedResponse,
+    #[error("opening a listener for a broker: {0}")]
+    Listener(#[from] StartError),
+    #[error("writing: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl SessionError {
+    /// Metric label for why the connection ended.
+    fn label(&self) -> &'static str {
+        match self {
+            SessionError::TlsHandshake(_) => "tls_handshake",
+            SessionError::Connect(_) | SessionError::UnknownNode(_) => "upstream_unreachable",
+            SessionError::ClientFrame(FrameError::TooLarge { .. }) => "frame_too_large",
+            SessionError::ClientFrame(_) => "bad_client_frame",
+            SessionError::Header(_) => "malformed_header",
+            SessionError::Produce(_) => "malformed_produce",
+            SessionError::Rewrite(_) => "bad_response",
+            SessionError::UnsupportedVersion { .. } => "unsupported_version",
+            SessionError::UpstreamClosed { .. } => "upstream_closed",
+            SessionError::UpstreamFrame(_) => "bad_upstream_frame",
+            SessionError::CorrelationMismatch { .. } | SessionError::UnexpectedResponse => {
+                "upstream_protocol"
+            }
+            SessionError::Listener(_) => "listener",
+            SessionError::Io(_) => "io",
+        }
+    }
+}
+
+/// What to do with the broker's answer to a request.
+enum Handling {
+    /// Pass it through untouched.
+    Opaque,
+    /// Clamp to the versions the proxy parses.
+    ApiVersions,
+    /// Replace broker addresses.
+    Addresses,
+    /// A Produce response: rewrite leader endpoints (v10+) and add the
+    /// partitions the proxy answered itself.
+    Produce(Vec<LocalPartition>),
+}
+
+/// A response the client is owed, in request order.
+enum Pending {
+    Broker {
+        correlation_id: i32,
+        api: ApiKey,
+        version: i16,
+        handling: Handling,
+    },
+    /// Opaque request of an API key the proxy does not know.
+    BrokerUnknownApi {
+        correlation_id: i32,
+    },
+    Local(BytesMut),
+}
+
+/// Serve one accepted client connection until either side closes.
+pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
+    let listener = labels(&[("listener", &target.label())]);
+    let m = &shared.metrics;
+    m.inc(
+        "kafka_mirror_proxy_client_connections_total",
+        listener.clone(),
+    );
+    m.add(
+        "kafka_mirror_proxy_client_connections_active",
+        listener.clone(),
+        1,
+    );
+    tracing::debug!(%peer, listener = %target.label(), "client connected");
+    let reason = match run(&shared, tcp, peer, target).await {
+        Ok(()) => {
+            tracing::debug!(%peer, "client closed the connection");
+            "client_closed"
+        }
+        Err(e) => {
+            tracing::warn!(%peer, listener = %target.label(), reason = %e, "closing client connection");
+            e.label()
+        }
+    };
+    m.add("kafka_mirror_proxy_client_connections_active", listener, -1);
+    m.inc(
+        "kafka_mirror_proxy_connections_closed_total",
+        labels(&[("reason", reason)]),
+    );
+}
+
+async fn run(
+    shared: &Arc<Shared>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    target: Target,
+) -> Result<(), SessionError> {
+    let (client, subject): (BoxStream, Option<CertSubject>) = match &shared.acceptor {
+        None => (Box::new(tcp), None),
+        Some(acceptor) => {
+            let tls = acceptor
+                .accept(tcp)
+                .await
+                .map_err(SessionError::TlsHandshake)?;
+            let subject = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|certs| certs.first())
+                .and_then(super::tls::subject);
+            (Box::new(tls), subject)
+        }
+    };
+    let (upstream, broker) = match target {
+        Target::Bootstrap => {
+            shared
+                .upstream
+                .connect_any(&shared.config.bootstrap_servers)
+                .await?
+        }
+        Target::Node(node) => {
+            let addr = shared
+                .node_address(node)
+                .ok_or(SessionError::UnknownNode(node))?;
+            (shared.upstream.connect(&addr).await?, addr)
+        }
+    };
+    shared.metrics.inc(
+        "kafka_mirror_proxy_upstream_connections_total",
+        labels(&[("listener", &target.label()), ("broker", &broker)]),
+    );
+    tracing::debug!(%peer, %broker, "connected upstream");
+
+    let max = shared.config.max_frame_bytes;
+    let (client_r, client_w) = split(client);
+    let (up_r, up_w) = split(upstream);
+    let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
+    let requests = requests(shared, subject, FrameReader::new(client_r, max), up_w, tx);
+    let responses = responses(shared, FrameReader::new(up_r, max), client_w, rx);
+    tokio::pin!(requests, responses);
+    tokio::select! {
+        // The client finished sending: deliver what it is still owed.
+        r = &mut requests => match r {
+            Ok(()) => responses.await,
+            Err(e) => Err(e),
+        },
+        r = &mut responses => r,
+    }
+}
+
+async fn requests(
+    shared: &Arc<Shared>,
+    subject: Option<CertSubject>,
+    mut client: FrameReader<ReadHalf<BoxStream>>,
+    mut upstream: WriteHalf<BoxStream>,
+    tx: mpsc::Sender<Pending>,
+) -> Result<(), SessionError> {
+    while let Some(frame) = client
+        .read_frame()
+        .await
+        .map_err(SessionError::ClientFrame)?
+    {
+        let h = RequestHeaderPeek::parse(&frame)?;
+        shared.metrics.inc(
+            "kafka_mirror_proxy_requests_total",
+            labels(&[("api_key", &h.api_key.to_string())]),
+        );
+        let Ok(api) = ApiKey::try_from(h.api_key) else {
+            // Not ours to judge: the broker answers (or closes) as it sees fit.
+            send(
+                &tx,
+                Pending::BrokerUnknownApi {
+                    correlation_id: h.correlation_id,
+                },
+            )
+            .await;
+            write_frame(&mut upstream, &frame).await?;
+            continue;
+        };
+        let broker = |handling| Pending::Broker {
+            correlation_id: h.correlation_id,
+            api,
+            version: h.api_version,
+            handling,
+        };
+        match api {
+            ApiKey::Produce => {
+                if let Some((pending, frame)) =
+                    produce(shared, subject.as_ref(), &h, frame.freeze())?
+                {
+                    if let Some(p) = pending {
+                        send(&tx, p).await;
+                    }
+                    if let Some(frame) = frame {
+                        write_frame(&mut upstream, &frame).await?;
+                    }
+                }
+            }
+            ApiKey::ApiVersions if h.api_version > ApiVersionsResponse::VERSIONS.max => {
+                send(
+                    &tx,
+                    Pending::Local(addresses::unsupported_api_versions(h.correlation_id)?),
+                )
+                .await;
+            }
+            ApiKey::ApiVersions => {
+                send(&tx, broker(Handling::ApiVersions)).await;
+                write_frame(&mut upstream, &frame).await?;
+            }
+            _ if addresses::carries_addresses(api, h.api_version) => {
+                check_parseable(api, h.api_version)?;
+                send(&tx, broker(Handling::Addresses)).await;
+                write_frame(&mut upstream, &frame).await?;
+            }
+            _ => {
+                send(&tx, broker(Handling::Opaque)).await;
+                write_frame(&mut upstream, &frame).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn send(tx: &mpsc::Sender<Pending>, p: Pending) {
+    // Fails only when the response loop has ended, which ends the session.
+    let _ = tx.send(p).await;
+}
+
+fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
+    match addresses::parseable_versions(api) {
+        Some((_, max)) if version > max => {
+            Err(SessionError::UnsupportedVersion { api, version, max })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What to queue and what to forward for a Produce request.
+type ProduceAction = Option<(Option<Pending>, Option<BytesMut>)>;
+
+fn produce(
+    shared: &Arc<Shared>,
+    subject: Option<&CertSubject>,
+    h: &RequestHeaderPeek,
+    frame: Bytes,
+) -> Result<ProduceAction, SessionError> {
+    let version = h.api_version;
+    let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
+    let acks = produce_acks(&frame, body_offset, version)?;
+    let expects_response = acks != 0;
+    let broker = |local: Vec<LocalPartition>| {
+        expects_response.then_some(Pending::Broker {
+            correlation_id: h.correlation_id,
+            api: ApiKey::Produce,
+            version,
+            handling: Handling::Produce(local),
+        })
+    };
+    let local_only = |local: &[LocalPartition]| -> Result<Option<Pending>, SessionError> {
+        Ok(match expects_response {
+            true => Some(Pending::Local(produce::local_response(
+                h.correlation_id,
+                version,
+                local,
+            )?)),
+            false => None,
+        })
+    };
+    let origin = shared.config.links.classify(h.client_id(&frame), subject);
+    let link = match origin {
+        Origin::Local => {
+            if version >= 10 {
+                check_parseable(ApiKey::Produce, version)?;
+            }
+            let frame = BytesMut::from(frame); // unique: no copy
+            return Ok(Some((broker(Vec::new()), Some(frame))));
+        }
+        Origin::Spoofed(link) => {
+            let message = format!(
+                "client id '{}' is reserved for mirror link '{}', which requires a TLS client certificate matching '{}'",
+                link.client_id(),
+                link.name(),
+                link.tls_subject().unwrap_or_default()
+            );
+            tracing::warn!(link = link.name(), subject = ?subject.map(|s| &s.full), "refused a Produce that claims a mirror link's client id");
+            let plan = produce::refuse_all(
+                &frame,
+                body_offset,
+                version,
+                Refusal::NotAuthorized,
+                &message,
+            )?;
+            count_local(shared, link.name(), &plan.local);
+            return Ok(Some((local_only(&plan.local)?, None)));
+        }
+        Origin::Link(link) => link,
+    };
+    let plan = produce::plan(&frame, body_offset, version, &link, &|id| {
+        shared.topic_name(id)
+    })?;
+    let m = &shared.metrics;
+    let link_label = labels(&[("link", link.name())]);
+    m.add(
+        "kafka_mirror_proxy_mirror_batches_remapped_total",
+        link_label,
+        plan.remapped_batches as i64,
+    );
+    count_local(shared, link.name(), &plan.local);
+    if plan.forwarded_partitions == 0 {
+        return Ok(Some((local_only(&plan.local)?, None)));
+    }
+    // The plan holds no reference into the frame unless some partitions are
+    // answered locally, so the fast path gets the frame back without a copy.
+    let mut buf = frame
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+    plan.apply(&mut buf)?;
+    if plan.local.is_empty() {
+        return Ok(Some((broker(Vec::new()), Some(buf))));
+    }
+    let reduced = produce::without_local_partitions(&buf.freeze(), version, &plan.local)?;
+    Ok(Some((broker(plan.local), Some(reduced))))
+}
+
+fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
+    for l in local {
+        match &l.outcome {
+            LocalOutcome::DroppedControl { batches } => shared.metrics.add(
+                "kafka_mirror_proxy_mirror_control_batches_dropped_total",
+                labels(&[("link", link)]),
+                *batches as i64,
+            ),
+            LocalOutcome::Refused { refusal, message } => {
+                tracing::warn!(link, partition = l.partition, reason = refusal.label(), %message, "refused a mirrored partition");
+                shared.metrics.inc(
+                    "kafka_mirror_proxy_mirror_partitions_refused_total",
+                    labels(&[("link", link), ("reason", refusal.label())]),
+                );
+            }
+        }
+    }
+}
+
+async fn responses(
+    shared: &Arc<Shared>,
+    mut upstream: FrameReader<ReadHalf<BoxStream>>,
+    mut client: WriteHalf<BoxStream>,
+    mut rx: mpsc::Receiver<Pending>,
+) -> Result<(), SessionError> {
+    loop {
+        let pending = tokio::select! {
+            p = rx.recv() => match p {
+                Some(p) => p,
+                None => return Ok(()),
+            },
+            // Nothing owed: the broker should be silent. Notice it leaving.
+            f = upstream.read_frame() => return Err(match f {
+                Ok(None) => SessionError::UpstreamClosed { in_flight: 0 },
+                Ok(Some(_)) => SessionError::UnexpectedResponse,
+                Err(e) => SessionError::UpstreamFrame(e),
+            }),
+        };
+        let (correlation_id, api, version, handling) = match pending {
+            Pending::Local(frame) => {
+                write_frame(&mut client, &frame).await?;
+                continue;
+            }
+            Pending::BrokerUnknownApi { correlation_id } => {
+                (correlation_id, None, 0, Handling::Opaque)
+            }
+            Pending::Broker {
+                correlation_id,
+                api,
+                version,
+                handling,
+            } => (correlation_id, Some(api), version, handling),
+        };
+        let frame = upstream
+            .read_frame()
+            .await
+            .map_err(SessionError::UpstreamFrame)?
+            .ok_or(SessionError::UpstreamClosed {
+                in_flight: 1 + rx.len(),
+            })?;
+        let got = frame
+            .get(..4)
+            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or(SessionError::UnexpectedResponse)?;
+        if got != correlation_id {
+            return Err(SessionError::CorrelationMismatch {
+                expected: correlation_id,
+                got,
+            });
+        }
+        let out = match (api, handling) {
+            (_, Handling::Opaque) | (None, _) => frame,
+            (Some(_), Handling::ApiVersions) => {
+                addresses::clamp_api_versions(version, &frame.freeze())?
+            }
+            (Some(api), Handling::Addresses) => {
+                let (out, learnt) =
+                    addresses::rewrite(api, version, &frame.freeze(), &shared.advertised)?;
+                shared.learn(learnt)?;
+                out
+            }
+            (Some(_), Handling::Produce(local)) => produce_response(shared, version, frame, local)?,
+        };
+        write_to(&mut client, &out).await?;
+    }
+}
+
+async fn write_to<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), SessionError> {
+    write_frame(w, frame).await.map_err(SessionError::Io)
+}
+
+fn produce_response(
+    shared: &Arc<Shared>,
+    version: i16,
+    frame: BytesMut,
+    local: Vec<LocalPartition>,
+) -> Result<BytesMut, SessionError> {
+    if local.is_empty() && version < 10 {
+        return Ok(frame);
+    }
+    let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;
+    let mut learnt = Learnt::default();
+    addresses::rewrite_produce(&mut response, &shared.advertised, &mut learnt)?;
+    shared.learn(learnt)?;
+    produce::merge_local(&mut response, version, &local);
+    Ok(produce::encode_response(
+        correlation_id,
+        version,
+        &response,
+    )?)
+}

@@ -1,0 +1,95 @@
+//! Connections from the proxy to a broker: TCP, then TLS when configured.
+//! Each client connection gets its own upstream connection, which is what
+//! lets SASL authentication pass through untouched.
+
+use std::time::Duration;
+
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// Either side of the proxy, plain or TLS.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+pub type BoxStream = Box<dyn Stream>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connecting to broker {addr}: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("connecting to broker {addr}: timed out after {ms} ms")]
+    Timeout { addr: String, ms: u64 },
+    #[error("broker address {addr} has no valid TLS server name")]
+    ServerName { addr: String },
+    #[error("no broker reachable (tried {tried})")]
+    NoneReachable { tried: String },
+}
+
+/// How to reach brokers.
+#[derive(Clone)]
+pub struct Upstream {
+    pub tls: Option<TlsConnector>,
+    pub server_name: Option<String>,
+    pub timeout: Duration,
+}
+
+impl Upstream {
+    /// Connect to one broker at `addr` (host:port).
+    pub async fn connect(&self, addr: &str) -> Result<BoxStream, ConnectError> {
+        let ms = self.timeout.as_millis() as u64;
+        let attempt = async {
+            let tcp = TcpStream::connect(addr)
+                .await
+                .map_err(|source| ConnectError::Io {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            let _ = tcp.set_nodelay(true);
+            let Some(tls) = &self.tls else {
+                return Ok(Box::new(tcp) as BoxStream);
+            };
+            let host = match &self.server_name {
+                Some(name) => name.clone(),
+                None => addr
+                    .rsplit_once(':')
+                    .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']').to_string())
+                    .unwrap_or_default(),
+            };
+            let name = ServerName::try_from(host).map_err(|_| ConnectError::ServerName {
+                addr: addr.to_string(),
+            })?;
+            let stream = tls
+                .connect(name, tcp)
+                .await
+                .map_err(|source| ConnectError::Io {
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            Ok(Box::new(stream) as BoxStream)
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                addr: addr.to_string(),
+                ms,
+            })?
+    }
+
+    /// Connect to the first reachable of `addrs`, in order.
+    pub async fn connect_any(&self, addrs: &[String]) -> Result<(BoxStream, String), ConnectError> {
+        let mut errors = Vec::new();
+        for addr in addrs {
+            match self.connect(addr).await {
+                Ok(s) => return Ok((s, addr.clone())),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        Err(ConnectError::NoneReachable {
+            tried: errors.join("; "),
+        })
+    }
+}

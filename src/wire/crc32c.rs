@@ -1,0 +1,207 @@
+//! CRC-32C (Castagnoli), as used by Kafka record batches, plus an O(log n)
+//! update of an existing CRC after a few bytes of the message were rewritten.
+//!
+//! CRC-32C is linear over GF(2): for equal-length messages,
+//! `crc(M ^ D) = crc(M) ^ L(D)`, where `L` is the CRC with zero initial
+//! register and no final xor. When `D` is zero except for a short patch,
+//! leading zeros leave a zero register untouched, so `L(D)` is the raw CRC of
+//! the xored bytes multiplied by `x^(8 * bytes_after) mod P`. The
+//! multiplication follows zlib's `crc32_combine` (1.2.12+) in the reflected
+//! domain, where bit 31 holds the coefficient of `x^0`.
+
+/// Reflected CRC-32C polynomial.
+const POLY: u32 = 0x82F6_3B78;
+
+/// `x^0` in the reflected representation.
+const ONE: u32 = 1 << 31;
+
+/// CRC-32C of `data` (initial register `!0`, final xor `!0`).
+pub fn checksum(data: &[u8]) -> u32 {
+    ::crc32c::crc32c(data)
+}
+
+/// Updates `old_crc` for a message in which the `N` bytes `old` were
+/// replaced by `new`, followed by `bytes_after` unchanged bytes.
+///
+/// Taking two `[u8; N]` makes unequal lengths unrepresentable. Only the
+/// difference is added: the function never recomputes from the message, so a
+/// CRC that was wrong before stays wrong by exactly the same amount.
+/// Cost is O(N + log bytes_after); the message itself is never read.
+pub fn patch<const N: usize>(old_crc: u32, old: [u8; N], new: [u8; N], bytes_after: u64) -> u32 {
+    let mut reg = 0u32;
+    for (o, n) in old.iter().zip(new.iter()) {
+        reg ^= u32::from(o ^ n);
+        for _ in 0..8 {
+            reg = if reg & 1 != 0 {
+                (reg >> 1) ^ POLY
+            } else {
+                reg >> 1
+            };
+        }
+    }
+    old_crc ^ multmodp(x8nmodp(bytes_after), reg)
+}
+
+/// `a * b mod P`, both reflected. Bounded loop, so `a == 0` is fine too.
+const fn multmodp(a: u32, mut b: u32) -> u32 {
+    let mut p = 0;
+    let mut m = ONE;
+    while m != 0 {
+        if a & m != 0 {
+            p ^= b;
+        }
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        m >>= 1;
+    }
+    p
+}
+
+/// `X8N[k] = x^(8 * 2^k) mod P`: one entry per bit of a `u64` byte count, so
+/// no reliance on the multiplicative order of `x` (zlib wraps `k & 31`).
+const X8N: [u32; 64] = {
+    let mut table = [0; 64];
+    let mut p = ONE >> 8; // x^8
+    let mut k = 0;
+    while k < 64 {
+        table[k] = p;
+        p = multmodp(p, p);
+        k += 1;
+    }
+    table
+};
+
+/// `x^(8n) mod P`: the operator that appends `n` zero bytes to a raw CRC
+/// register. At most 64 multiplications.
+fn x8nmodp(mut n: u64) -> u32 {
+    let mut p = ONE;
+    let mut k = 0;
+    while n != 0 {
+        if n & 1 != 0 {
+            p = multmodp(X8N[k], p);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Reference: feed zero bytes one at a time into a raw register.
+    fn append_zeros_slow(mut reg: u32, n: usize) -> u32 {
+        for _ in 0..n * 8 {
+            reg = if reg & 1 != 0 {
+                (reg >> 1) ^ POLY
+            } else {
+                reg >> 1
+            };
+        }
+        reg
+    }
+
+    fn patched(data: &[u8], pos: usize, new: [u8; 8]) -> (u32, [u8; 8], Vec<u8>) {
+        let mut old = [0; 8];
+        old.copy_from_slice(&data[pos..pos + 8]);
+        let mut out = data.to_vec();
+        out[pos..pos + 8].copy_from_slice(&new);
+        let after = (data.len() - pos - 8) as u64;
+        (patch(checksum(data), old, new, after), old, out)
+    }
+
+    #[test]
+    fn check_value() {
+        assert_eq!(checksum(b"123456789"), 0xE306_9283);
+        assert_eq!(checksum(b""), 0);
+    }
+
+    #[test]
+    fn zero_byte_operator_matches_bitwise() {
+        for n in [0usize, 1, 2, 3, 7, 8, 61, 255, 1000, 4097] {
+            assert_eq!(
+                multmodp(x8nmodp(n as u64), 0xDEAD_BEEF),
+                append_zeros_slow(0xDEAD_BEEF, n)
+            );
+        }
+    }
+
+    #[test]
+    fn patch_exact_vector() {
+        // "123456789" with "2345" -> "abcd": crc("1abcd6789") = 0xE0F8F5D1.
+        let crc = patch(0xE306_9283, *b"2345", *b"abcd", 4);
+        assert_eq!(crc, checksum(b"1abcd6789"));
+        assert_eq!(crc, 0xE0F8_F5D1);
+    }
+
+    #[test]
+    fn identical_bytes_are_a_no_op() {
+        assert_eq!(patch(0x1234_5678, [7; 8], [7; 8], u64::MAX), 0x1234_5678);
+    }
+
+    #[test]
+    fn corruption_is_preserved_not_laundered() {
+        let data: Vec<u8> = (0..200u8).collect();
+        let new = *b"\xff\xfe\xfd\xfc\xfb\xfa\xf9\xf8";
+        let mut old = [0; 8];
+        old.copy_from_slice(&data[43..51]);
+        let good = checksum(&data);
+        let bad = good ^ 0x0000_0100;
+        let mut out = data.clone();
+        out[43..51].copy_from_slice(&new);
+        let fixed = patch(good, old, new, 200 - 51);
+        assert_eq!(fixed, checksum(&out));
+        assert_eq!(patch(bad, old, new, 200 - 51), fixed ^ 0x0000_0100);
+    }
+
+    #[test]
+    fn large_message() {
+        let mut data = vec![0u8; 3 << 20];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i * 31 % 251) as u8;
+        }
+        for pos in [0, 1, 4096, (3 << 20) - 8] {
+            let (crc, _, out) = patched(&data, pos, *b"mirrored");
+            assert_eq!(crc, checksum(&out), "pos {pos}");
+        }
+    }
+
+    #[test]
+    fn huge_bytes_after_is_fast_and_consistent() {
+        // Appending 2^k zero bytes twice equals appending 2^(k+1) once.
+        for k in [20u32, 40, 62] {
+            let n = 1u64 << k;
+            assert_eq!(multmodp(x8nmodp(n), x8nmodp(n)), x8nmodp(2 * n));
+        }
+        assert_eq!(
+            multmodp(x8nmodp(u64::MAX), x8nmodp(1)),
+            multmodp(x8nmodp(1 << 63), x8nmodp(1 << 63))
+        );
+    }
+
+    fn data_and_pos() -> impl Strategy<Value = (Vec<u8>, usize)> {
+        prop_oneof![
+            8 => proptest::collection::vec(any::<u8>(), 8..4096),
+            1 => proptest::collection::vec(any::<u8>(), 100_000..300_000),
+        ]
+        .prop_flat_map(|d| {
+            let max = d.len() - 8;
+            (Just(d), 0..=max)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn patch_matches_recompute(
+            (data, pos) in data_and_pos(),
+            new in any::<[u8; 8]>(),
+            err in any::<u32>(),
+        ) {
+            let (crc, old, out) = patched(&data, pos, new);
+            prop_assert_eq!(crc, checksum(&out));
+            let after = (data.len() - pos - 8) as u64;
+            prop_assert_eq!(patch(checksum(&data) ^ err, old, new, after), checksum(&out) ^ err);
+        }
+    }
+}

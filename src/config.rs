@@ -704,8 +704,8 @@ mod tests {
                 "MIRROR_PROXY_LINKS",
                 "MIRROR_PROXY_LINK_A_CONTROL_BATCHES",
                 "MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID",
-                "MIRROR_PROXY_LINK_A_TOPICS",
                 "MIRROR_PROXY_LINK_A_TLS_SUBJECT",
+                "MIRROR_PROXY_LINK_A_TOPICS",
             ]
         );
         let id = p

@@ -408,6 +408,9 @@ async fn responses(
 ) -> Result<(), SessionError> {
     loop {
         let pending = tokio::select! {
+            // Entries are queued before their request is written upstream, so
+            // a response is only ever ready after its entry: check rx first.
+            biased;
             p = rx.recv() => match p {
                 Some(p) => p,
                 None => return Ok(()),

@@ -1,1 +1,152 @@
-fn main() {}
+//! What the Produce filter costs per request, against one full CRC-32C pass
+//! over the same batch: the rewrite must not grow with batch size.
+//!
+//! `cargo bench --bench rewrite`
+
+use bytes::{Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, TopicName};
+use kafka_protocol::protocol::{Encodable, StrBytes};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use regex::Regex;
+
+use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
+use kafka_mirror_proxy::mirror::produce;
+use kafka_mirror_proxy::wire::crc32c;
+use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
+
+const VERSION: i16 = 9;
+
+/// One batch of about `size` bytes from producer 5 (incompressible values).
+fn batch(size: usize) -> Bytes {
+    let record_value = 1000;
+    let count = (size / (record_value + 20)).max(1);
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let records: Vec<Record> = (0..count)
+        .map(|i| {
+            let value: Vec<u8> = (0..record_value)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            Record {
+                transactional: false,
+                control: false,
+                partition_leader_epoch: 0,
+                producer_id: 5,
+                producer_epoch: 0,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: i as i32,
+                timestamp: 1_700_000_000_000,
+                key: None,
+                value: Some(Bytes::from(value)),
+                headers: Default::default(),
+                delete_horizon: false,
+            }
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut buf,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .expect("encode");
+    buf.freeze()
+}
+
+fn request(partitions: usize, batch_size: usize) -> (Bytes, Bytes) {
+    let b = batch(batch_size);
+    let data = (0..partitions as i32)
+        .map(|i| {
+            PartitionProduceData::default()
+                .with_index(i)
+                .with_records(Some(b.clone()))
+        })
+        .collect();
+    let body = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("orders")))
+            .with_partition_data(data)]);
+    let header = RequestHeader::default()
+        .with_request_api_key(0)
+        .with_request_api_version(VERSION)
+        .with_correlation_id(1)
+        .with_client_id(Some(StrBytes::from_static_str("mirror-east")));
+    let mut out = BytesMut::new();
+    header
+        .encode(&mut out, ApiKey::Produce.request_header_version(VERSION))
+        .expect("header");
+    body.encode(&mut out, VERSION).expect("body");
+    (out.freeze(), b)
+}
+
+fn bench(c: &mut Criterion) {
+    let link = Link::new(
+        "east".into(),
+        "MkU3OEVBNTcwNTJENDM2Qk".parse().expect("cluster id"),
+        "mirror-east".into(),
+        vec![Regex::new("^(?:orders)$").expect("regex")],
+        None,
+        ControlBatchPolicy::Drop,
+    );
+    let cases = [
+        ("1KiB", 1, 1024),
+        ("64KiB", 1, 64 * 1024),
+        ("1MiB", 1, 1024 * 1024),
+        ("16x64KiB", 16, 64 * 1024),
+    ];
+    let mut group = c.benchmark_group("produce_rewrite");
+    for (name, partitions, size) in cases {
+        let (frame, batch) = request(partitions, size);
+        let h = RequestHeaderPeek::parse(&frame).expect("peek");
+        let body_offset = h
+            .body_offset(&frame, ApiKey::Produce.request_header_version(VERSION))
+            .expect("offset");
+        group.throughput(Throughput::Bytes(frame.len() as u64));
+        group.bench_with_input(
+            BenchmarkId::new("plan_and_patch", name),
+            &frame,
+            |b, frame| {
+                b.iter_batched_ref(
+                    || BytesMut::from(&frame[..]).freeze(),
+                    |f| {
+                        let plan =
+                            produce::plan(f, body_offset, VERSION, &link, &|_| None).expect("plan");
+                        let mut m = BytesMut::from(std::mem::take(f));
+                        plan.apply(&mut m).expect("apply");
+                        m
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("full_crc_pass", name),
+            &batch,
+            |b, batch| {
+                b.iter(|| {
+                    (0..partitions)
+                        .map(|_| crc32c::checksum(&batch[21..]))
+                        .fold(0, |a, c| a ^ c)
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

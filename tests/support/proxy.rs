@@ -1,0 +1,142 @@
+//! The proxy under test, run as the real binary (`kafka-mirror-proxy run`)
+//! configured through its environment, with its log captured so tests can
+//! assert on what it says.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A free loopback port (racy by nature, but ports are not reused quickly).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A running proxy process; killed on drop.
+pub struct ProxyProcess {
+    child: Child,
+    pub bootstrap: String,
+    pub admin: String,
+    pub port_base: u16,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl ProxyProcess {
+    /// Start a proxy in front of `upstream`, with extra `MIRROR_PROXY_*`
+    /// variables (names without the prefix).
+    pub fn start(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
+        let listen = free_port()?;
+        let admin = free_port()?;
+        // Node 1 (the harness's broker) is served at base + 1.
+        let port_base = free_port()? - 1;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
+        cmd.arg("run")
+            .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", upstream)
+            .env("MIRROR_PROXY_LISTEN", format!("127.0.0.1:{listen}"))
+            .env("MIRROR_PROXY_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+            .env("MIRROR_PROXY_BROKER_PORT_BASE", port_base.to_string())
+            .env("RUST_LOG", "info,kafka_mirror_proxy=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in extra {
+            cmd.env(format!("MIRROR_PROXY_{k}"), v);
+        }
+        let mut child = cmd.spawn().context("spawning kafka-mirror-proxy")?;
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().context("proxy stderr")?;
+        let sink = Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if std::env::var_os("PROXY_TEST_ECHO").is_some() {
+                    eprintln!("[proxy] {line}");
+                }
+                if let Ok(mut l) = sink.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        let mut proxy = ProxyProcess {
+            child,
+            bootstrap: format!("127.0.0.1:{listen}"),
+            admin: format!("127.0.0.1:{admin}"),
+            port_base,
+            logs,
+        };
+        proxy.wait_for_log("proxy ready", Duration::from_secs(30))?;
+        Ok(proxy)
+    }
+
+    /// The proxy address clients are told for broker `node`.
+    pub fn node_address(&self, node: i32) -> String {
+        format!("127.0.0.1:{}", i32::from(self.port_base) + node)
+    }
+
+    pub fn logs(&self) -> String {
+        self.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// Wait until a log line contains `needle`; fail with the log if the
+    /// process exits or the time runs out.
+    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.logs().contains(needle) {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                std::thread::sleep(Duration::from_millis(200));
+                bail!(
+                    "proxy exited ({status}) before logging {needle:?}:\n{}",
+                    self.logs()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "proxy did not log {needle:?} within {timeout:?}:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// GET a path of the admin endpoint; returns (status line, body).
+    pub fn admin_get(&self, path: &str) -> Result<(String, String)> {
+        let mut s = TcpStream::connect(&self.admin)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        Ok((
+            head.lines().next().unwrap_or_default().to_string(),
+            body.to_string(),
+        ))
+    }
+
+    /// Value of one metric sample (`name{labels}`), 0 when absent.
+    pub fn metric(&self, sample: &str) -> Result<i64> {
+        let (_, body) = self.admin_get("/metrics")?;
+        Ok(body
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.trim().parse().ok())
+            })
+            .unwrap_or(0))
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

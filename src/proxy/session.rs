@@ -62,8 +62,10 @@ pub enum SessionError {
     UnexpectedResponse,
     #[error("opening a listener for a broker: {0}")]
     Listener(#[from] StartError),
-    #[error("writing: {0}")]
-    Io(#[from] std::io::Error),
+    #[error("writing to the broker: {0}")]
+    UpstreamWrite(std::io::Error),
+    #[error("writing to the client: {0}")]
+    ClientWrite(std::io::Error),
 }
 
 impl SessionError {
@@ -84,7 +86,8 @@ impl SessionError {
                 "upstream_protocol"
             }
             SessionError::Listener(_) => "listener",
-            SessionError::Io(_) => "io",
+            SessionError::UpstreamWrite(_) => "upstream_write",
+            SessionError::ClientWrite(_) => "client_write",
         }
     }
 }
@@ -136,6 +139,14 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
             tracing::debug!(%peer, "client closed the connection");
             "client_closed"
         }
+        // A client may hang up with responses still owed (librdkafka closes
+        // its bootstrap connection as soon as it knows the brokers).
+        Err(SessionError::ClientWrite(e) | SessionError::ClientFrame(FrameError::Io(e)))
+            if is_disconnect(&e) =>
+        {
+            tracing::debug!(%peer, error = %e, "client went away before its responses were written");
+            "client_closed"
+        }
         Err(e) => {
             tracing::warn!(%peer, listener = %target.label(), reason = %e, "closing client connection");
             e.label()
@@ -146,6 +157,14 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
         "kafka_mirror_proxy_connections_closed_total",
         labels(&[("reason", reason)]),
     );
+}
+
+fn is_disconnect(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof
+    )
 }
 
 async fn run(
@@ -233,7 +252,9 @@ async fn requests(
                 },
             )
             .await;
-            write_frame(&mut upstream, &frame).await?;
+            write_frame(&mut upstream, &frame)
+                .await
+                .map_err(SessionError::UpstreamWrite)?;
             continue;
         };
         let broker = |handling| Pending::Broker {
@@ -251,7 +272,9 @@ async fn requests(
                         send(&tx, p).await;
                     }
                     if let Some(frame) = frame {
-                        write_frame(&mut upstream, &frame).await?;
+                        write_frame(&mut upstream, &frame)
+                            .await
+                            .map_err(SessionError::UpstreamWrite)?;
                     }
                 }
             }
@@ -264,16 +287,22 @@ async fn requests(
             }
             ApiKey::ApiVersions => {
                 send(&tx, broker(Handling::ApiVersions)).await;
-                write_frame(&mut upstream, &frame).await?;
+                write_frame(&mut upstream, &frame)
+                    .await
+                    .map_err(SessionError::UpstreamWrite)?;
             }
             _ if addresses::carries_addresses(api, h.api_version) => {
                 check_parseable(api, h.api_version)?;
                 send(&tx, broker(Handling::Addresses)).await;
-                write_frame(&mut upstream, &frame).await?;
+                write_frame(&mut upstream, &frame)
+                    .await
+                    .map_err(SessionError::UpstreamWrite)?;
             }
             _ => {
                 send(&tx, broker(Handling::Opaque)).await;
-                write_frame(&mut upstream, &frame).await?;
+                write_frame(&mut upstream, &frame)
+                    .await
+                    .map_err(SessionError::UpstreamWrite)?;
             }
         }
     }
@@ -424,7 +453,7 @@ async fn responses(
         };
         let (correlation_id, api, version, handling) = match pending {
             Pending::Local(frame) => {
-                write_frame(&mut client, &frame).await?;
+                write_to(&mut client, &frame).await?;
                 continue;
             }
             Pending::BrokerUnknownApi { correlation_id } => {
@@ -472,7 +501,9 @@ async fn responses(
 }
 
 async fn write_to<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), SessionError> {
-    write_frame(w, frame).await.map_err(SessionError::Io)
+    write_frame(w, frame)
+        .await
+        .map_err(SessionError::ClientWrite)
 }
 
 fn produce_response(

@@ -75,6 +75,10 @@ impl ProxyProcess {
         format!("127.0.0.1:{}", i32::from(self.port_base) + node)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn logs(&self) -> String {
         self.logs.lock().map(|l| l.join("\n")).unwrap_or_default()
     }

@@ -1,0 +1,161 @@
+//! The binary's command line: `map` and `unmap` (what operators use to read
+//! a log dump) and `run`'s refusal of a broken environment.
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kafka-mirror-proxy");
+/// SPEC §4: this cluster id has hash 0x71720375 and maps PID 5 to this value.
+const CLUSTER: &str = "MkU3OEVBNTcwNTJENDM2Qk";
+const MAPPED_5: &str = "-5136071999516311547";
+
+/// The binary with every inherited `MIRROR_PROXY_*` variable removed, so the
+/// developer's environment cannot change the outcome.
+fn bin(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MIRROR_PROXY_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {BIN} {args:?}: {e}"))
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn map_prints_the_mapped_pid() {
+    let out = bin(&["map", "--source-cluster-id", CLUSTER, "--pid", "5"], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "map failed ({}): {stderr}",
+        out.status
+    );
+    assert_eq!(
+        stdout.trim(),
+        MAPPED_5,
+        "map of PID 5 from {CLUSTER}; stderr: {stderr}"
+    );
+
+    // Already mapped (negative) ids pass unchanged, as the proxy forwards them.
+    let out = bin(
+        &["map", "--source-cluster-id", CLUSTER, "--pid", MAPPED_5],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "map of a mapped pid failed: {stderr}");
+    assert_eq!(stdout.trim(), MAPPED_5, "a mapped pid must not map twice");
+}
+
+#[test]
+fn map_refuses_a_pid_that_does_not_fit() {
+    let out = bin(
+        &["map", "--source-cluster-id", CLUSTER, "--pid", "2147483648"],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !out.status.success(),
+        "map of PID 2^31 must fail; stdout: {stdout}"
+    );
+    assert!(
+        stdout.trim().is_empty(),
+        "no mapped value may be printed for PID 2^31: {stdout}"
+    );
+    assert!(
+        stderr.contains("2147483648") && stderr.contains("2^31"),
+        "the message must name the pid and the 2^31 limit: {stderr}"
+    );
+}
+
+#[test]
+fn unmap_splits_the_pid_and_names_the_link() {
+    let env = [
+        ("MIRROR_PROXY_LINKS", "east"),
+        ("MIRROR_PROXY_LINK_EAST_SOURCE_CLUSTER_ID", CLUSTER),
+        ("MIRROR_PROXY_LINK_EAST_TOPICS", "x"),
+    ];
+    let out = bin(&["unmap", "--pid", MAPPED_5], &env);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "unmap failed: {stderr}");
+    let line = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} line in unmap output:\n{stdout}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("region").split_whitespace().nth(1),
+        Some("0x71720375"),
+        "region of {MAPPED_5}:\n{stdout}"
+    );
+    assert_eq!(
+        line("identity").split_whitespace().nth(1),
+        Some("5"),
+        "identity of {MAPPED_5}:\n{stdout}"
+    );
+    assert_eq!(
+        line("link").split_whitespace().nth(1),
+        Some("east"),
+        "the link whose region it is:\n{stdout}"
+    );
+
+    // Without links the numbers are the same, and no link is claimed.
+    let out = bin(&["unmap", "--pid", MAPPED_5], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "unmap without links failed: {stderr}");
+    assert!(
+        stdout.contains("0x71720375") && !stdout.contains("east"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn run_reports_every_bad_variable_at_once() {
+    let env = [
+        ("MIRROR_PROXY_LOG_FORMAT", "xml"),
+        ("MIRROR_PROXY_LINKS", "a"),
+        // 21 characters.
+        (
+            "MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID",
+            "MkU3OEVBNTcwNTJENDM2Q",
+        ),
+        ("MIRROR_PROXY_LINK_A_TOPICS", "t"),
+    ];
+    let out = bin(&["run"], &env);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "exit code of run with a broken environment; stdout: {stdout}\nstderr: {stderr}"
+    );
+    for variable in [
+        "MIRROR_PROXY_BOOTSTRAP_SERVERS",
+        "MIRROR_PROXY_LOG_FORMAT",
+        "MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID",
+    ] {
+        assert!(
+            stderr.contains(variable),
+            "stderr must name {variable}:\n{stderr}"
+        );
+    }
+    assert!(
+        stderr.contains("xml") && stderr.contains("21 characters"),
+        "stderr must say what was wrong with the values:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("proxy ready"),
+        "nothing may start:\n{stderr}"
+    );
+}

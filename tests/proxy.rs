@@ -1,0 +1,706 @@
+//! Transparent proxying against real brokers and real clients: Kafka's own
+//! Java tools and librdkafka (through `rdkafka`) talk to a local KRaft broker
+//! only through the proxy binary.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use rdkafka::client::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::statistics::Statistics;
+
+use support::certs::TestCa;
+use support::kafka::{KafkaCluster, KafkaOptions, Security};
+use support::proxy::ProxyProcess;
+use support::tools::{self, props_ref};
+use support::wire::RawClient;
+
+fn external() -> bool {
+    std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some()
+}
+
+/// Remembers acknowledged keys and the broker addresses librdkafka reports.
+#[derive(Default, Clone)]
+struct Observer {
+    acked: Arc<Mutex<Vec<String>>>,
+    failed: Arc<AtomicUsize>,
+    brokers: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl ClientContext for Observer {
+    fn stats(&self, statistics: Statistics) {
+        if let Ok(mut b) = self.brokers.lock() {
+            b.extend(statistics.brokers.values().map(|b| b.nodename.clone()));
+        }
+    }
+}
+
+impl ProducerContext for Observer {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                let key = m
+                    .key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .unwrap_or_default();
+                if let Ok(mut a) = self.acked.lock() {
+                    a.push(key);
+                }
+            }
+            Err(_) => {
+                self.failed.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Observer {}
+
+fn rd_producer(
+    bootstrap: &str,
+    extra: &[(&str, &str)],
+    observer: &Observer,
+) -> Result<ThreadedProducer<Observer>> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap)
+        .set("statistics.interval.ms", "200")
+        .set("linger.ms", "5");
+    for (k, v) in extra {
+        config.set(*k, *v);
+    }
+    Ok(config.create_with_context(observer.clone())?)
+}
+
+/// Read `count` messages (key, value) from the start of a single-partition
+/// topic.
+fn rd_consume(
+    bootstrap: &str,
+    topic: &str,
+    count: usize,
+    observer: &Observer,
+) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let consumer: BaseConsumer<Observer> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("check-{topic}-{}", std::process::id()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("statistics.interval.ms", "200")
+        .create_with_context(observer.clone())?;
+    consumer.subscribe(&[topic])?;
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while out.len() < count && Instant::now() < deadline {
+        if let Some(m) = consumer.poll(Duration::from_millis(500)) {
+            let m = m?;
+            out.push((
+                m.key().unwrap_or_default().to_vec(),
+                m.payload().unwrap_or_default().to_vec(),
+            ));
+        }
+    }
+    // One more stats interval so the observer has seen every connection.
+    std::thread::sleep(Duration::from_millis(400));
+    let _ = consumer.poll(Duration::from_millis(100));
+    Ok(out)
+}
+
+/// Every established TCP connection to `port` on loopback, as the pids of
+/// the processes that own the connecting sockets.
+fn connection_owners(port: u16) -> Result<Vec<u32>> {
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 || f[3] != "01" {
+                continue; // not ESTABLISHED
+            }
+            let remote_port = f[2]
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port == Some(port) {
+                inodes.push(format!("socket:[{}]", f[9]));
+            }
+        }
+    }
+    let mut owners = Vec::new();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                if inodes.iter().any(|i| target.to_string_lossy() == *i) {
+                    owners.push(pid);
+                }
+            }
+        }
+    }
+    Ok(owners)
+}
+
+fn kv(n: usize, tag: &str) -> Vec<(String, String)> {
+    (0..n)
+        .map(|i| {
+            (
+                format!("{tag}-key-{i:05}"),
+                format!("{tag} value {i} with spaces"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    tools::create_topic(&proxy.bootstrap, "console", 1, &[], &[])?;
+    let sent = kv(10_000, "console");
+    tools::console_produce_kv(&proxy.bootstrap, "console", &sent, &[("acks", "all")])?;
+    let lines = tools::console_consume(
+        &proxy.bootstrap,
+        "console",
+        sent.len(),
+        &[("print.key", "true")],
+        Duration::from_secs(30),
+    )?;
+    let expected: Vec<String> = sent.iter().map(|(k, v)| format!("{k}\t{v}")).collect();
+    ensure!(
+        lines.len() == expected.len(),
+        "consumed {} of {} records",
+        lines.len(),
+        expected.len()
+    );
+    ensure!(lines == expected, "records differ after the round trip");
+    ensure!(
+        !proxy.logs().contains("closing client connection"),
+        "a connection failed:\n{}",
+        proxy.logs()
+    );
+    Ok(())
+}
+
+#[test]
+fn rdkafka_round_trips_binary_records_and_acks0_leaves_nothing_pending() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    tools::create_topic(&proxy.bootstrap, "rd", 1, &[], &[])?;
+    tools::create_topic(&proxy.bootstrap, "rd-acks0", 1, &[], &[])?;
+    let observer = Observer::default();
+
+    // Binary values with every byte value, so nothing survives by accident of
+    // text encoding.
+    let values: Vec<Vec<u8>> = (0..10_000u32)
+        .map(|i| (0..64u32).map(|j| ((i * 31 + j * 7) % 256) as u8).collect())
+        .collect();
+    let producer = rd_producer(
+        &proxy.bootstrap,
+        &[("enable.idempotence", "true"), ("acks", "all")],
+        &observer,
+    )?;
+    for (i, v) in values.iter().enumerate() {
+        let key = format!("rd-{i:05}");
+        producer
+            .send(BaseRecord::to("rd").key(&key).payload(v))
+            .map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(120))?;
+    ensure!(
+        observer.failed.load(Ordering::SeqCst) == 0,
+        "deliveries failed"
+    );
+    ensure!(
+        observer.acked.lock().map(|a| a.len()).unwrap_or(0) == values.len(),
+        "not every record was acknowledged"
+    );
+
+    // acks=0: the proxy must not wait for (or mis-assign) responses the broker never sends.
+    let fire_and_forget = rd_producer(&proxy.bootstrap, &[("acks", "0")], &Observer::default())?;
+    for i in 0..5_000 {
+        let key = format!("f-{i:05}");
+        fire_and_forget
+            .send(BaseRecord::to("rd-acks0").key(&key).payload("x"))
+            .map_err(|(e, _)| e)?;
+    }
+    fire_and_forget.flush(Duration::from_secs(60))?;
+    // Metadata and ApiVersions requests still get the right answers on the
+    // same connections after thousands of unanswered Produce requests.
+    fire_and_forget
+        .client()
+        .fetch_metadata(Some("rd-acks0"), Duration::from_secs(10))?;
+
+    let got = rd_consume(&proxy.bootstrap, "rd", values.len(), &observer)?;
+    ensure!(
+        got.len() == values.len(),
+        "consumed {} of {}",
+        got.len(),
+        values.len()
+    );
+    for (i, (k, v)) in got.iter().enumerate() {
+        ensure!(
+            k == format!("rd-{i:05}").as_bytes() && v == &values[i],
+            "record {i} differs"
+        );
+    }
+    let fired = rd_consume(&proxy.bootstrap, "rd-acks0", 5_000, &observer)?;
+    ensure!(
+        fired.len() == 5_000,
+        "acks=0 records readable: {} of 5000",
+        fired.len()
+    );
+    let logs = proxy.logs();
+    ensure!(
+        !logs.contains("closing client connection"),
+        "a connection was closed:\n{logs}"
+    );
+    Ok(())
+}
+
+#[test]
+fn clients_only_ever_see_and_use_proxy_addresses() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    let broker_port = broker.port().to_string();
+
+    // Kafka's own view of the cluster through the proxy.
+    let versions = tools::broker_api_versions(&proxy.bootstrap)?;
+    ensure!(
+        versions.contains(&format!("{} (id: 1", proxy.node_address(1))),
+        "broker list:\n{versions}"
+    );
+    ensure!(
+        !versions.contains(&format!(":{broker_port} ")),
+        "real broker address leaked:\n{versions}"
+    );
+    // Produce is clamped to the versions the proxy parses; Fetch to v15
+    // (v16+ responses carry leader endpoints inside the records response).
+    ensure!(
+        versions.contains("Produce(0): 3 to 13"),
+        "Produce range:\n{versions}"
+    );
+    ensure!(
+        versions.contains("Fetch(1): 4 to 15"),
+        "Fetch range:\n{versions}"
+    );
+
+    // librdkafka: every broker it knows of, and every socket it opens.
+    tools::create_topic(&proxy.bootstrap, "addr", 1, &[], &[])?;
+    let observer = Observer::default();
+    let producer = rd_producer(
+        &proxy.bootstrap,
+        &[("enable.idempotence", "true")],
+        &observer,
+    )?;
+    for i in 0..100 {
+        let key = format!("k{i}");
+        producer
+            .send(BaseRecord::to("addr").key(&key).payload("v"))
+            .map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(60))?;
+    let consumed = rd_consume(&proxy.bootstrap, "addr", 100, &observer)?;
+    ensure!(consumed.len() == 100, "consumed {}", consumed.len());
+    let seen = observer
+        .brokers
+        .lock()
+        .map(|b| b.clone())
+        .unwrap_or_default();
+    let allowed: BTreeSet<String> = [proxy.bootstrap.clone(), proxy.node_address(1)].into();
+    ensure!(
+        !seen.is_empty() && seen.is_subset(&allowed),
+        "librdkafka saw brokers {seen:?}, allowed {allowed:?}"
+    );
+    ensure!(
+        seen.contains(&proxy.node_address(1)),
+        "librdkafka never used the per-node listener: {seen:?}"
+    );
+
+    // While the clients are connected, every TCP connection to the broker's
+    // client port belongs to the proxy process.
+    let owners = connection_owners(broker.port())?;
+    ensure!(!owners.is_empty(), "no connections to the broker at all");
+    ensure!(
+        owners.iter().all(|p| *p == proxy.pid()),
+        "connections to the broker from pids {owners:?}; proxy is {}",
+        proxy.pid()
+    );
+
+    // The proxy's own count of the connections it opened per broker.
+    let opened = proxy.metric(&format!(
+        "kafka_mirror_proxy_upstream_connections_total{{listener=\"node-1\",broker=\"{}\"}}",
+        broker.bootstrap()
+    ))?;
+    ensure!(
+        opened >= 2,
+        "upstream connections to node 1 counted: {opened}"
+    );
+    drop(producer);
+    Ok(())
+}
+
+#[test]
+fn idempotent_producer_keeps_its_positive_producer_id() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    tools::create_topic(&proxy.bootstrap, "idem", 1, &[], &[])?;
+    tools::console_produce_kv(
+        &proxy.bootstrap,
+        "idem",
+        &kv(500, "idem"),
+        &[("enable.idempotence", "true"), ("acks", "all")],
+    )?;
+    let mut batches = Vec::new();
+    for segment in broker.segment_files("idem", 0)? {
+        batches.extend(tools::dump_log_segments(&segment, false)?);
+    }
+    ensure!(!batches.is_empty(), "no batches on disk");
+    ensure!(
+        batches.iter().map(|b| b.count).sum::<i64>() == 500,
+        "record count on disk"
+    );
+    for b in &batches {
+        ensure!(
+            b.producer_id >= 0,
+            "producer id {} at offset {} was changed",
+            b.producer_id,
+            b.base_offset
+        );
+        ensure!(b.is_valid, "invalid CRC at offset {}", b.base_offset);
+    }
+    Ok(())
+}
+
+#[test]
+fn tls_from_clients_to_the_proxy_and_from_the_proxy_to_a_tls_broker() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let ca = TestCa::new(dir.path())?;
+    let broker_cert = ca.server("broker")?;
+    let proxy_cert = ca.server("proxy")?;
+    let broker = KafkaCluster::start(KafkaOptions::default().security(Security::Ssl {
+        cert_chain_pem: format!("{}{}", broker_cert.cert, ca.cert_pem),
+        key_pem: broker_cert.key.clone(),
+    }))?;
+    let ca_path = ca.cert_path.to_string_lossy().into_owned();
+    let proxy = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("TLS_CERT", &proxy_cert.cert_path.to_string_lossy()),
+            ("TLS_KEY", &proxy_cert.key_path.to_string_lossy()),
+            ("UPSTREAM_TLS", "true"),
+            ("UPSTREAM_TLS_CA", &ca_path),
+        ],
+    )?;
+    let client = [
+        ("security.protocol", "SSL"),
+        ("ssl.truststore.type", "PEM"),
+        ("ssl.truststore.certificates", ca.cert_pem.as_str()),
+    ];
+    tools::create_topic(&proxy.bootstrap, "secure", 1, &[], &client)?;
+    let sent = kv(200, "tls");
+    let mut produce_props = client.to_vec();
+    produce_props.push(("acks", "all"));
+    tools::console_produce_kv(&proxy.bootstrap, "secure", &sent, &produce_props)?;
+    let mut consume_props = client.to_vec();
+    consume_props.push(("print.key", "true"));
+    let lines = tools::console_consume(
+        &proxy.bootstrap,
+        "secure",
+        sent.len(),
+        &consume_props,
+        Duration::from_secs(30),
+    )?;
+    let expected: Vec<String> = sent.iter().map(|(k, v)| format!("{k}\t{v}")).collect();
+    ensure!(
+        lines == expected,
+        "TLS round trip: got {} records",
+        lines.len()
+    );
+
+    // A plaintext client cannot talk to the TLS listener.
+    let mut plain = RawClient::connect(&proxy.bootstrap)?;
+    plain.send_raw(&[0, 0, 0, 12, 0, 18, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0])?;
+    ensure!(
+        plain.closed_by_peer(),
+        "plaintext bytes on the TLS listener were accepted"
+    );
+    Ok(())
+}
+
+#[test]
+fn sasl_plain_authenticates_through_the_proxy() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let broker = KafkaCluster::start(KafkaOptions::default().sasl_plain("alice", "alice-secret"))?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    let good = broker.client_properties();
+    tools::create_topic(&proxy.bootstrap, "sasl", 1, &[], &props_ref(&good))?;
+    let sent = kv(50, "sasl");
+    tools::console_produce_kv(&proxy.bootstrap, "sasl", &sent, &props_ref(&good))?;
+    let mut consume = props_ref(&good);
+    consume.push(("print.key", "true"));
+    let lines = tools::console_consume(
+        &proxy.bootstrap,
+        "sasl",
+        sent.len(),
+        &consume,
+        Duration::from_secs(30),
+    )?;
+    ensure!(
+        lines.len() == sent.len(),
+        "SASL round trip: got {} of {}",
+        lines.len(),
+        sent.len()
+    );
+
+    // The broker, not the proxy, judges the credentials.
+    let bad = Security::SaslPlaintext {
+        user: "alice".into(),
+        password: "wrong".into(),
+    }
+    .client_properties();
+    let mut bad_props = props_ref(&bad);
+    bad_props.push(("max.block.ms", "10000"));
+    let refused = tools::console_produce_kv(&proxy.bootstrap, "sasl", &kv(1, "bad"), &bad_props);
+    let message = match refused {
+        Ok(()) => bail!("a wrong password was accepted through the proxy"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        message.contains("Authentication failed"),
+        "unexpected failure: {message}"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_input_closes_only_that_connection() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let mut proxy = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("MAX_FRAME_BYTES", "1048576"),
+            ("LINKS", "a"),
+            ("LINK_A_SOURCE_CLUSTER_ID", "MkU3OEVBNTcwNTJENDM2Qk"),
+            ("LINK_A_TOPICS", "mirrored"),
+        ],
+    )?;
+    tools::create_topic(&proxy.bootstrap, "steady", 1, &[], &[])?;
+
+    // A well-behaved client keeps producing the whole time.
+    let observer = Observer::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = {
+        let (bootstrap, observer, stop) =
+            (proxy.bootstrap.clone(), observer.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || -> Result<usize> {
+            let producer = rd_producer(
+                &bootstrap,
+                &[("enable.idempotence", "true"), ("acks", "all")],
+                &observer,
+            )?;
+            let mut sent = 0usize;
+            while !stop.load(Ordering::SeqCst) || sent < 2_000 {
+                let key = format!("steady-{sent:06}");
+                producer
+                    .send(BaseRecord::to("steady").key(&key).payload("ok"))
+                    .map_err(|(e, _)| e)?;
+                sent += 1;
+                if sent % 100 == 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            producer.flush(Duration::from_secs(120))?;
+            Ok(sent)
+        })
+    };
+
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "garbage frame",
+            vec![0, 0, 0, 3, 0xde, 0xad, 0xbe],
+            "malformed request header",
+        ),
+        ("negative size", vec![0xff, 0xff, 0xff, 0x00], "is negative"),
+        (
+            "frame over the maximum",
+            (2u32 * 1024 * 1024).to_be_bytes().to_vec(),
+            "exceeds the maximum of 1048576 bytes",
+        ),
+        (
+            "unknown API key",
+            // api key 9999, version 0, correlation 1, client id "x"
+            vec![0, 0, 0, 11, 0x27, 0x0f, 0, 0, 0, 0, 0, 1, 0, 1, b'x'],
+            "broker closed the connection",
+        ),
+        (
+            "unparseable Produce body from a mirror link",
+            // Produce v9, correlation 1, client id "mirror-a", empty tagged
+            // fields, then a body that ends in the middle of the topic array.
+            {
+                let mut body = vec![0, 0, 0, 9, 0, 0, 0, 1, 0, 8];
+                body.extend_from_slice(b"mirror-a");
+                body.extend_from_slice(&[0, 0, 0xff, 0xff, 0, 0, 0x75, 0x30, 0x05, 0x02]);
+                let mut framed = (body.len() as u32).to_be_bytes().to_vec();
+                framed.extend(body);
+                framed
+            },
+            "unparseable Produce v9 body",
+        ),
+    ];
+    for (what, bytes, logged) in &cases {
+        let mut client = RawClient::connect(&proxy.bootstrap)?;
+        client.send_raw(bytes)?;
+        ensure!(
+            client.closed_by_peer(),
+            "{what}: the connection stayed open"
+        );
+        proxy
+            .wait_for_log(logged, Duration::from_secs(30))
+            .with_context(|| format!("{what}: no log line saying {logged:?}"))?;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let sent = background
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    ensure!(
+        observer.failed.load(Ordering::SeqCst) == 0,
+        "the well-behaved producer saw failures"
+    );
+    let acked = observer.acked.lock().map(|a| a.len()).unwrap_or(0);
+    ensure!(acked == sent, "acknowledged {acked} of {sent}");
+    let got = rd_consume(&proxy.bootstrap, "steady", sent, &Observer::default())?;
+    ensure!(got.len() == sent, "read back {} of {sent}", got.len());
+    Ok(())
+}
+
+#[test]
+fn producer_recovers_through_the_proxy_when_the_broker_restarts() -> Result<()> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(());
+    }
+    let mut broker = KafkaCluster::start(KafkaOptions::default())?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    tools::create_topic(&proxy.bootstrap, "restart", 1, &[], &[])?;
+    let observer = Observer::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let background = {
+        let (bootstrap, observer, stop) =
+            (proxy.bootstrap.clone(), observer.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || -> Result<usize> {
+            let producer = rd_producer(
+                &bootstrap,
+                &[
+                    ("enable.idempotence", "true"),
+                    ("acks", "all"),
+                    ("message.timeout.ms", "120000"),
+                ],
+                &observer,
+            )?;
+            let mut sent = 0usize;
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("r-{sent:06}");
+                producer
+                    .send(BaseRecord::to("restart").key(&key).payload("v"))
+                    .map_err(|(e, _)| e)?;
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            producer.flush(Duration::from_secs(180))?;
+            Ok(sent)
+        })
+    };
+    let wait_acked = |n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while observer.acked.lock().map(|a| a.len()).unwrap_or(0) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_acked(500);
+    let before = observer.acked.lock().map(|a| a.len()).unwrap_or(0);
+    broker.restart()?;
+    wait_acked(before + 500);
+    stop.store(true, Ordering::SeqCst);
+    let sent = background
+        .join()
+        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    let acked: Vec<String> = observer.acked.lock().map(|a| a.clone()).unwrap_or_default();
+    ensure!(
+        acked.len() > before + 500,
+        "no progress after the restart: {} acked, {before} before",
+        acked.len()
+    );
+
+    let got = rd_consume(
+        &proxy.bootstrap,
+        "restart",
+        acked.len(),
+        &Observer::default(),
+    )?;
+    let on_broker: HashMap<String, ()> = got
+        .iter()
+        .map(|(k, _)| (String::from_utf8_lossy(k).into_owned(), ()))
+        .collect();
+    let missing: Vec<&String> = acked
+        .iter()
+        .filter(|k| !on_broker.contains_key(*k))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "{} acknowledged records lost, e.g. {:?}",
+        missing.len(),
+        missing.first()
+    );
+    eprintln!(
+        "sent {sent}, acknowledged {}, read {}",
+        acked.len(),
+        got.len()
+    );
+    ensure!(
+        proxy.logs().contains("broker closed the connection"),
+        "the proxy did not log the broker going away"
+    );
+    Ok(())
+}

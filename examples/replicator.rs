@@ -1369,6 +1369,7 @@ async fn main() -> std::process::ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 
     let (stop_tx, stop_rx) = watch::channel(false);

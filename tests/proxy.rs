@@ -547,7 +547,7 @@ fn bad_input_closes_only_that_connection() -> Result<()> {
                     .send(BaseRecord::to("steady").key(&key).payload("ok"))
                     .map_err(|(e, _)| e)?;
                 sent += 1;
-                if sent % 100 == 0 {
+                if sent.is_multiple_of(100) {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }

@@ -373,6 +373,12 @@ pub fn console_produce(
         props.iter().partition(|(k, _)| READER_KEYS.contains(k));
     let (_file, mut args) = command_config(&producer)?;
     args.extend(["--bootstrap-server", bootstrap, "--topic", topic].map(String::from));
+    // ConsoleProducer overwrites `compression.type` from the command config
+    // with its own `--compression-codec` (default `none`): pass it there.
+    if let Some((_, codec)) = producer.iter().find(|(k, _)| *k == "compression.type") {
+        args.push("--compression-codec".into());
+        args.push(codec.to_string());
+    }
     for (k, v) in reader {
         args.push("--reader-property".into());
         args.push(format!("{k}={v}"));

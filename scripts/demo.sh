@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The proxy's main job in front of a real local Kafka, start to finish:
+#   1. a destination broker B with the proxy in front of it; Kafka's console
+#      producer and consumer go through the proxy, which is all they ever see;
+#   2. a source broker A whose idempotent producer writes a few records; the
+#      example replicator copies A's batches byte for byte through the proxy
+#      as mirror link "a"; DumpLogSegments shows the producer id on A and
+#      the remapped one on B, and `kafka-mirror-proxy unmap` reads it back.
+# Brokers come from the cached Kafka jars (scripts/kafka-jars.sh); all
+# processes stop when the script ends (KMP_KEEP=1 keeps the work folder).
+set -euo pipefail
+. "$(dirname "$0")/lib/kafka.sh"
+
+A_ID=MkU3OEVBNTcwNTJENDM2Qk
+B_ID=q1Zx7Kd8Tj2m4Wf0hYvRsA
+
+(cd "$KMP_ROOT" && cargo build --release --quiet --bin kafka-mirror-proxy --example replicator)
+kmp_init
+kmp_start_broker A "$A_ID"
+kmp_start_broker B "$B_ID"
+kmp_start_proxy P "$B_PORT" \
+    MIRROR_PROXY_LINKS=a \
+    MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID="$A_ID" \
+    MIRROR_PROXY_LINK_A_TOPICS=orders
+PROXY="127.0.0.1:$P_PORT"
+
+echo; echo "== 1. clients through the proxy ($PROXY) =="
+kmp_java org.apache.kafka.tools.BrokerApiVersionsCommand --bootstrap-server "$PROXY" | grep "(id:"
+kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "$PROXY" --create --topic greetings --partitions 1 --replication-factor 1
+printf 'hello\nfrom\nthe\nproxy\n' | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "$PROXY" --topic greetings
+kmp_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$PROXY" --topic greetings \
+    --from-beginning --max-messages 4 --timeout-ms 20000
+
+echo; echo "== 2. mirroring A -> proxy -> B =="
+for port in "$A_PORT" "$B_PORT"; do
+    kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" --create --topic orders --partitions 1 --replication-factor 1
+done
+seq 1 10 | sed 's/^/order-/' | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$A_PORT" \
+    --topic orders --command-property enable.idempotence=true
+"$KMP_ROOT/target/release/examples/replicator" --source "127.0.0.1:$A_PORT" --destination "$PROXY" \
+    --topics orders --client-id mirror-a --mode until-caught-up
+
+pid_of() { kmp_java org.apache.kafka.tools.DumpLogSegments --files "$1"/data/orders-0/00000000000000000000.log \
+    | grep -o 'producerId: [-0-9]*' | head -1 | awk '{print $2}'; }
+A_PID=$(pid_of "$A_DIR"); B_PID=$(pid_of "$B_DIR")
+echo "producer id on A: $A_PID"
+echo "producer id on B: $B_PID"
+echo "expected:         $("$KMP_ROOT/target/release/kafka-mirror-proxy" map --source-cluster-id "$A_ID" --pid "$A_PID")"
+MIRROR_PROXY_LINKS=a MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID="$A_ID" MIRROR_PROXY_LINK_A_TOPICS=orders \
+    "$KMP_ROOT/target/release/kafka-mirror-proxy" unmap --pid "$B_PID"
+echo; echo "records on B, read through the proxy:"
+kmp_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$PROXY" --topic orders \
+    --from-beginning --max-messages 10 --timeout-ms 20000 | tr '\n' ' '; echo

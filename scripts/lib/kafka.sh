@@ -1,0 +1,115 @@
+# Shell helpers for the demo and benchmark scripts: start single-node KRaft
+# brokers from the cached jars (scripts/kafka-jars.sh) and stop them on exit.
+# Source it; it defines functions only.
+
+KMP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+KMP_PIDS=()
+
+kmp_libs() {
+    "$KMP_ROOT/scripts/kafka-jars.sh"
+}
+
+kmp_java() { # CLASS ARGS...: run a Kafka tool
+    local class=$1; shift
+    java -Xmx512m -Dlog4j2.configurationFile="$KMP_WORK/log4j2.properties" -cp "$KMP_LIBS/*" "$class" "$@"
+}
+
+kmp_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+kmp_init() { # create the work dir and fetch jars
+    KMP_WORK=$(mktemp -d "${TMPDIR:-/tmp}/kafka-mirror-proxy.XXXXXX")
+    KMP_LIBS=$(kmp_libs)
+    cat > "$KMP_WORK/log4j2.properties" <<'PROPS'
+rootLogger.level = WARN
+rootLogger.appenderRef.stderr.ref = STDERR
+appender.stderr.type = Console
+appender.stderr.name = STDERR
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = [%d] %p %m (%c)%n
+PROPS
+    sed 's/rootLogger.level = WARN/rootLogger.level = INFO/' "$KMP_WORK/log4j2.properties" > "$KMP_WORK/broker-log4j2.properties"
+    trap kmp_cleanup EXIT INT TERM
+}
+
+kmp_cleanup() {
+    local pid
+    for pid in "${KMP_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${KMP_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    [ -n "${KMP_KEEP:-}" ] || rm -rf "$KMP_WORK"
+}
+
+# kmp_start_broker NAME CLUSTER_ID: starts a broker; sets NAME_PORT and
+# NAME_DIR (e.g. kmp_start_broker A MkU3OEVBNTcwNTJENDM2Qk -> $A_PORT).
+kmp_start_broker() {
+    local name=$1 cluster_id=$2 port cport dir
+    port=$(kmp_free_port); cport=$(kmp_free_port)
+    dir="$KMP_WORK/broker-$name"
+    mkdir -p "$dir"
+    cat > "$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$dir/data
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+PROPS
+    kmp_java kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" > "$dir/format.log" 2>&1 \
+        || { cat "$dir/format.log" >&2; return 1; }
+    java -Xmx1g -XX:+UseSerialGC -Dlog4j2.configurationFile="$KMP_WORK/broker-log4j2.properties" \
+        -cp "$KMP_LIBS/*" kafka.Kafka "$dir/server.properties" > "$dir/broker.log" 2>&1 &
+    KMP_PIDS+=($!)
+    local i
+    for i in $(seq 1 120); do
+        if grep -q "Kafka Server started" "$dir/broker.log" 2>/dev/null \
+            && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            printf -v "${name}_PORT" '%s' "$port"
+            printf -v "${name}_DIR" '%s' "$dir"
+            echo "broker $name (cluster $cluster_id) ready on 127.0.0.1:$port" >&2
+            return 0
+        fi
+        sleep 0.5
+    done
+    echo "broker $name did not start; last log lines:" >&2
+    tail -40 "$dir/broker.log" >&2
+    return 1
+}
+
+# kmp_start_proxy NAME BROKER_PORT [VAR=VALUE...]: runs the release binary;
+# sets NAME_PORT (bootstrap) and NAME_ADMIN.
+kmp_start_proxy() {
+    local name=$1 broker_port=$2; shift 2
+    local listen admin base
+    listen=$(kmp_free_port); admin=$(kmp_free_port); base=$(( $(kmp_free_port) - 1 ))
+    env MIRROR_PROXY_BOOTSTRAP_SERVERS="127.0.0.1:$broker_port" \
+        MIRROR_PROXY_LISTEN="127.0.0.1:$listen" \
+        MIRROR_PROXY_BROKER_PORT_BASE="$base" \
+        MIRROR_PROXY_ADMIN_LISTEN="127.0.0.1:$admin" \
+        "$@" "$KMP_ROOT/target/release/kafka-mirror-proxy" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
+    KMP_PIDS+=($!)
+    local i
+    for i in $(seq 1 100); do
+        if grep -q "proxy ready" "$KMP_WORK/proxy-$name.log"; then
+            printf -v "${name}_PORT" '%s' "$listen"
+            printf -v "${name}_ADMIN" '%s' "$admin"
+            echo "proxy $name ready on 127.0.0.1:$listen (admin 127.0.0.1:$admin)" >&2
+            return 0
+        fi
+        sleep 0.1
+    done
+    cat "$KMP_WORK/proxy-$name.log" >&2
+    return 1
+}

@@ -716,6 +716,16 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_documents_every_variable() {
+        let readme = include_str!("../README.md");
+        for (name, default, _) in VARIABLES {
+            let row = format!("| `{PREFIX}{name}` |");
+            assert!(readme.contains(&row), "README lacks a row for {PREFIX}{name}");
+            assert!(readme.contains(default), "README lacks the default of {PREFIX}{name}: {default}");
+        }
+    }
+
+    #[test]
     fn advertised_host_is_required_when_listening_on_all_interfaces() {
         let p = problems(&[("BOOTSTRAP_SERVERS", "b:9092")]);
         assert_eq!(p.len(), 1);

@@ -747,8 +747,13 @@ fn mirror_end_to_end() -> Result<()> {
     // --- Corrupt, unplaceable and off-link input, by hand on the wire.
     let mut raw = RawClient::connect(&pb.node_address(1))?;
     let mut corrupt = record_batch(7, &["will", "be", "corrupted"]).to_vec();
-    let last = corrupt.len() - 1;
-    corrupt[last] ^= 0x01; // a payload byte: the CRC no longer matches
+    // Flip a letter of a record value: the batch still parses, only the CRC
+    // tells, so a proxy that recomputed the CRC would get it appended.
+    let at = corrupt
+        .windows(9)
+        .position(|w| w == b"corrupted")
+        .context("value bytes in the batch")?;
+    corrupt[at] = b'C';
     assert!(!crc_ok(&corrupt), "the flipped batch must have a bad CRC");
     let (code, message) =
         partition_result(&raw.produce("mirror-a", "corrupt", 0, corrupt.into())?);

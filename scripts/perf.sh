@@ -37,7 +37,7 @@ run() {
         --bootstrap-server "$2" \
         --command-property acks=all enable.idempotence=true client.id="$4" 2>/dev/null | tail -1)
     # "N records sent, R records/sec (M MB/sec), A ms avg latency, X ms max latency, ... P ms 99th, ..."
-    awk -v l="$1" '{ gsub(/[(),]/, " "); for (i = 1; i <= NF; i++) { if ($(i+1) == "records/sec") r = $i; if ($(i+1) == "MB/sec") m = $i; if ($(i+1) == "99th") p = $i } printf "%s %s %s %s\n", l, r, m, p }' <<<"$line"
+    awk -v l="$1" '{ gsub(/[(),]/, " "); for (i = 1; i <= NF; i++) { if ($(i+1) == "records/sec") r = $i; if ($(i+1) == "MB/sec") m = $i; if ($(i+2) == "99th") p = $i } printf "%s %s %s %s\n", l, r, m, p }' <<<"$line"
 }
 
 echo "warm-up..." >&2

@@ -512,7 +512,11 @@ impl Config {
                 Some(v) => match v.parse::<ClusterId>() {
                     Ok(id) => Some(id),
                     Err(e) => {
-                        env.problem(&var("SOURCE_CLUSTER_ID"), Some(v), e.to_string());
+                        env.problem(
+                            &var("SOURCE_CLUSTER_ID"),
+                            Some(v),
+                            format!("a Kafka cluster id, 22 characters of URL-safe base64 encoding 16 bytes ({e})"),
+                        );
                         None
                     }
                 },
@@ -720,8 +724,14 @@ mod tests {
         let readme = include_str!("../README.md");
         for (name, default, _) in VARIABLES {
             let row = format!("| `{PREFIX}{name}` |");
-            assert!(readme.contains(&row), "README lacks a row for {PREFIX}{name}");
-            assert!(readme.contains(default), "README lacks the default of {PREFIX}{name}: {default}");
+            assert!(
+                readme.contains(&row),
+                "README lacks a row for {PREFIX}{name}"
+            );
+            assert!(
+                readme.contains(default),
+                "README lacks the default of {PREFIX}{name}: {default}"
+            );
         }
     }
 

@@ -436,6 +436,25 @@ fn data_batches(batches: &[DumpedBatch]) -> Vec<&DumpedBatch> {
     batches.iter().filter(|b| !b.is_control).collect()
 }
 
+/// A batch's header fields on one line (records left out).
+fn summary(b: &DumpedBatch) -> String {
+    format!(
+        "offset {}..={} producerId {} epoch {} seq {}..={} count {} txn {} control {} codec {} valid {} records {}",
+        b.base_offset,
+        b.last_offset,
+        b.producer_id,
+        b.producer_epoch,
+        b.base_sequence,
+        b.last_sequence,
+        b.count,
+        b.is_transactional,
+        b.is_control,
+        b.compresscodec,
+        b.is_valid,
+        b.records.len()
+    )
+}
+
 type RecordView = (Option<String>, Option<String>, Vec<String>);
 
 fn records(b: &DumpedBatch) -> Vec<RecordView> {
@@ -462,7 +481,11 @@ fn assert_mirrored(
         "{what}: the destination must hold exactly the source's data batches (control batches skipped)"
     );
     for (i, (s, d)) in source.iter().zip(dest).enumerate() {
-        let ctx = format!("{what}, batch #{i}\n  source: {s:?}\n  dest:   {d:?}");
+        let ctx = format!(
+            "{what}, batch #{i}\n  source: {}\n  dest:   {}",
+            summary(s),
+            summary(d)
+        );
         assert_eq!(
             d.producer_id,
             expected_pid(s.producer_id),
@@ -965,7 +988,8 @@ fn mirror_end_to_end() -> Result<()> {
             assert_eq!(
                 split(batch.producer_id).0,
                 ha,
-                "t-{p} on C keeps A's region, not B's ({hb:#x}): {batch:?}"
+                "t-{p} on C keeps A's region, not B's ({hb:#x}): {}",
+                summary(batch)
             );
         }
     }

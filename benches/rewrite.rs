@@ -146,6 +146,26 @@ fn bench(c: &mut Criterion) {
         );
     }
     group.finish();
+
+    // The CRC update alone, by the number of bytes after the patched field.
+    let mut group = c.benchmark_group("crc_patch");
+    for (name, after) in [
+        ("1KiB", 1024u64),
+        ("64KiB", 64 * 1024),
+        ("1MiB", 1024 * 1024),
+    ] {
+        group.bench_with_input(BenchmarkId::from_parameter(name), &after, |b, after| {
+            b.iter(|| {
+                crc32c::patch(
+                    0x1234_5678,
+                    5i64.to_be_bytes(),
+                    (-5i64).to_be_bytes(),
+                    std::hint::black_box(*after),
+                )
+            })
+        });
+    }
+    group.finish();
 }
 
 criterion_group!(benches, bench);

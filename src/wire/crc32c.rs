@@ -26,61 +26,81 @@ pub fn checksum(data: &[u8]) -> u32 {
 /// Taking two `[u8; N]` makes unequal lengths unrepresentable. Only the
 /// difference is added: the function never recomputes from the message, so a
 /// CRC that was wrong before stays wrong by exactly the same amount.
-/// Cost is O(N + log bytes_after); the message itself is never read.
+/// Cost is O(N) plus one 32-step multiplication per non-zero hex digit of\n/// `bytes_after`; the message itself is never read.
 pub fn patch<const N: usize>(old_crc: u32, old: [u8; N], new: [u8; N], bytes_after: u64) -> u32 {
     let mut reg = 0u32;
     for (o, n) in old.iter().zip(new.iter()) {
-        reg ^= u32::from(o ^ n);
-        for _ in 0..8 {
-            reg = if reg & 1 != 0 {
-                (reg >> 1) ^ POLY
-            } else {
-                reg >> 1
-            };
-        }
+        reg = (reg >> 8) ^ BYTE_TABLE[((reg ^ u32::from(o ^ n)) & 0xFF) as usize];
     }
     old_crc ^ multmodp(x8nmodp(bytes_after), reg)
 }
 
-/// `a * b mod P`, both reflected. Bounded loop, so `a == 0` is fine too.
-const fn multmodp(a: u32, mut b: u32) -> u32 {
-    let mut p = 0;
-    let mut m = ONE;
-    while m != 0 {
-        if a & m != 0 {
-            p ^= b;
+/// Byte-at-a-time table of the raw (zero-init, no final xor) CRC register.
+const BYTE_TABLE: [u32; 256] = {
+    let mut table = [0; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut reg = i as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            reg = (reg >> 1) ^ (POLY & 0u32.wrapping_sub(reg & 1));
+            bit += 1;
         }
-        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
-        m >>= 1;
-    }
-    p
-}
-
-/// `X8N[k] = x^(8 * 2^k) mod P`: one entry per bit of a `u64` byte count, so
-/// no reliance on the multiplicative order of `x` (zlib wraps `k & 31`).
-const X8N: [u32; 64] = {
-    let mut table = [0; 64];
-    let mut p = ONE >> 8; // x^8
-    let mut k = 0;
-    while k < 64 {
-        table[k] = p;
-        p = multmodp(p, p);
-        k += 1;
+        table[i] = reg;
+        i += 1;
     }
     table
 };
 
-/// `x^(8n) mod P`: the operator that appends `n` zero bytes to a raw CRC
-/// register. At most 64 multiplications.
+/// `a * b mod P` in the reflected domain. Branch-free: 32 shift-and-xor
+/// steps whatever the operands.
+const fn multmodp(a: u32, mut b: u32) -> u32 {
+    let mut p = 0;
+    let mut i = 0;
+    while i < 32 {
+        p ^= b & 0u32.wrapping_sub((a >> (31 - i)) & 1);
+        b = (b >> 1) ^ (POLY & 0u32.wrapping_sub(b & 1));
+        i += 1;
+    }
+    p
+}
+
+/// `X8N[g][v] = x^(8 * v * 16^g) mod P`: one multiplication per non-zero
+/// hex digit of the byte count (at most 8 for a batch under 2 GiB), so the
+/// cost barely moves between a 1 KiB and a 1 MiB batch.
+const X8N: [[u32; 16]; 16] = {
+    let mut table = [[0; 16]; 16];
+    // x^8, then squared four times per digit position.
+    let mut base = ONE >> 8;
+    let mut g = 0;
+    while g < 16 {
+        table[g][0] = ONE;
+        let mut v = 1;
+        while v < 16 {
+            table[g][v] = multmodp(table[g][v - 1], base);
+            v += 1;
+        }
+        let mut k = 0;
+        while k < 4 {
+            base = multmodp(base, base);
+            k += 1;
+        }
+        g += 1;
+    }
+    table
+};
+
+/// `x^(8n) mod P`: the operator that appends `n` zero bytes.
 fn x8nmodp(mut n: u64) -> u32 {
     let mut p = ONE;
-    let mut k = 0;
+    let mut g = 0;
     while n != 0 {
-        if n & 1 != 0 {
-            p = multmodp(X8N[k], p);
+        let digit = (n & 0xF) as usize;
+        if digit != 0 {
+            p = multmodp(X8N[g][digit], p);
         }
-        n >>= 1;
-        k += 1;
+        n >>= 4;
+        g += 1;
     }
     p
 }

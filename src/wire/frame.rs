@@ -6,6 +6,8 @@
 //! be patched in place and forwarded without a copy), and is cancel-safe: all
 //! progress lives in the reader, so it can sit in a `tokio::select!`.
 
+use std::io::IoSlice;
+
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
@@ -92,12 +94,26 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
-/// Write one frame with its size prefix.
+/// Write one frame with its size prefix, in one vectored write where the
+/// stream supports it (one syscall per frame instead of two).
 pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> std::io::Result<()> {
     let size = i32::try_from(frame.len())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "frame over 2 GiB"))?;
-    w.write_all(&size.to_be_bytes()).await?;
-    w.write_all(frame).await?;
+    let prefix = size.to_be_bytes();
+    let total = prefix.len() + frame.len();
+    let mut written = 0;
+    while written < total {
+        let n = if written < prefix.len() {
+            let bufs = [IoSlice::new(&prefix[written..]), IoSlice::new(frame)];
+            w.write_vectored(&bufs).await?
+        } else {
+            w.write(&frame[written - prefix.len()..]).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        written += n;
+    }
     // TLS streams buffer inside the session; a no-op for TCP.
     w.flush().await
 }
@@ -145,6 +161,42 @@ mod tests {
         let (frames, err) = read_all(&[0, 0, 0, 1, 7, 0, 0, 0, 9, 1, 2], 1024).await;
         assert_eq!(frames, vec![vec![7]]);
         assert!(matches!(err, Some(FrameError::Truncated { buffered: 6 })));
+    }
+
+    /// A writer that takes at most three bytes per call.
+    struct Trickle(Vec<u8>);
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            std::task::Poll::Ready(Ok(n))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn write_frame_survives_short_writes() {
+        let mut out = Trickle(Vec::new());
+        write_frame(&mut out, &[9, 8, 7, 6, 5])
+            .await
+            .expect("write");
+        assert_eq!(out.0, vec![0, 0, 0, 5, 9, 8, 7, 6, 5]);
     }
 
     #[tokio::test]

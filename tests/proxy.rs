@@ -27,6 +27,22 @@ fn external() -> bool {
     std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some()
 }
 
+/// A local broker with the proxy in front of it, or `None` (the test is
+/// skipped) when the suite runs against an external cluster: these tests
+/// look at the broker's side too.
+fn local_broker_and_proxy(
+    options: KafkaOptions,
+    proxy_env: &[(&str, &str)],
+) -> Result<Option<(KafkaCluster, ProxyProcess)>> {
+    if external() {
+        eprintln!("skipped: needs local brokers");
+        return Ok(None);
+    }
+    let broker = KafkaCluster::start(options)?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), proxy_env)?;
+    Ok(Some((broker, proxy)))
+}
+
 /// Remembers acknowledged keys and the broker addresses librdkafka reports.
 #[derive(Default, Clone)]
 struct Observer {
@@ -38,7 +54,15 @@ struct Observer {
 impl ClientContext for Observer {
     fn stats(&self, statistics: Statistics) {
         if let Ok(mut b) = self.brokers.lock() {
-            b.extend(statistics.brokers.values().map(|b| b.nodename.clone()));
+            // Logical brokers (e.g. the group coordinator handle) have no
+            // address of their own.
+            b.extend(
+                statistics
+                    .brokers
+                    .values()
+                    .filter(|b| b.source != "logical" && b.source != "internal")
+                    .map(|b| b.nodename.clone()),
+            );
         }
     }
 }
@@ -79,6 +103,56 @@ fn rd_producer(
         config.set(*k, *v);
     }
     Ok(config.create_with_context(observer.clone())?)
+}
+
+/// An idempotent librdkafka producer writing unique keys (`<topic>-<n>`) to
+/// `topic` on its own thread, a record every 2 ms, until finished.
+struct BackgroundProducer {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Result<usize>>,
+}
+
+impl BackgroundProducer {
+    fn start(bootstrap: &str, topic: &str, observer: &Observer) -> BackgroundProducer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (bootstrap, topic, observer, flag) = (
+            bootstrap.to_string(),
+            topic.to_string(),
+            observer.clone(),
+            Arc::clone(&stop),
+        );
+        let thread = std::thread::spawn(move || -> Result<usize> {
+            let producer = rd_producer(
+                &bootstrap,
+                &[
+                    ("enable.idempotence", "true"),
+                    ("acks", "all"),
+                    ("message.timeout.ms", "120000"),
+                ],
+                &observer,
+            )?;
+            let mut sent = 0usize;
+            while !flag.load(Ordering::SeqCst) {
+                let key = format!("{topic}-{sent:06}");
+                producer
+                    .send(BaseRecord::to(&topic).key(&key).payload("v"))
+                    .map_err(|(e, _)| e)?;
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            producer.flush(Duration::from_secs(180))?;
+            Ok(sent)
+        });
+        BackgroundProducer { stop, thread }
+    }
+
+    /// Stop, wait for every delivery, and return how many were sent.
+    fn finish(self) -> Result<usize> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("producer thread panicked"))?
+    }
 }
 
 /// Read `count` messages (key, value) from the start of a single-partition
@@ -168,12 +242,9 @@ fn kv(n: usize, tag: &str) -> Vec<(String, String)> {
 
 #[test]
 fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
+    let Some((_broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
         return Ok(());
-    }
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    };
     tools::create_topic(&proxy.bootstrap, "console", 1, &[], &[])?;
     let sent = kv(10_000, "console");
     tools::console_produce_kv(&proxy.bootstrap, "console", &sent, &[("acks", "all")])?;
@@ -202,12 +273,9 @@ fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<(
 
 #[test]
 fn rdkafka_round_trips_binary_records_and_acks0_leaves_nothing_pending() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
+    let Some((_broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
         return Ok(());
-    }
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    };
     tools::create_topic(&proxy.bootstrap, "rd", 1, &[], &[])?;
     tools::create_topic(&proxy.bootstrap, "rd-acks0", 1, &[], &[])?;
     let observer = Observer::default();
@@ -282,12 +350,9 @@ fn rdkafka_round_trips_binary_records_and_acks0_leaves_nothing_pending() -> Resu
 
 #[test]
 fn clients_only_ever_see_and_use_proxy_addresses() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
+    let Some((broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
         return Ok(());
-    }
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    };
     let broker_port = broker.port().to_string();
 
     // Kafka's own view of the cluster through the proxy.
@@ -368,12 +433,9 @@ fn clients_only_ever_see_and_use_proxy_addresses() -> Result<()> {
 
 #[test]
 fn idempotent_producer_keeps_its_positive_producer_id() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
+    let Some((broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
         return Ok(());
-    }
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    };
     tools::create_topic(&proxy.bootstrap, "idem", 1, &[], &[])?;
     tools::console_produce_kv(
         &proxy.bootstrap,
@@ -464,12 +526,10 @@ fn tls_from_clients_to_the_proxy_and_from_the_proxy_to_a_tls_broker() -> Result<
 
 #[test]
 fn sasl_plain_authenticates_through_the_proxy() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
+    let options = KafkaOptions::default().sasl_plain("alice", "alice-secret");
+    let Some((broker, proxy)) = local_broker_and_proxy(options, &[])? else {
         return Ok(());
-    }
-    let broker = KafkaCluster::start(KafkaOptions::default().sasl_plain("alice", "alice-secret"))?;
-    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    };
     let good = broker.client_properties();
     tools::create_topic(&proxy.bootstrap, "sasl", 1, &[], &props_ref(&good))?;
     let sent = kv(50, "sasl");
@@ -530,31 +590,7 @@ fn bad_input_closes_only_that_connection() -> Result<()> {
 
     // A well-behaved client keeps producing the whole time.
     let observer = Observer::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let background = {
-        let (bootstrap, observer, stop) =
-            (proxy.bootstrap.clone(), observer.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || -> Result<usize> {
-            let producer = rd_producer(
-                &bootstrap,
-                &[("enable.idempotence", "true"), ("acks", "all")],
-                &observer,
-            )?;
-            let mut sent = 0usize;
-            while !stop.load(Ordering::SeqCst) || sent < 2_000 {
-                let key = format!("steady-{sent:06}");
-                producer
-                    .send(BaseRecord::to("steady").key(&key).payload("ok"))
-                    .map_err(|(e, _)| e)?;
-                sent += 1;
-                if sent.is_multiple_of(100) {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            }
-            producer.flush(Duration::from_secs(120))?;
-            Ok(sent)
-        })
-    };
+    let background = BackgroundProducer::start(&proxy.bootstrap, "steady", &observer);
 
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
@@ -600,10 +636,7 @@ fn bad_input_closes_only_that_connection() -> Result<()> {
             .wait_for_log(logged, Duration::from_secs(30))
             .with_context(|| format!("{what}: no log line saying {logged:?}"))?;
     }
-    stop.store(true, Ordering::SeqCst);
-    let sent = background
-        .join()
-        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    let sent = background.finish()?;
     ensure!(
         observer.failed.load(Ordering::SeqCst) == 0,
         "the well-behaved producer saw failures"
@@ -625,33 +658,7 @@ fn producer_recovers_through_the_proxy_when_the_broker_restarts() -> Result<()> 
     let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
     tools::create_topic(&proxy.bootstrap, "restart", 1, &[], &[])?;
     let observer = Observer::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let background = {
-        let (bootstrap, observer, stop) =
-            (proxy.bootstrap.clone(), observer.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || -> Result<usize> {
-            let producer = rd_producer(
-                &bootstrap,
-                &[
-                    ("enable.idempotence", "true"),
-                    ("acks", "all"),
-                    ("message.timeout.ms", "120000"),
-                ],
-                &observer,
-            )?;
-            let mut sent = 0usize;
-            while !stop.load(Ordering::SeqCst) {
-                let key = format!("r-{sent:06}");
-                producer
-                    .send(BaseRecord::to("restart").key(&key).payload("v"))
-                    .map_err(|(e, _)| e)?;
-                sent += 1;
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            producer.flush(Duration::from_secs(180))?;
-            Ok(sent)
-        })
-    };
+    let background = BackgroundProducer::start(&proxy.bootstrap, "restart", &observer);
     let wait_acked = |n: usize| {
         let deadline = Instant::now() + Duration::from_secs(120);
         while observer.acked.lock().map(|a| a.len()).unwrap_or(0) < n && Instant::now() < deadline {
@@ -662,10 +669,7 @@ fn producer_recovers_through_the_proxy_when_the_broker_restarts() -> Result<()> 
     let before = observer.acked.lock().map(|a| a.len()).unwrap_or(0);
     broker.restart()?;
     wait_acked(before + 500);
-    stop.store(true, Ordering::SeqCst);
-    let sent = background
-        .join()
-        .map_err(|_| anyhow::anyhow!("producer thread panicked"))??;
+    let sent = background.finish()?;
     let acked: Vec<String> = observer.acked.lock().map(|a| a.clone()).unwrap_or_default();
     ensure!(
         acked.len() > before + 500,

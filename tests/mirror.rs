@@ -1138,3 +1138,67 @@ fn the_link_client_id_needs_the_link_certificate() -> Result<()> {
     assert!(log.iter().all(|b| b.is_valid), "{log:?}");
     Ok(())
 }
+
+/// Kafka's own Java producer acting as the link: it speaks the newest Produce
+/// version (v13 names topics by id, which the proxy resolves from the
+/// Metadata responses it forwards), and every batch it writes is remapped
+/// into A's region with a valid CRC.
+#[test]
+fn a_java_producer_using_the_link_client_id_is_remapped() -> Result<()> {
+    if std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some() {
+        eprintln!("skipped: needs a local broker");
+        return Ok(());
+    }
+    let [d] = start_clusters([None])?;
+    let proxy = start_proxy(
+        &d,
+        &[
+            ("LINKS", "a"),
+            ("LINK_A_SOURCE_CLUSTER_ID", ID_A),
+            ("LINK_A_TOPICS", "java"),
+        ],
+    )?;
+    tools::create_topic(&proxy.bootstrap, "java", 1, &[], &[])?;
+    let records: Vec<(String, String)> = (0..300)
+        .map(|i| (format!("k{i}"), format!("v{i}")))
+        .collect();
+    tools::console_produce_kv(
+        &proxy.bootstrap,
+        "java",
+        &records,
+        &[
+            ("client.id", "mirror-a"),
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            ("batch.size", "1024"),
+        ],
+    )?;
+    let batches: Vec<DumpedBatch> = dump(&[part(&d, "java", 0)])?.concat();
+    ensure!(
+        batches.iter().map(|b| b.count).sum::<i64>() == 300,
+        "records on disk: {batches:?}"
+    );
+    let hash_a = cluster_hash(ID_A);
+    for b in &batches {
+        let (region, _) = split(b.producer_id);
+        ensure!(
+            b.producer_id < -1 && region == hash_a,
+            "batch at {} has producer id {}, not in A's region {hash_a:#x}",
+            b.base_offset,
+            b.producer_id
+        );
+        ensure!(b.is_valid, "batch at {} has an invalid CRC", b.base_offset);
+    }
+    let remapped = proxy.metric(&format!("{REMAPPED}{{link=\"a\"}}"))?;
+    ensure!(
+        remapped == batches.len() as i64,
+        "remapped {remapped} batches, {} on disk",
+        batches.len()
+    );
+    let versions = tools::broker_api_versions(&proxy.bootstrap)?;
+    ensure!(
+        versions.contains("Produce(0): 3 to 13 [usable: 13]"),
+        "the Java client should use Produce v13:\n{versions}"
+    );
+    Ok(())
+}

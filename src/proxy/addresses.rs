@@ -218,11 +218,6 @@ pub fn rewrite(
             }
             encode(api, version, &header, &body)?
         }
-        ApiKey::Produce => {
-            let (header, mut body) = decode::<ProduceResponse>(api, version, frame)?;
-            rewrite_produce(&mut body, adv, &mut learnt)?;
-            encode(api, version, &header, &body)?
-        }
         _ => BytesMut::from(&frame[..]),
     };
     Ok((out, learnt))

@@ -36,6 +36,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Tls(#[from] tls::TlsSetupError),
+    #[error(transparent)]
+    NodePort(#[from] addresses::RewriteError),
 }
 
 /// Which broker a listener stands for.
@@ -124,11 +126,7 @@ impl Shared {
         if entry.listening {
             return Ok(());
         }
-        let port = self.advertised.port(node).map_err(|e| StartError::Bind {
-            what: Target::Node(node).label(),
-            addr: SocketAddr::new(self.listen_ip, 0),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()),
-        })?;
+        let port = self.advertised.port(node)?;
         let addr = SocketAddr::new(self.listen_ip, port);
         let listener = bind_std(addr).map_err(|source| StartError::Bind {
             what: Target::Node(node).label(),

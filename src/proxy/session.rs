@@ -265,17 +265,14 @@ async fn requests(
         };
         match api {
             ApiKey::Produce => {
-                if let Some((pending, frame)) =
-                    produce(shared, subject.as_ref(), &h, frame.freeze())?
-                {
-                    if let Some(p) = pending {
-                        send(&tx, p).await;
-                    }
-                    if let Some(frame) = frame {
-                        write_frame(&mut upstream, &frame)
-                            .await
-                            .map_err(SessionError::UpstreamWrite)?;
-                    }
+                let action = produce(shared, subject.as_ref(), &h, frame.freeze())?;
+                if let Some(p) = action.pending {
+                    send(&tx, p).await;
+                }
+                if let Some(frame) = action.forward {
+                    write_frame(&mut upstream, &frame)
+                        .await
+                        .map_err(SessionError::UpstreamWrite)?;
                 }
             }
             ApiKey::ApiVersions if h.api_version > ApiVersionsResponse::VERSIONS.max => {
@@ -324,7 +321,12 @@ fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
 }
 
 /// What to queue and what to forward for a Produce request.
-type ProduceAction = Option<(Option<Pending>, Option<BytesMut>)>;
+struct ProduceAction {
+    /// The response the client is owed, unless `acks=0`.
+    pending: Option<Pending>,
+    /// The frame for the broker, unless the proxy answered every partition.
+    forward: Option<BytesMut>,
+}
 
 fn produce(
     shared: &Arc<Shared>,
@@ -357,11 +359,14 @@ fn produce(
     let origin = shared.config.links.classify(h.client_id(&frame), subject);
     let link = match origin {
         Origin::Local => {
-            if version >= 10 {
+            if addresses::carries_addresses(ApiKey::Produce, version) {
                 check_parseable(ApiKey::Produce, version)?;
             }
             let frame = BytesMut::from(frame); // unique: no copy
-            return Ok(Some((broker(Vec::new()), Some(frame))));
+            return Ok(ProduceAction {
+                pending: broker(Vec::new()),
+                forward: Some(frame),
+            });
         }
         Origin::Spoofed(link) => {
             let message = format!(
@@ -379,7 +384,10 @@ fn produce(
                 &message,
             )?;
             count_local(shared, link.name(), &plan.local);
-            return Ok(Some((local_only(&plan.local)?, None)));
+            return Ok(ProduceAction {
+                pending: local_only(&plan.local)?,
+                forward: None,
+            });
         }
         Origin::Link(link) => link,
     };
@@ -395,7 +403,10 @@ fn produce(
     );
     count_local(shared, link.name(), &plan.local);
     if plan.forwarded_partitions == 0 {
-        return Ok(Some((local_only(&plan.local)?, None)));
+        return Ok(ProduceAction {
+            pending: local_only(&plan.local)?,
+            forward: None,
+        });
     }
     // The plan holds no reference into the frame unless some partitions are
     // answered locally, so the fast path gets the frame back without a copy.
@@ -404,10 +415,16 @@ fn produce(
         .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     plan.apply(&mut buf)?;
     if plan.local.is_empty() {
-        return Ok(Some((broker(Vec::new()), Some(buf))));
+        return Ok(ProduceAction {
+            pending: broker(Vec::new()),
+            forward: Some(buf),
+        });
     }
     let reduced = produce::without_local_partitions(&buf.freeze(), version, &plan.local)?;
-    Ok(Some((broker(plan.local), Some(reduced))))
+    Ok(ProduceAction {
+        pending: broker(plan.local),
+        forward: Some(reduced),
+    })
 }
 
 fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
@@ -512,7 +529,7 @@ fn produce_response(
     frame: BytesMut,
     local: Vec<LocalPartition>,
 ) -> Result<BytesMut, SessionError> {
-    if local.is_empty() && version < 10 {
+    if local.is_empty() && !addresses::carries_addresses(ApiKey::Produce, version) {
         return Ok(frame);
     }
     let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;

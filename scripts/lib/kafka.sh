@@ -67,7 +67,7 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 PROPS
-    kmp_java kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" > "$dir/format.log" 2>&1 \
+    kmp_java kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" > "$dir/format.log" 2>&1 \
         || { cat "$dir/format.log" >&2; return 1; }
     java -Xmx1g -XX:+UseSerialGC -Dlog4j2.configurationFile="$KMP_WORK/broker-log4j2.properties" \
         -cp "$KMP_LIBS/*" kafka.Kafka "$dir/server.properties" > "$dir/broker.log" 2>&1 &

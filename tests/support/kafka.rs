@@ -569,7 +569,11 @@ impl KafkaCluster {
             .arg("-cp")
             .arg(format!("{}/*", libs.display()))
             .arg("kafka.tools.StorageTool")
-            .args(["format", "-t", &self.cluster_id, "-c"])
+            // `--cluster-id=ID` in one argument: a random id may start with
+            // `-`, which the tool would otherwise read as an option.
+            .arg("format")
+            .arg(format!("--cluster-id={}", self.cluster_id))
+            .arg("-c")
             .arg(&cfg);
         let out = tools::run_with_timeout(cmd, None, Duration::from_secs(60))
             .context("running kafka.tools.StorageTool format")?;

@@ -784,6 +784,18 @@ fn mirror_end_to_end() -> Result<()> {
         code, CORRUPT_MESSAGE,
         "a corrupt batch on the link must be refused as CORRUPT_MESSAGE, not laundered (message {message:?})"
     );
+    // A data batch whose control bit flipped in transit, CRC untouched: it
+    // looks like a control batch, which the default policy answers without
+    // writing. Answering it with success would lose its records.
+    let mut flipped = record_batch(7, &["not", "a", "control", "batch"]).to_vec();
+    flipped[22] ^= 0x20;
+    assert!(is_control(&flipped) && !crc_ok(&flipped));
+    let (code, message) =
+        partition_result(&raw.produce("mirror-a", "corrupt", 0, flipped.into())?);
+    assert_eq!(
+        code, CORRUPT_MESSAGE,
+        "a data batch with a flipped control bit must get CORRUPT_MESSAGE, never a silent success (message {message:?})"
+    );
     let too_large = 1i64 << 31;
     let (code, message) = partition_result(&raw.produce(
         "mirror-a",

@@ -625,6 +625,50 @@ fn bad_input_closes_only_that_connection() -> Result<()> {
             "unparseable Produce v9 body",
         ),
     ];
+    // Produce requests on the link's client id whose array counts are forged:
+    // each of these aborted the whole process before the bounded walk.
+    let link_produce = |version: u8, body: &[u8]| {
+        let mut frame = vec![0, 0, 0, version, 0, 0, 0, 1, 0, 8];
+        frame.extend_from_slice(b"mirror-a");
+        if version >= 9 {
+            frame.push(0); // request header v2: no tagged fields
+        }
+        frame.extend_from_slice(body);
+        let mut framed = (frame.len() as u32).to_be_bytes().to_vec();
+        framed.extend(frame);
+        framed
+    };
+    // null transactional id, acks -1, timeout 30 s
+    let head = [0xff, 0xff, 0xff, 0xff, 0, 0, 0x75, 0x30];
+    let topic = [0, 8, b'm', b'i', b'r', b'r', b'o', b'r', b'e', b'd'];
+    let one_partition = [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+    let forged_v8 = [&head[..], &[0x10, 0, 0, 1], &topic, &one_partition].concat();
+    let forged_v9 = [&[0][..], &head[2..], &[0x80, 0x80, 0x80, 0x80, 0x08]].concat();
+    // Valid v3 with three bytes of the topic count cut: it merges with the name.
+    let cut_v3 = [
+        &[0xff, 0xff][..],
+        &head[2..],
+        &[0, 1],
+        &topic,
+        &one_partition,
+    ]
+    .concat();
+    let mut cases = cases;
+    cases.push((
+        "Produce v8 with topic count 0x10000001",
+        link_produce(8, &forged_v8),
+        "unparseable Produce v8 body",
+    ));
+    cases.push((
+        "Produce v9 with topic count varint 2^31",
+        link_produce(9, &forged_v9),
+        "unparseable Produce v9 body",
+    ));
+    cases.push((
+        "Produce v3 with bytes deleted",
+        link_produce(3, &cut_v3),
+        "unparseable Produce v3 body",
+    ));
     for (what, bytes, logged) in &cases {
         let mut client = RawClient::connect(&proxy.bootstrap)?;
         client.send_raw(bytes)?;

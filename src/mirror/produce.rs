@@ -13,18 +13,18 @@
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::produce_request::ProduceRequest;
 use kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader, TopicName};
+use kafka_protocol::messages::{ApiKey, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
 use uuid::Uuid;
 
 use crate::mirror::link::{ControlBatchPolicy, Link};
 use crate::mirror::pid::{map_pid, Mapping};
-use crate::wire::batch::{plan_producer_id_patch, BatchHeader, Batches, PidPatch};
+use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
+use crate::wire::{schema, walk};
 
 /// Why a Produce request could not be handled at all (the connection is
 /// closed: nothing of it is forwarded).
@@ -58,6 +58,8 @@ pub enum Refusal {
     UnplaceablePid,
     /// A record batch whose header cannot be read.
     MalformedBatch,
+    /// A record batch whose CRC does not match its bytes.
+    CorruptBatch,
     /// A client that used a link's client id without the link's certificate.
     NotAuthorized,
 }
@@ -69,6 +71,7 @@ impl Refusal {
             Refusal::UnknownTopicId => "unknown_topic_id",
             Refusal::UnplaceablePid => "unplaceable_pid",
             Refusal::MalformedBatch => "malformed_batch",
+            Refusal::CorruptBatch => "corrupt_batch",
             Refusal::NotAuthorized => "not_authorized",
         }
     }
@@ -78,7 +81,7 @@ impl Refusal {
             Refusal::TopicNotMirrored => ResponseError::PolicyViolation,
             Refusal::UnknownTopicId => ResponseError::UnknownTopicId,
             Refusal::UnplaceablePid => ResponseError::InvalidRecord,
-            Refusal::MalformedBatch => ResponseError::CorruptMessage,
+            Refusal::MalformedBatch | Refusal::CorruptBatch => ResponseError::CorruptMessage,
             Refusal::NotAuthorized => ResponseError::TopicAuthorizationFailed,
         }
     }
@@ -152,41 +155,126 @@ impl ProducePlan {
     }
 }
 
-/// The Produce versions the proxy parses (every one `kafka-protocol` knows
-/// from v3, the first that Kafka 4.x accepts).
+/// The Produce versions the proxy parses: those of Kafka's own definition
+/// (v3 to v13 for Kafka 4.4; v0 to v2 are refused by 4.x brokers).
 pub fn supported_versions() -> (i16, i16) {
-    use kafka_protocol::protocol::Message;
-    (
-        3.max(ProduceRequest::VERSIONS.min),
-        ProduceRequest::VERSIONS.max,
-    )
+    match schema::message("ProduceRequest") {
+        Ok(m) => (m.valid.min, m.valid.max),
+        Err(_) => (1, 0),
+    }
 }
 
-fn check_version(version: i16) -> Result<(), ProduceError> {
+fn request_schema(version: i16) -> Result<&'static schema::Message, ProduceError> {
     let (min, max) = supported_versions();
-    if (min..=max).contains(&version) {
-        Ok(())
-    } else {
-        Err(ProduceError::UnsupportedVersion(version))
+    if !(min..=max).contains(&version) {
+        return Err(ProduceError::UnsupportedVersion(version));
+    }
+    schema::message("ProduceRequest").map_err(|e| ProduceError::Malformed {
+        version,
+        reason: e.to_string(),
+    })
+}
+
+/// One partition entry of a Produce request, as the walk finds it.
+struct PartitionEntry<'a> {
+    topic: &'a TopicRef,
+    index: i32,
+    /// Where the records are in the frame (`None`: null records).
+    records: Option<Range<usize>>,
+}
+
+/// Walks a Produce request and hands every partition entry, in request
+/// order, to a callback; allocates nothing from the wire.
+struct PartitionWalk<F> {
+    version: i16,
+    topic: TopicRef,
+    index: i32,
+    records: Option<Range<usize>>,
+    error: Option<ProduceError>,
+    on_partition: F,
+}
+
+impl<F: FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>> walk::Visitor for PartitionWalk<F> {
+    fn value(&mut self, field: &schema::Field, value: walk::Value<'_>) -> walk::Edit {
+        match (field.path.as_str(), value) {
+            ("TopicData.Name", walk::Value::Str(Some(name))) => match std::str::from_utf8(name) {
+                Ok(n) => self.topic.name = TopicName(StrBytes::from_string(n.to_string())),
+                Err(_) => self.fail("topic name is not UTF-8".into()),
+            },
+            ("TopicData.TopicId", walk::Value::Uuid(id)) => {
+                self.topic.topic_id = Uuid::from_bytes(id)
+            }
+            ("TopicData.PartitionData.Index", walk::Value::Int(i)) => self.index = i as i32,
+            ("TopicData.PartitionData.Records", walk::Value::Bytes(span)) => self.records = span,
+            _ => {}
+        }
+        walk::Edit::Keep
+    }
+
+    fn enter(&mut self, field: &schema::Field) {
+        if field.path == "TopicData" {
+            self.topic = TopicRef {
+                name: TopicName::default(),
+                topic_id: Uuid::nil(),
+            };
+        }
+        if field.path == "TopicData.PartitionData" {
+            self.index = -1;
+            self.records = None;
+        }
+    }
+
+    fn leave(&mut self, field: &schema::Field) -> bool {
+        if field.path == "TopicData.PartitionData" && self.error.is_none() {
+            let entry = PartitionEntry {
+                topic: &self.topic,
+                index: self.index,
+                records: self.records.clone(),
+            };
+            if let Err(e) = (self.on_partition)(entry) {
+                self.error = Some(e);
+            }
+        }
+        true
     }
 }
 
-fn decode(frame: &Bytes, body_offset: usize, version: i16) -> Result<ProduceRequest, ProduceError> {
-    check_version(version)?;
-    let malformed = |reason: String| ProduceError::Malformed { version, reason };
-    let mut body = frame.slice(body_offset.min(frame.len())..);
-    let request =
-        ProduceRequest::decode(&mut body, version).map_err(|e| malformed(e.to_string()))?;
-    if !body.is_empty() {
-        return Err(malformed(format!("{} bytes after the body", body.len())));
+impl<F> PartitionWalk<F> {
+    fn fail(&mut self, reason: String) {
+        if self.error.is_none() {
+            self.error = Some(ProduceError::Malformed {
+                version: self.version,
+                reason,
+            });
+        }
     }
-    Ok(request)
 }
 
-/// Where `part` lies inside `whole`, when it is a zero-copy slice of it.
-fn offset_in(whole: &Bytes, part: &Bytes) -> Option<usize> {
-    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
-    (start + part.len() <= whole.len()).then_some(start)
+/// Walk every partition entry of the Produce request in `frame` (body at
+/// `body_offset`).
+fn for_each_partition(
+    frame: &Bytes,
+    body_offset: usize,
+    version: i16,
+    on_partition: impl FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>,
+) -> Result<(), ProduceError> {
+    let msg = request_schema(version)?;
+    let mut v = PartitionWalk {
+        version,
+        topic: TopicRef {
+            name: TopicName::default(),
+            topic_id: Uuid::nil(),
+        },
+        index: -1,
+        records: None,
+        error: None,
+        on_partition,
+    };
+    walk::walk(msg, version, frame, body_offset, &mut v).map_err(|e| ProduceError::Malformed {
+        version,
+        reason: e.to_string(),
+    })?;
+    v.error.map_or(Ok(()), Err)
 }
 
 /// Plan the rewrite of a Produce request sent on `link`. `frame` is the
@@ -198,69 +286,66 @@ pub fn plan(
     link: &Link,
     topic_name: &dyn Fn(Uuid) -> Option<String>,
 ) -> Result<ProducePlan, ProduceError> {
-    let request = decode(frame, body_offset, version)?;
     let mut plan = ProducePlan::default();
-    for topic in &request.topic_data {
-        let topic_ref = TopicRef {
-            name: topic.name.clone(),
-            topic_id: topic.topic_id,
-        };
-        let name = if version >= 13 {
-            topic_name(topic.topic_id)
-        } else {
-            Some(topic.name.0.as_str().to_string())
-        };
-        for partition in &topic.partition_data {
-            let refuse = |refusal: Refusal, message: String| LocalPartition {
-                topic: topic_ref.clone(),
-                partition: partition.index,
-                outcome: LocalOutcome::Refused { refusal, message },
+    // The topic's resolved name, cached across its partitions.
+    let mut resolved: Option<(TopicRef, Option<String>)> = None;
+    for_each_partition(frame, body_offset, version, |p| {
+        if resolved.as_ref().map(|(t, _)| t) != Some(p.topic) {
+            let name = if version >= 13 {
+                topic_name(p.topic.topic_id)
+            } else {
+                Some(p.topic.name.0.as_str().to_string())
             };
-            let Some(name) = name.as_deref() else {
-                plan.local.push(refuse(
-                    Refusal::UnknownTopicId,
-                    format!(
-                        "mirror link '{}': topic id {} is not known to the proxy yet; refresh metadata and retry",
-                        link.name(),
-                        topic.topic_id
-                    ),
-                ));
-                continue;
-            };
-            if !link.mirrors_topic(name) {
-                plan.local.push(refuse(
-                    Refusal::TopicNotMirrored,
-                    format!(
-                        "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
-                        link.name(),
-                        crate::config::link_env_name(link.name())
-                    ),
-                ));
-                continue;
-            }
-            let Some(records) = &partition.records else {
-                plan.forwarded_partitions += 1;
-                continue;
-            };
-            let base = offset_in(frame, records).ok_or_else(|| ProduceError::Malformed {
-                version,
-                reason: "records are not a slice of the request".into(),
-            })?;
-            match plan_partition(records, base, link, name, partition.index) {
-                Ok(PartitionPlan::Forward(patches)) => {
-                    plan.forwarded_partitions += 1;
-                    plan.remapped_batches += patches.len();
-                    plan.patches.extend(patches);
-                }
-                Ok(PartitionPlan::DropControl(batches)) => plan.local.push(LocalPartition {
-                    topic: topic_ref.clone(),
-                    partition: partition.index,
-                    outcome: LocalOutcome::DroppedControl { batches },
-                }),
-                Err((refusal, message)) => plan.local.push(refuse(refusal, message)),
-            }
+            resolved = Some((p.topic.clone(), name));
         }
-    }
+        let name = resolved.as_ref().and_then(|(_, n)| n.as_deref());
+        let refuse = |refusal: Refusal, message: String| LocalPartition {
+            topic: p.topic.clone(),
+            partition: p.index,
+            outcome: LocalOutcome::Refused { refusal, message },
+        };
+        let Some(name) = name else {
+            plan.local.push(refuse(
+                Refusal::UnknownTopicId,
+                format!(
+                    "mirror link '{}': topic id {} is not known to the proxy yet; refresh metadata and retry",
+                    link.name(),
+                    p.topic.topic_id
+                ),
+            ));
+            return Ok(());
+        };
+        if !link.mirrors_topic(name) {
+            plan.local.push(refuse(
+                Refusal::TopicNotMirrored,
+                format!(
+                    "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
+                    link.name(),
+                    crate::config::link_env_name(link.name())
+                ),
+            ));
+            return Ok(());
+        }
+        let Some(records) = p.records else {
+            plan.forwarded_partitions += 1;
+            return Ok(());
+        };
+        let base = records.start;
+        match plan_partition(&frame[records], base, link, name, p.index) {
+            Ok(PartitionPlan::Forward(patches)) => {
+                plan.forwarded_partitions += 1;
+                plan.remapped_batches += patches.len();
+                plan.patches.extend(patches);
+            }
+            Ok(PartitionPlan::DropControl(batches)) => plan.local.push(LocalPartition {
+                topic: p.topic.clone(),
+                partition: p.index,
+                outcome: LocalOutcome::DroppedControl { batches },
+            }),
+            Err((refusal, message)) => plan.local.push(refuse(refusal, message)),
+        }
+        Ok(())
+    })?;
     Ok(plan)
 }
 
@@ -321,6 +406,20 @@ fn plan_partition(
         }
     }
     if batches > 0 && control == batches && link.control_batches() == ControlBatchPolicy::Drop {
+        // Answered here with success, so never without checking the batch:
+        // a data batch whose control bit flipped in transit must not vanish.
+        for batch in Batches::new(records).flatten() {
+            if !crc_is_valid(&records[batch.range()]) {
+                return Err((
+                    Refusal::CorruptBatch,
+                    format!(
+                        "mirror link '{}': {topic}-{partition}: record batch at byte {} fails its CRC-32C check",
+                        link.name(),
+                        batch.offset
+                    ),
+                ));
+            }
+        }
         Ok(PartitionPlan::DropControl(control))
     } else {
         Ok(PartitionPlan::Forward(patches))
@@ -335,23 +434,18 @@ pub fn refuse_all(
     refusal: Refusal,
     message: &str,
 ) -> Result<ProducePlan, ProduceError> {
-    let request = decode(frame, body_offset, version)?;
     let mut plan = ProducePlan::default();
-    for topic in &request.topic_data {
-        for partition in &topic.partition_data {
-            plan.local.push(LocalPartition {
-                topic: TopicRef {
-                    name: topic.name.clone(),
-                    topic_id: topic.topic_id,
-                },
-                partition: partition.index,
-                outcome: LocalOutcome::Refused {
-                    refusal,
-                    message: message.to_string(),
-                },
-            });
-        }
-    }
+    for_each_partition(frame, body_offset, version, |p| {
+        plan.local.push(LocalPartition {
+            topic: p.topic.clone(),
+            partition: p.index,
+            outcome: LocalOutcome::Refused {
+                refusal,
+                message: message.to_string(),
+            },
+        });
+        Ok(())
+    })?;
     Ok(plan)
 }
 
@@ -363,39 +457,81 @@ fn same_topic(version: i16, a: &TopicRef, name: &TopicName, topic_id: Uuid) -> b
     }
 }
 
-/// Re-encode `frame` (already patched) without the partitions the proxy
-/// answers itself.
+/// Drops the partitions the proxy answers itself (and topics left empty)
+/// while a Produce request is re-emitted.
+struct DropLocal<'l> {
+    version: i16,
+    local: &'l [LocalPartition],
+    name: TopicName,
+    topic_id: Uuid,
+    index: i32,
+    kept_in_topic: usize,
+}
+
+impl walk::Visitor for DropLocal<'_> {
+    fn value(&mut self, field: &schema::Field, value: walk::Value<'_>) -> walk::Edit {
+        match (field.path.as_str(), value) {
+            ("TopicData.Name", walk::Value::Str(Some(name))) => {
+                self.name = TopicName(StrBytes::from_string(
+                    String::from_utf8_lossy(name).into_owned(),
+                ))
+            }
+            ("TopicData.TopicId", walk::Value::Uuid(id)) => self.topic_id = Uuid::from_bytes(id),
+            ("TopicData.PartitionData.Index", walk::Value::Int(i)) => self.index = i as i32,
+            _ => {}
+        }
+        walk::Edit::Keep
+    }
+
+    fn enter(&mut self, field: &schema::Field) {
+        if field.path == "TopicData" {
+            self.kept_in_topic = 0;
+        }
+    }
+
+    fn leave(&mut self, field: &schema::Field) -> bool {
+        match field.path.as_str() {
+            "TopicData.PartitionData" => {
+                let answered_here = self.local.iter().any(|l| {
+                    l.partition == self.index
+                        && same_topic(self.version, &l.topic, &self.name, self.topic_id)
+                });
+                if !answered_here {
+                    self.kept_in_topic += 1;
+                }
+                !answered_here
+            }
+            "TopicData" => self.kept_in_topic > 0,
+            _ => true,
+        }
+    }
+}
+
+/// Re-emit `frame` (already patched) without the partitions the proxy
+/// answers itself. The header and every kept partition are copied as they
+/// are; only array counts change.
 pub fn without_local_partitions(
     frame: &Bytes,
+    body_offset: usize,
     version: i16,
     local: &[LocalPartition],
 ) -> Result<BytesMut, ProduceError> {
-    let malformed = |reason: String| ProduceError::Malformed { version, reason };
-    let header_version = ApiKey::Produce.request_header_version(version);
-    let mut buf = frame.clone();
-    let header =
-        RequestHeader::decode(&mut buf, header_version).map_err(|e| malformed(e.to_string()))?;
-    let mut request =
-        ProduceRequest::decode(&mut buf, version).map_err(|e| malformed(e.to_string()))?;
-    for topic in &mut request.topic_data {
-        let (name, id) = (topic.name.clone(), topic.topic_id);
-        topic.partition_data.retain(|p| {
-            !local
-                .iter()
-                .any(|l| l.partition == p.index && same_topic(version, &l.topic, &name, id))
-        });
-    }
-    request.topic_data.retain(|t| !t.partition_data.is_empty());
-    let encode_err = |e: anyhow::Error| ProduceError::Encode {
+    let msg = request_schema(version)?;
+    let mut v = DropLocal {
         version,
-        reason: e.to_string(),
+        local,
+        name: TopicName::default(),
+        topic_id: Uuid::nil(),
+        index: -1,
+        kept_in_topic: 0,
     };
-    let mut out = BytesMut::with_capacity(frame.len());
-    header
-        .encode(&mut out, header_version)
-        .map_err(encode_err)?;
-    request.encode(&mut out, version).map_err(encode_err)?;
-    Ok(out)
+    let out = walk::rewrite(msg, version, frame, body_offset, &mut v).map_err(|e| {
+        ProduceError::Malformed {
+            version,
+            reason: e.to_string(),
+        }
+    })?;
+    Ok(BytesMut::from(&out[..]))
 }
 
 fn add_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartition]) {
@@ -447,15 +583,22 @@ pub fn local_response(
     encode_response(correlation_id, version, &response)
 }
 
-/// Decode a broker's Produce response frame (header + body).
+/// Decode a broker's Produce response frame (header + body), after a
+/// bounded walk has checked every count in it: the decoder reserves memory
+/// from the counts it reads.
 pub fn decode_response(
     frame: &Bytes,
     version: i16,
 ) -> Result<(i32, ProduceResponse), ProduceError> {
     let malformed = |reason: String| ProduceError::Malformed { version, reason };
+    let msg = schema::message("ProduceResponse").map_err(|e| malformed(e.to_string()))?;
+    let header_version = ApiKey::Produce.response_header_version(version);
+    let start = crate::wire::header::response_body_offset(frame, header_version)
+        .ok_or_else(|| malformed("truncated response header".into()))?;
+    walk::validate(msg, version, frame, start).map_err(|e| malformed(e.to_string()))?;
     let mut buf = frame.clone();
-    let header = ResponseHeader::decode(&mut buf, ApiKey::Produce.response_header_version(version))
-        .map_err(|e| malformed(e.to_string()))?;
+    let header =
+        ResponseHeader::decode(&mut buf, header_version).map_err(|e| malformed(e.to_string()))?;
     let response =
         ProduceResponse::decode(&mut buf, version).map_err(|e| malformed(e.to_string()))?;
     Ok((header.correlation_id, response))

@@ -1,24 +1,27 @@
 //! Keeping clients on the proxy: broker addresses in responses are replaced
 //! by proxy addresses (node `n` → advertised host, port base + n), and the
-//! ApiVersions response is clamped to what the proxy can parse.
+//! ApiVersions response is limited to the versions the proxy can walk.
 //!
-//! Pure: a response frame goes in, a re-encoded frame and what was learnt
-//! (real broker addresses, topic ids) come out. Only the responses that carry
-//! addresses are decoded at all.
+//! Pure: a response frame goes in; the frame to send (or `None` when nothing
+//! changed) and what was learnt (real broker addresses, topic ids) come out.
+//! Responses are walked with Kafka's own schemas (`wire::walk`), so every
+//! version the broker speaks is handled, nothing is reserved from a count on
+//! the wire, and a response is re-emitted only when an address in it really
+//! changes (a Produce or Fetch response names nodes only when a leader moved).
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, DescribeClusterResponse, FindCoordinatorResponse,
-    MetadataResponse, ProduceResponse, ResponseHeader, ShareAcknowledgeResponse,
-    ShareFetchResponse,
-};
-use kafka_protocol::protocol::{Decodable, Encodable, Message, StrBytes};
+use bytes::BytesMut;
+use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, ResponseHeader};
+use kafka_protocol::protocol::Encodable;
 use uuid::Uuid;
+
+use crate::wire::header::response_body_offset;
+use crate::wire::schema::{self, Field};
+use crate::wire::walk::{self, Edit, Value, Visitor, WalkError};
 
 /// Why a response could not be rewritten (the connection is closed).
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
-    #[error("cannot decode {api:?} v{version} response: {reason}")]
+    #[error("cannot read {api:?} v{version} response: {reason}")]
     Decode {
         api: ApiKey,
         version: i16,
@@ -63,229 +66,325 @@ pub struct Learnt {
     pub topics: Vec<(Uuid, String)>,
 }
 
-/// Whether responses of this API and version carry broker addresses.
+/// The response schema the proxy walks for `api`, and the structs in it
+/// that hold a node's id, host and port (by path; `""` is the body itself).
+fn endpoints(api: ApiKey) -> Option<(&'static str, &'static [&'static str])> {
+    Some(match api {
+        ApiKey::Metadata => ("MetadataResponse", &["Brokers"]),
+        // v0-3 name one coordinator in the body, v4+ a list.
+        ApiKey::FindCoordinator => ("FindCoordinatorResponse", &["", "Coordinators"]),
+        ApiKey::DescribeCluster => ("DescribeClusterResponse", &["Brokers"]),
+        // KIP-951: leader endpoints when a leader moved.
+        ApiKey::Produce => ("ProduceResponse", &["NodeEndpoints"]),
+        ApiKey::Fetch => ("FetchResponse", &["NodeEndpoints"]),
+        ApiKey::ShareFetch => ("ShareFetchResponse", &["NodeEndpoints"]),
+        ApiKey::ShareAcknowledge => ("ShareAcknowledgeResponse", &["NodeEndpoints"]),
+        _ => return None,
+    })
+}
+
+/// Whether responses of this API and version can carry broker addresses.
 pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
     match api {
-        ApiKey::Metadata
-        | ApiKey::FindCoordinator
-        | ApiKey::DescribeCluster
-        | ApiKey::ShareFetch
-        | ApiKey::ShareAcknowledge => true,
-        // KIP-951: leader endpoints on NOT_LEADER_OR_FOLLOWER.
         ApiKey::Produce => version >= 10,
-        _ => false,
+        ApiKey::Fetch => version >= 16,
+        _ => endpoints(api).is_some(),
     }
 }
 
-/// The version range the proxy can parse for an API whose responses it
+/// The version range the proxy can walk for an API whose messages it
 /// interprets; `None` for APIs it passes through untouched.
 pub fn parseable_versions(api: ApiKey) -> Option<(i16, i16)> {
-    let r = match api {
-        ApiKey::Produce => {
-            let (min, max) = crate::mirror::produce::supported_versions();
-            return Some((min, max));
-        }
-        ApiKey::Metadata => MetadataResponse::VERSIONS,
-        ApiKey::FindCoordinator => FindCoordinatorResponse::VERSIONS,
-        ApiKey::DescribeCluster => DescribeClusterResponse::VERSIONS,
-        ApiKey::ApiVersions => ApiVersionsResponse::VERSIONS,
-        ApiKey::ShareFetch => ShareFetchResponse::VERSIONS,
-        ApiKey::ShareAcknowledge => ShareAcknowledgeResponse::VERSIONS,
-        // Fetch v16+ responses carry leader endpoints (KIP-951) at the end of
-        // a body that holds the records; capping at v15 keeps fetches opaque.
-        ApiKey::Fetch => return Some((i16::MIN, 15)),
-        _ => return None,
+    let name = match api {
+        ApiKey::ApiVersions => "ApiVersionsResponse",
+        _ => endpoints(api)?.0,
     };
-    Some((r.min, r.max))
+    let m = schema::message(name).ok()?;
+    Some((m.valid.min, m.valid.max))
 }
 
-fn decode<T: Decodable>(
+fn schema_for(
     api: ApiKey,
     version: i16,
-    frame: &Bytes,
-) -> Result<(ResponseHeader, T), RewriteError> {
-    let err = |e: anyhow::Error| RewriteError::Decode {
+    name: &str,
+) -> Result<&'static schema::Message, RewriteError> {
+    schema::message(name).map_err(|e| RewriteError::Decode {
         api,
         version,
         reason: e.to_string(),
-    };
-    let mut buf = frame.clone();
-    let header =
-        ResponseHeader::decode(&mut buf, api.response_header_version(version)).map_err(err)?;
-    let body = T::decode(&mut buf, version).map_err(err)?;
-    Ok((header, body))
+    })
 }
 
-fn encode<T: Encodable>(
-    api: ApiKey,
-    version: i16,
-    header: &ResponseHeader,
-    body: &T,
-) -> Result<BytesMut, RewriteError> {
-    let err = |e: anyhow::Error| RewriteError::Encode {
+fn body_start(api: ApiKey, version: i16, frame: &[u8]) -> Result<usize, RewriteError> {
+    response_body_offset(frame, api.response_header_version(version)).ok_or(RewriteError::Decode {
         api,
         version,
-        reason: e.to_string(),
-    };
-    let mut out = BytesMut::new();
-    header
-        .encode(&mut out, api.response_header_version(version))
-        .map_err(err)?;
-    body.encode(&mut out, version).map_err(err)?;
-    Ok(out)
+        reason: "truncated response header".into(),
+    })
 }
 
-/// Replace one (node, host, port) triple, remembering the real address.
-fn swap(
-    adv: &Advertised,
-    learnt: &mut Learnt,
+/// Replaces every (node id, host, port) of the listed structs.
+struct SwapAddresses<'a> {
+    adv: &'a Advertised,
+    structs: &'static [&'static str],
+    learnt: Learnt,
     node: i32,
-    host: &mut StrBytes,
-    port: &mut i32,
-) -> Result<(), RewriteError> {
-    if node < 0 {
-        return Ok(()); // "no node" (e.g. a coordinator lookup that failed)
+    host: String,
+    /// Some address differs from the proxy's.
+    changes: bool,
+    topic: (Option<String>, Uuid),
+    error: Option<RewriteError>,
+}
+
+impl SwapAddresses<'_> {
+    fn endpoint_field<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let (parent, name) = path.rsplit_once('.').unwrap_or(("", path));
+        self.structs.contains(&parent).then_some(name)
     }
-    learnt
-        .brokers
-        .push((node, host.as_str().to_string(), *port));
-    *host = StrBytes::from_string(adv.host.clone());
-    *port = i32::from(adv.port(node)?);
-    Ok(())
+}
+
+impl Visitor for SwapAddresses<'_> {
+    fn value(&mut self, field: &Field, value: Value<'_>) -> Edit {
+        if let Some(name) = self.endpoint_field(&field.path) {
+            match (name, value) {
+                ("NodeId" | "BrokerId", Value::Int(id)) => self.node = id as i32,
+                ("Host", Value::Str(host)) if self.node >= 0 => {
+                    self.host = String::from_utf8_lossy(host.unwrap_or_default()).into_owned();
+                    if self.host != self.adv.host {
+                        self.changes = true;
+                    }
+                    return Edit::Str(self.adv.host.clone());
+                }
+                ("Port", Value::Int(port)) if self.node >= 0 => {
+                    self.learnt.brokers.push((
+                        self.node,
+                        std::mem::take(&mut self.host),
+                        port as i32,
+                    ));
+                    match self.adv.port(self.node) {
+                        Ok(p) => {
+                            if i64::from(p) != port {
+                                self.changes = true;
+                            }
+                            return Edit::Int(i64::from(p));
+                        }
+                        Err(e) => {
+                            self.error.get_or_insert(e);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            return Edit::Keep;
+        }
+        match (field.path.as_str(), value) {
+            ("Topics.Name", Value::Str(Some(name))) => {
+                self.topic.0 = std::str::from_utf8(name).ok().map(str::to_string)
+            }
+            ("Topics.TopicId", Value::Uuid(id)) => self.topic.1 = Uuid::from_bytes(id),
+            _ => {}
+        }
+        Edit::Keep
+    }
+
+    fn enter(&mut self, field: &Field) {
+        if self.structs.contains(&field.path.as_str()) {
+            self.node = -1;
+        }
+        if field.path == "Topics" {
+            self.topic = (None, Uuid::nil());
+        }
+    }
+
+    fn leave(&mut self, field: &Field) -> bool {
+        if field.path == "Topics" {
+            if let (Some(name), id) = std::mem::take(&mut self.topic) {
+                if !id.is_nil() {
+                    self.learnt.topics.push((id, name));
+                }
+            }
+        }
+        true
+    }
 }
 
 /// Rewrite the addresses in a response frame (header + body, no size
-/// prefix). `Produce` responses are handled by [`rewrite_produce`], which
-/// the Produce filter shares.
+/// prefix). Returns `None` for the frame when it names no broker, or only
+/// at the proxy's own addresses: the caller forwards it untouched.
 pub fn rewrite(
     api: ApiKey,
     version: i16,
-    frame: &Bytes,
+    frame: &[u8],
     adv: &Advertised,
-) -> Result<(BytesMut, Learnt), RewriteError> {
-    let mut learnt = Learnt::default();
-    let out = match api {
-        ApiKey::Metadata => {
-            let (header, mut body) = decode::<MetadataResponse>(api, version, frame)?;
-            for b in &mut body.brokers {
-                swap(adv, &mut learnt, b.node_id.0, &mut b.host, &mut b.port)?;
-            }
-            for t in &body.topics {
-                if let Some(name) = &t.name {
-                    if !t.topic_id.is_nil() {
-                        learnt
-                            .topics
-                            .push((t.topic_id, name.0.as_str().to_string()));
-                    }
+) -> Result<(Option<BytesMut>, Learnt), RewriteError> {
+    let Some((name, structs)) = endpoints(api) else {
+        return Ok((None, Learnt::default()));
+    };
+    let msg = schema_for(api, version, name)?;
+    let start = body_start(api, version, frame)?;
+    let decode_err = |e: WalkError| RewriteError::Decode {
+        api,
+        version,
+        reason: e.to_string(),
+    };
+    let mut v = SwapAddresses {
+        adv,
+        structs,
+        learnt: Learnt::default(),
+        node: -1,
+        host: String::new(),
+        changes: false,
+        topic: (None, Uuid::nil()),
+        error: None,
+    };
+    // First a walk that only looks: most responses need no change.
+    walk::walk(msg, version, frame, start, &mut v).map_err(decode_err)?;
+    if let Some(e) = v.error.take() {
+        return Err(e);
+    }
+    if !v.changes {
+        return Ok((None, v.learnt));
+    }
+    let learnt = std::mem::take(&mut v.learnt);
+    let out = walk::rewrite(msg, version, frame, start, &mut v).map_err(decode_err)?;
+    Ok((Some(BytesMut::from(&out[..])), learnt))
+}
+
+/// Limits the advertised max version of the APIs the proxy walks.
+struct ClampVersions {
+    error_code: i64,
+    key: i16,
+    min: i64,
+    drop: bool,
+}
+
+impl Visitor for ClampVersions {
+    fn value(&mut self, field: &Field, value: Value<'_>) -> Edit {
+        let Value::Int(v) = value else {
+            return Edit::Keep;
+        };
+        match field.path.as_str() {
+            "ErrorCode" => self.error_code = v,
+            "ApiKeys.ApiKey" => self.key = v as i16,
+            "ApiKeys.MinVersion" => self.min = v,
+            "ApiKeys.MaxVersion" => {
+                let Some((_, max)) = ApiKey::try_from(self.key).ok().and_then(parseable_versions)
+                else {
+                    return Edit::Keep; // not interpreted: passed as the broker says
+                };
+                // The broker's lower bound stays (Kafka 4 advertises Produce
+                // v0 on purpose, KAFKA-18659); only the top is limited.
+                self.drop = self.min > i64::from(max);
+                if v > i64::from(max) {
+                    return Edit::Int(i64::from(max));
                 }
             }
-            encode(api, version, &header, &body)?
+            _ => {}
         }
-        ApiKey::FindCoordinator => {
-            let (header, mut body) = decode::<FindCoordinatorResponse>(api, version, frame)?;
-            if version <= 3 {
-                swap(
-                    adv,
-                    &mut learnt,
-                    body.node_id.0,
-                    &mut body.host,
-                    &mut body.port,
-                )?;
-            }
-            for c in &mut body.coordinators {
-                swap(adv, &mut learnt, c.node_id.0, &mut c.host, &mut c.port)?;
-            }
-            encode(api, version, &header, &body)?
-        }
-        ApiKey::DescribeCluster => {
-            let (header, mut body) = decode::<DescribeClusterResponse>(api, version, frame)?;
-            for b in &mut body.brokers {
-                swap(adv, &mut learnt, b.broker_id.0, &mut b.host, &mut b.port)?;
-            }
-            encode(api, version, &header, &body)?
-        }
-        ApiKey::ShareFetch => {
-            let (header, mut body) = decode::<ShareFetchResponse>(api, version, frame)?;
-            for e in &mut body.node_endpoints {
-                swap(adv, &mut learnt, e.node_id.0, &mut e.host, &mut e.port)?;
-            }
-            encode(api, version, &header, &body)?
-        }
-        ApiKey::ShareAcknowledge => {
-            let (header, mut body) = decode::<ShareAcknowledgeResponse>(api, version, frame)?;
-            for e in &mut body.node_endpoints {
-                swap(adv, &mut learnt, e.node_id.0, &mut e.host, &mut e.port)?;
-            }
-            encode(api, version, &header, &body)?
-        }
-        _ => BytesMut::from(&frame[..]),
-    };
-    Ok((out, learnt))
-}
-
-/// Rewrite the leader endpoints of a decoded Produce response.
-pub fn rewrite_produce(
-    body: &mut ProduceResponse,
-    adv: &Advertised,
-    learnt: &mut Learnt,
-) -> Result<(), RewriteError> {
-    for e in &mut body.node_endpoints {
-        swap(adv, learnt, e.node_id.0, &mut e.host, &mut e.port)?;
+        Edit::Keep
     }
-    Ok(())
+
+    fn enter(&mut self, _: &Field) {
+        self.drop = false;
+    }
+
+    fn leave(&mut self, field: &Field) -> bool {
+        !(field.path == "ApiKeys" && self.drop)
+    }
 }
 
-/// Clamp an ApiVersions response to the versions the proxy parses. A broker
+/// Limit an ApiVersions response to the versions the proxy walks. A broker
 /// that answers with an error (for instance UNSUPPORTED_VERSION, in the v0
-/// layout) is passed through untouched.
-pub fn clamp_api_versions(version: i16, frame: &Bytes) -> Result<BytesMut, RewriteError> {
+/// layout) is passed through untouched. Returns `None` when nothing changes.
+pub fn clamp_api_versions(version: i16, frame: &[u8]) -> Result<Option<BytesMut>, RewriteError> {
     let api = ApiKey::ApiVersions;
-    let Ok((header, mut body)) = decode::<ApiVersionsResponse>(api, version, frame) else {
-        return Ok(BytesMut::from(&frame[..]));
+    let msg = schema_for(api, version, "ApiVersionsResponse")?;
+    let start = body_start(api, version, frame)?;
+    let mut v = ClampVersions {
+        error_code: 0,
+        key: -1,
+        min: 0,
+        drop: false,
     };
-    if body.error_code != 0 {
-        return Ok(BytesMut::from(&frame[..]));
+    let Ok(out) = walk::rewrite(msg, version, frame, start, &mut v) else {
+        return Ok(None); // e.g. the v0-layout error answer
+    };
+    if v.error_code != 0 || out == frame {
+        return Ok(None);
     }
-    body.api_keys.retain_mut(|entry| {
-        let Ok(key) = ApiKey::try_from(entry.api_key) else {
-            return true; // unknown to us: passed through byte for byte
-        };
-        match parseable_versions(key) {
-            None => true,
-            Some((min, max)) => {
-                entry.min_version = entry.min_version.max(min);
-                entry.max_version = entry.max_version.min(max);
-                entry.min_version <= entry.max_version
-            }
-        }
-    });
-    encode(api, version, &header, &body)
+    Ok(Some(BytesMut::from(&out[..])))
 }
 
-/// The answer to an ApiVersions request newer than the proxy parses: what a
+/// The highest ApiVersions version the proxy walks.
+pub fn api_versions_max() -> i16 {
+    parseable_versions(ApiKey::ApiVersions).map_or(0, |(_, max)| max)
+}
+
+/// The answer to an ApiVersions request newer than the proxy walks: what a
 /// broker says in that case (UNSUPPORTED_VERSION, v0 layout, with the range
 /// it supports), so the client retries with a version both understand.
 pub fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, RewriteError> {
     use kafka_protocol::messages::api_versions_response::ApiVersion;
+    let api = ApiKey::ApiVersions;
     let body = ApiVersionsResponse::default()
         .with_error_code(kafka_protocol::ResponseError::UnsupportedVersion.code())
         .with_api_keys(vec![ApiVersion::default()
-            .with_api_key(ApiKey::ApiVersions as i16)
-            .with_min_version(ApiVersionsResponse::VERSIONS.min)
-            .with_max_version(ApiVersionsResponse::VERSIONS.max)]);
-    let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    encode(ApiKey::ApiVersions, 0, &header, &body)
+            .with_api_key(api as i16)
+            .with_min_version(0)
+            .with_max_version(api_versions_max())]);
+    let err = |e: anyhow::Error| RewriteError::Encode {
+        api,
+        version: 0,
+        reason: e.to_string(),
+    };
+    let mut out = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(correlation_id)
+        .encode(&mut out, 0)
+        .map_err(err)?;
+    body.encode(&mut out, 0).map_err(err)?;
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use kafka_protocol::messages::api_versions_response::ApiVersion;
     use kafka_protocol::messages::find_coordinator_response::Coordinator;
     use kafka_protocol::messages::metadata_response::{
         MetadataResponseBroker, MetadataResponseTopic,
     };
-    use kafka_protocol::messages::{BrokerId, TopicName};
+    use kafka_protocol::messages::{
+        BrokerId, DescribeClusterResponse, FindCoordinatorResponse, MetadataResponse,
+        ProduceResponse, TopicName,
+    };
+    use kafka_protocol::protocol::{Decodable, Message, StrBytes};
+
+    fn encode<T: Encodable>(
+        api: ApiKey,
+        version: i16,
+        header: &ResponseHeader,
+        body: &T,
+    ) -> anyhow::Result<BytesMut> {
+        let mut out = BytesMut::new();
+        header.encode(&mut out, api.response_header_version(version))?;
+        body.encode(&mut out, version)?;
+        Ok(out)
+    }
+
+    /// The tests' own decoder, to check what the walk wrote.
+    fn decode<T: Decodable>(
+        api: ApiKey,
+        version: i16,
+        frame: &Bytes,
+    ) -> anyhow::Result<(ResponseHeader, T)> {
+        let mut buf = frame.clone();
+        let header = ResponseHeader::decode(&mut buf, api.response_header_version(version))?;
+        let body = T::decode(&mut buf, version)?;
+        anyhow::ensure!(buf.is_empty(), "{} bytes left over", buf.len());
+        Ok((header, body))
+    }
 
     fn adv() -> Advertised {
         Advertised {
@@ -329,9 +428,12 @@ mod tests {
                 &adv(),
             )
             .expect("rewrite");
-            let (header, decoded) =
-                decode::<MetadataResponse>(ApiKey::Metadata, version, &out.freeze())
-                    .expect("decode");
+            let (header, decoded) = decode::<MetadataResponse>(
+                ApiKey::Metadata,
+                version,
+                &out.expect("rewritten").freeze(),
+            )
+            .expect("decode");
             assert_eq!(header.correlation_id, 7);
             let addrs: Vec<(String, i32)> = decoded
                 .brokers
@@ -385,9 +487,12 @@ mod tests {
                 &adv(),
             )
             .expect("rewrite");
-            let (_, d) =
-                decode::<FindCoordinatorResponse>(ApiKey::FindCoordinator, version, &out.freeze())
-                    .expect("decode");
+            let (_, d) = decode::<FindCoordinatorResponse>(
+                ApiKey::FindCoordinator,
+                version,
+                &out.expect("rewritten").freeze(),
+            )
+            .expect("decode");
             if version <= 3 {
                 assert_eq!((d.host.as_str(), d.port), ("proxy.example", 19002));
             } else {
@@ -417,7 +522,7 @@ mod tests {
     }
 
     #[test]
-    fn api_versions_are_clamped_to_what_the_proxy_parses() {
+    fn api_versions_keep_the_broker_minimum_and_cap_the_maximum() {
         let entry = |key: i16, min: i16, max: i16| {
             ApiVersion::default()
                 .with_api_key(key)
@@ -425,30 +530,140 @@ mod tests {
                 .with_max_version(max)
         };
         let body = ApiVersionsResponse::default().with_api_keys(vec![
-            entry(0, 0, 99),  // Produce: 4.x still advertises v0
-            entry(1, 4, 18),  // Fetch
-            entry(3, 0, 99),  // Metadata
-            entry(9, 0, 9),   // OffsetFetch: not interpreted
+            entry(0, 0, 99),  // Produce: 4.x advertises v0 on purpose (KAFKA-18659)
+            entry(1, 4, 18),  // Fetch: every 4.4 version is walked
+            entry(3, 0, 99),  // Metadata from a newer broker
+            entry(60, 0, 1),  // DescribeCluster, within range
+            entry(9, 0, 99),  // OffsetFetch: not interpreted
             entry(999, 0, 3), // unknown key: untouched
         ]);
-        let out = clamp_api_versions(3, &frame(ApiKey::ApiVersions, 3, &body)).expect("clamp");
-        let (_, d) =
-            decode::<ApiVersionsResponse>(ApiKey::ApiVersions, 3, &out.freeze()).expect("decode");
-        let ranges: Vec<(i16, i16, i16)> = d
-            .api_keys
-            .iter()
-            .map(|e| (e.api_key, e.min_version, e.max_version))
-            .collect();
-        assert_eq!(
-            ranges,
-            vec![
-                (0, 3, 13),
-                (1, 4, 15),
-                (3, 0, MetadataResponse::VERSIONS.max),
-                (9, 0, 9),
-                (999, 0, 3)
-            ]
+        for version in [0, 3, 4] {
+            let out = clamp_api_versions(version, &frame(ApiKey::ApiVersions, version, &body))
+                .expect("clamp")
+                .expect("changed");
+            let (h, d) = decode::<ApiVersionsResponse>(ApiKey::ApiVersions, version, &out.freeze())
+                .expect("decode");
+            assert_eq!(h.correlation_id, 7);
+            let ranges: Vec<(i16, i16, i16)> = d
+                .api_keys
+                .iter()
+                .map(|e| (e.api_key, e.min_version, e.max_version))
+                .collect();
+            assert_eq!(
+                ranges,
+                vec![
+                    (0, 0, 13),
+                    (1, 4, 18),
+                    (3, 0, 13),
+                    (60, 0, 1),
+                    (9, 0, 99),
+                    (999, 0, 3)
+                ],
+                "v{version}"
+            );
+        }
+        // Nothing to change: the frame passes as it came.
+        let within = ApiVersionsResponse::default().with_api_keys(vec![entry(0, 0, 13)]);
+        assert!(
+            clamp_api_versions(3, &frame(ApiKey::ApiVersions, 3, &within))
+                .expect("clamp")
+                .is_none()
         );
+    }
+
+    #[test]
+    fn produce_responses_pass_untouched_without_leader_endpoints() {
+        use kafka_protocol::messages::produce_response::{
+            NodeEndpoint, PartitionProduceResponse, TopicProduceResponse,
+        };
+        let partitions = vec![TopicProduceResponse::default()
+            .with_name(TopicName(StrBytes::from_static_str("orders")))
+            .with_partition_responses(vec![PartitionProduceResponse::default()
+                .with_index(3)
+                .with_base_offset(42)])];
+        for version in 10..=ProduceResponse::VERSIONS.max {
+            let plain = ProduceResponse::default().with_responses(partitions.clone());
+            let (out, learnt) = rewrite(
+                ApiKey::Produce,
+                version,
+                &frame(ApiKey::Produce, version, &plain),
+                &adv(),
+            )
+            .expect("walk");
+            assert!(out.is_none() && learnt.brokers.is_empty(), "v{version}");
+
+            // NOT_LEADER_OR_FOLLOWER with the new leader's endpoint, a
+            // tagged field whose size changes with the host.
+            let moved = plain.with_node_endpoints(vec![NodeEndpoint::default()
+                .with_node_id(BrokerId(2))
+                .with_host(StrBytes::from_static_str("b2.internal.example.com"))
+                .with_port(9092)]);
+            let (out, learnt) = rewrite(
+                ApiKey::Produce,
+                version,
+                &frame(ApiKey::Produce, version, &moved),
+                &adv(),
+            )
+            .expect("walk");
+            let (_, d) = decode::<ProduceResponse>(
+                ApiKey::Produce,
+                version,
+                &out.expect("rewritten").freeze(),
+            )
+            .expect("decode");
+            assert_eq!(d.node_endpoints[0].host.as_str(), "proxy.example");
+            assert_eq!(d.node_endpoints[0].port, 19002);
+            assert_eq!(d.responses[0].partition_responses[0].base_offset, 42);
+            assert_eq!(
+                learnt.brokers,
+                vec![(2, "b2.internal.example.com".into(), 9092)]
+            );
+        }
+    }
+
+    #[test]
+    fn describe_cluster_brokers_point_at_the_proxy() {
+        use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+        for version in 0..=DescribeClusterResponse::VERSIONS.max {
+            let body = DescribeClusterResponse::default()
+                .with_cluster_id(StrBytes::from_static_str("c"))
+                .with_brokers(vec![DescribeClusterBroker::default()
+                    .with_broker_id(BrokerId(0))
+                    .with_host(StrBytes::from_static_str("10.1.1.1"))
+                    .with_port(9092)]);
+            let (out, _) = rewrite(
+                ApiKey::DescribeCluster,
+                version,
+                &frame(ApiKey::DescribeCluster, version, &body),
+                &adv(),
+            )
+            .expect("rewrite");
+            let (_, d) = decode::<DescribeClusterResponse>(
+                ApiKey::DescribeCluster,
+                version,
+                &out.expect("rewritten").freeze(),
+            )
+            .expect("decode");
+            assert_eq!(
+                (d.brokers[0].host.as_str(), d.brokers[0].port),
+                ("proxy.example", 19000)
+            );
+        }
+    }
+
+    #[test]
+    fn forged_counts_in_responses_are_errors_not_allocations() {
+        // Metadata v12: throttle, then a brokers compact array whose length
+        // varint says 2^31 - 1 entries.
+        let mut f = vec![0, 0, 0, 7, 0, 0, 0, 0, 0];
+        f.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF, 0x07]);
+        assert!(matches!(
+            rewrite(ApiKey::Metadata, 12, &f, &adv()),
+            Err(RewriteError::Decode { .. })
+        ));
+        // Metadata v5 (not flexible): brokers count 0x10000001.
+        let f = [0, 0, 0, 7, 0, 0, 0, 0, 0x10, 0, 0, 1, 0, 0];
+        assert!(rewrite(ApiKey::Metadata, 5, &f, &adv()).is_err());
     }
 
     #[test]
@@ -457,6 +672,6 @@ mod tests {
         let (h, d) = decode::<ApiVersionsResponse>(ApiKey::ApiVersions, 0, &out).expect("decode");
         assert_eq!(h.correlation_id, 9);
         assert_eq!(d.error_code, 35);
-        assert_eq!(d.api_keys[0].max_version, ApiVersionsResponse::VERSIONS.max);
+        assert_eq!(d.api_keys[0].max_version, api_versions_max());
     }
 }

@@ -14,13 +14,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, ApiVersionsResponse};
-use kafka_protocol::protocol::Message;
+use kafka_protocol::messages::ApiKey;
 use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::addresses::{self, Learnt, RewriteError};
+use super::addresses::{self, RewriteError};
 use super::upstream::{BoxStream, ConnectError};
 use super::{Shared, StartError, Target};
 use crate::metrics::labels;
@@ -275,7 +274,7 @@ async fn requests(
                         .map_err(SessionError::UpstreamWrite)?;
                 }
             }
-            ApiKey::ApiVersions if h.api_version > ApiVersionsResponse::VERSIONS.max => {
+            ApiKey::ApiVersions if h.api_version > addresses::api_versions_max() => {
                 send(
                     &tx,
                     Pending::Local(addresses::unsupported_api_versions(h.correlation_id)?),
@@ -420,7 +419,8 @@ fn produce(
             forward: Some(buf),
         });
     }
-    let reduced = produce::without_local_partitions(&buf.freeze(), version, &plan.local)?;
+    let reduced =
+        produce::without_local_partitions(&buf.freeze(), body_offset, version, &plan.local)?;
     Ok(ProduceAction {
         pending: broker(plan.local),
         forward: Some(reduced),
@@ -503,13 +503,12 @@ async fn responses(
         let out = match (api, handling) {
             (_, Handling::Opaque) | (None, _) => frame,
             (Some(_), Handling::ApiVersions) => {
-                addresses::clamp_api_versions(version, &frame.freeze())?
+                addresses::clamp_api_versions(version, &frame)?.unwrap_or(frame)
             }
             (Some(api), Handling::Addresses) => {
-                let (out, learnt) =
-                    addresses::rewrite(api, version, &frame.freeze(), &shared.advertised)?;
+                let (out, learnt) = addresses::rewrite(api, version, &frame, &shared.advertised)?;
                 shared.learn(learnt)?;
-                out
+                out.unwrap_or(frame)
             }
             (Some(_), Handling::Produce(local)) => produce_response(shared, version, frame, local)?,
         };
@@ -529,13 +528,20 @@ fn produce_response(
     frame: BytesMut,
     local: Vec<LocalPartition>,
 ) -> Result<BytesMut, SessionError> {
-    if local.is_empty() && !addresses::carries_addresses(ApiKey::Produce, version) {
+    // Leader endpoints (KIP-951) are rare: the walk only looks, and the
+    // frame passes untouched unless it names a broker.
+    let frame = if addresses::carries_addresses(ApiKey::Produce, version) {
+        let (out, learnt) =
+            addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?;
+        shared.learn(learnt)?;
+        out.unwrap_or(frame)
+    } else {
+        frame
+    };
+    if local.is_empty() {
         return Ok(frame);
     }
     let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;
-    let mut learnt = Learnt::default();
-    addresses::rewrite_produce(&mut response, &shared.advertised, &mut learnt)?;
-    shared.learn(learnt)?;
     produce::merge_local(&mut response, version, &local);
     Ok(produce::encode_response(
         correlation_id,

@@ -95,6 +95,18 @@ pub fn read_uvarint(buf: &[u8], mut pos: usize) -> Option<(u64, usize)> {
     None
 }
 
+/// Offset of a response body, given its header version (0: correlation id
+/// only; 1: then tagged fields).
+pub fn response_body_offset(frame: &[u8], header_version: i16) -> Option<usize> {
+    if frame.len() < 4 {
+        return None;
+    }
+    if header_version < 1 {
+        return Some(4);
+    }
+    skip_tagged_fields(frame, 4)
+}
+
 fn skip_tagged_fields(buf: &[u8], pos: usize) -> Option<usize> {
     let (count, mut pos) = read_uvarint(buf, pos)?;
     for _ in 0..count {

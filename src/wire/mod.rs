@@ -5,3 +5,5 @@ pub mod batch;
 pub mod crc32c;
 pub mod frame;
 pub mod header;
+pub mod schema;
+pub mod walk;

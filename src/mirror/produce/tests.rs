@@ -2,7 +2,11 @@
 //! version, rewritten, and decoded again by its CRC-checking decoder.
 
 use super::*;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::produce_request::{
+    PartitionProduceData, ProduceRequest, TopicProduceData,
+};
+use kafka_protocol::messages::RequestHeader;
+use kafka_protocol::protocol::Decodable;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
@@ -99,6 +103,12 @@ fn body_offset(frame: &Bytes, version: i16) -> usize {
         .expect("peek")
         .body_offset(frame, ApiKey::Produce.request_header_version(version))
         .expect("body offset")
+}
+
+/// The test's own decoder (trusted input: the tests' own encodings).
+fn decode(frame: &Bytes, offset: usize, version: i16) -> Result<ProduceRequest, anyhow::Error> {
+    let mut body = frame.slice(offset..);
+    ProduceRequest::decode(&mut body, version)
 }
 
 fn names(id: Uuid) -> Option<String> {
@@ -212,7 +222,8 @@ fn topics_outside_the_link_are_refused_by_name() {
     // The forwarded request keeps only the mirrored partition, patched.
     let mut patched = BytesMut::from(&frame[..]);
     p.apply(&mut patched).expect("apply");
-    let reduced = without_local_partitions(&patched.freeze(), 9, &p.local).expect("re-encode");
+    let reduced =
+        without_local_partitions(&patched.freeze(), offset, 9, &p.local).expect("re-encode");
     let reduced = reduced.freeze();
     assert_eq!(
         decoded_pids(&reduced, 9),
@@ -342,4 +353,90 @@ fn spoofed_requests_are_refused_whole() {
         .partition_responses
         .iter()
         .all(|p| p.error_code == ResponseError::TopicAuthorizationFailed.code()));
+}
+
+#[test]
+fn a_data_batch_whose_control_bit_flipped_is_never_acknowledged() {
+    let link = link(ControlBatchPolicy::Drop);
+    let mut flipped = BytesMut::from(&batch(5, false, &["a", "b"])[..]);
+    flipped[22] ^= 0x20; // attributes: now "control", CRC unchanged
+    let frame = request(9, "mirror-east", &[("orders", 0, flipped.freeze())]);
+    let offset = body_offset(&frame, 9);
+    let p = plan(&frame, offset, 9, &link, &names).expect("plan");
+    assert_eq!(p.forwarded_partitions, 0);
+    let LocalOutcome::Refused { refusal, message } = &p.local[0].outcome else {
+        panic!("expected a refusal, got {:?}", p.local[0].outcome)
+    };
+    assert_eq!(*refusal, Refusal::CorruptBatch);
+    assert!(message.contains("CRC"), "{message}");
+    let response = local_response(1, 9, &p.local).expect("encode").freeze();
+    let (_, decoded) = decode_response(&response, 9).expect("decode");
+    assert_eq!(
+        decoded.responses[0].partition_responses[0].error_code,
+        ResponseError::CorruptMessage.code()
+    );
+
+    // A genuine control batch with a valid CRC is still dropped.
+    let frame = request(9, "mirror-east", &[("orders", 0, batch(-1, true, &["m"]))]);
+    let offset = body_offset(&frame, 9);
+    let p = plan(&frame, offset, 9, &link, &names).expect("plan");
+    assert_eq!(
+        p.local[0].outcome,
+        LocalOutcome::DroppedControl { batches: 1 }
+    );
+}
+
+/// The three requests of issue 6 that aborted the process through the
+/// decoder's `Vec::with_capacity(count)`, on the link and spoofed paths.
+#[test]
+fn forged_array_counts_are_malformed_requests_not_aborts() {
+    let link = link(ControlBatchPolicy::Drop);
+    let good = |version| {
+        request(
+            version,
+            "mirror-east",
+            &[("orders", 0, batch(5, false, &["a"]))],
+        )
+    };
+    let mut forged = Vec::new();
+    // v8: the topic count 0x00000001 with one bit flipped, 0x10000001.
+    let f = good(8);
+    let offset = body_offset(&f, 8);
+    let mut v8 = BytesMut::from(&f[..]);
+    let at = offset + 2 + 2 + 4; // null txn id, acks, timeout
+    assert_eq!(&v8[at..at + 4], &[0, 0, 0, 1]);
+    v8[at] = 0x10;
+    forged.push((8, v8.freeze()));
+    // v9: the compact topic array length is the varint 80 80 80 80 08.
+    let f = good(9);
+    let offset = body_offset(&f, 9);
+    let at = offset + 1 + 2 + 4;
+    let mut v9 = BytesMut::from(&f[..at]);
+    v9.extend_from_slice(&[0x80, 0x80, 0x80, 0x80, 0x08]);
+    v9.extend_from_slice(&f[at + 1..]);
+    forged.push((9, v9.freeze()));
+    // v3: a few bytes deleted so the topic count merges with the name.
+    let f = good(3);
+    let offset = body_offset(&f, 3);
+    let at = offset + 2 + 2 + 4;
+    let mut v3 = BytesMut::from(&f[..at + 2]);
+    v3.extend_from_slice(&f[at + 5..]);
+    forged.push((3, v3.freeze()));
+    for (version, frame) in forged {
+        let offset = body_offset(&frame, version);
+        assert!(
+            matches!(
+                plan(&frame, offset, version, &link, &names),
+                Err(ProduceError::Malformed { .. })
+            ),
+            "v{version} link path"
+        );
+        assert!(
+            matches!(
+                refuse_all(&frame, offset, version, Refusal::NotAuthorized, "x"),
+                Err(ProduceError::Malformed { .. })
+            ),
+            "v{version} spoofed path"
+        );
+    }
 }

@@ -1,0 +1,567 @@
+//! A bounded walk over a Kafka message body, driven by its schema
+//! (`wire::schema`), that can also re-emit the body with some values
+//! replaced and some array elements dropped.
+//!
+//! Why not decode into structs: a decoder that trusts the wire reserves
+//! memory from the counts it reads (a forged count of 2^31 aborts the
+//! process), and a generated decoder only knows the versions it was generated
+//! for. The walk reserves nothing from the wire: every count and length is
+//! checked against the bytes that remain before it is used, values are
+//! reported to a [`Visitor`] as they are read, and records are reported as a
+//! span of the input, never copied. Re-emitting copies the input field by
+//! field, so only the values a visitor replaces are encoded anew; sizes of
+//! tagged fields and array counts around them are recomputed.
+//!
+//! Pure: bytes in, events and bytes out.
+
+use std::ops::Range;
+
+use super::schema::{Field, Message, Type};
+
+/// Why a body could not be walked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WalkError {
+    #[error("{message} v{version} is not a version this proxy knows (knows {min} to {max})")]
+    Version {
+        message: String,
+        version: i16,
+        min: i16,
+        max: i16,
+    },
+    #[error("{path}: needs {need} bytes at offset {at}, only {left} left")]
+    Short {
+        path: String,
+        at: usize,
+        need: u64,
+        left: usize,
+    },
+    #[error("{path}: count {count} at offset {at} is more than the {left} bytes left")]
+    Count {
+        path: String,
+        at: usize,
+        count: u64,
+        left: usize,
+    },
+    #[error("{path}: invalid length {len} at offset {at}")]
+    Length { path: String, at: usize, len: i64 },
+    #[error("{path}: null at offset {at}, but the field is not nullable in this version")]
+    Null { path: String, at: usize },
+    #[error("{path}: malformed varint at offset {at}")]
+    Varint { path: String, at: usize },
+    #[error("{path}: tagged field {tag} declares {size} bytes but its value takes {used}")]
+    TaggedSize {
+        path: String,
+        tag: u32,
+        size: usize,
+        used: usize,
+    },
+    #[error("{count} bytes after the end of the {message} body")]
+    Trailing { message: String, count: usize },
+    #[error("{path}: replacement value does not fit the field")]
+    Replacement { path: String },
+}
+
+/// A value as read from the wire. Strings are raw bytes (UTF-8 is checked
+/// by whoever needs the text); bytes and records are a span of the input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Uuid([u8; 16]),
+    Str(Option<&'a [u8]>),
+    Bytes(Option<Range<usize>>),
+}
+
+/// What to do with a value when re-emitting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Edit {
+    Keep,
+    Int(i64),
+    Str(String),
+}
+
+/// Receives what the walk reads. Every method has a default that ignores it.
+pub trait Visitor {
+    /// A value of `field` was read (for arrays of primitives: one element).
+    fn value(&mut self, _field: &Field, _value: Value<'_>) -> Edit {
+        Edit::Keep
+    }
+    /// A struct of `field` starts (an array element or a nested struct).
+    fn enter(&mut self, _field: &Field) {}
+    /// That struct ends. `false` drops it when it is an array element and
+    /// the body is being re-emitted.
+    fn leave(&mut self, _field: &Field) -> bool {
+        true
+    }
+}
+
+/// A visitor that looks at nothing: the walk only validates.
+pub struct Validate;
+impl Visitor for Validate {}
+
+/// Check that `input[start..]` is exactly one `msg` body at `version`.
+pub fn validate(msg: &Message, version: i16, input: &[u8], start: usize) -> Result<(), WalkError> {
+    walk(msg, version, input, start, &mut Validate)
+}
+
+/// Walk `input[start..]`, which must be exactly one `msg` body at `version`.
+/// Reported spans are offsets into `input`.
+pub fn walk<V: Visitor>(
+    msg: &Message,
+    version: i16,
+    input: &[u8],
+    start: usize,
+    visitor: &mut V,
+) -> Result<(), WalkError> {
+    let mut w = Walker::new(msg, version, input, start, visitor, false)?;
+    w.body(msg)?;
+    Ok(())
+}
+
+/// Walk like [`walk`] and return `input[..start]` followed by the body
+/// re-emitted with the visitor's edits and drops.
+pub fn rewrite<V: Visitor>(
+    msg: &Message,
+    version: i16,
+    input: &[u8],
+    start: usize,
+    visitor: &mut V,
+) -> Result<Vec<u8>, WalkError> {
+    let mut w = Walker::new(msg, version, input, start, visitor, true)?;
+    w.out
+        .extend_from_slice(input.get(..start).unwrap_or_default());
+    w.body(msg)?;
+    Ok(w.out)
+}
+
+struct Walker<'a, 'v, V> {
+    input: &'a [u8],
+    pos: usize,
+    /// Reads stop here: the end of the input, or of the tagged field being read.
+    end: usize,
+    version: i16,
+    flexible: bool,
+    visitor: &'v mut V,
+    emit: bool,
+    out: Vec<u8>,
+}
+
+impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
+    fn new(
+        msg: &Message,
+        version: i16,
+        input: &'a [u8],
+        start: usize,
+        visitor: &'v mut V,
+        emit: bool,
+    ) -> Result<Self, WalkError> {
+        if !msg.valid.contains(version) {
+            return Err(WalkError::Version {
+                message: msg.name.clone(),
+                version,
+                min: msg.valid.min,
+                max: msg.valid.max,
+            });
+        }
+        Ok(Walker {
+            input,
+            pos: start.min(input.len()),
+            end: input.len(),
+            version,
+            flexible: msg.flexible.contains(version),
+            visitor,
+            emit,
+            out: Vec::new(),
+        })
+    }
+
+    fn body(&mut self, msg: &Message) -> Result<(), WalkError> {
+        self.fields(&msg.fields)?;
+        if self.pos != self.input.len() {
+            return Err(WalkError::Trailing {
+                message: msg.name.clone(),
+                count: self.input.len() - self.pos,
+            });
+        }
+        Ok(())
+    }
+
+    fn left(&self) -> usize {
+        self.end.saturating_sub(self.pos)
+    }
+
+    /// Take `n` bytes, returning where they are.
+    fn take(&mut self, field: &Field, n: u64) -> Result<Range<usize>, WalkError> {
+        let left = self.left();
+        match usize::try_from(n) {
+            Ok(n) if n <= left => {
+                let r = self.pos..self.pos + n;
+                self.pos += n;
+                Ok(r)
+            }
+            _ => Err(WalkError::Short {
+                path: field.path.clone(),
+                at: self.pos,
+                need: n,
+                left,
+            }),
+        }
+    }
+
+    fn fixed<const N: usize>(&mut self, field: &Field) -> Result<[u8; N], WalkError> {
+        let r = self.take(field, N as u64)?;
+        let mut b = [0u8; N];
+        b.copy_from_slice(&self.input[r]);
+        Ok(b)
+    }
+
+    fn uvarint(&mut self, field: &Field) -> Result<u32, WalkError> {
+        let at = self.pos;
+        let mut value = 0u32;
+        for i in 0..5 {
+            let Some(&b) = self.input.get(self.pos).filter(|_| self.pos < self.end) else {
+                return Err(WalkError::Short {
+                    path: field.path.clone(),
+                    at,
+                    need: i + 1,
+                    left: self.end.saturating_sub(at),
+                });
+            };
+            self.pos += 1;
+            value |= u32::from(b & 0x7F) << (7 * i);
+            if b & 0x80 == 0 {
+                // The fifth byte may only carry the top four bits.
+                if i == 4 && b > 0x0F {
+                    break;
+                }
+                return Ok(value);
+            }
+        }
+        Err(WalkError::Varint {
+            path: field.path.clone(),
+            at,
+        })
+    }
+
+    /// Copy what was read since `from` to the output unchanged.
+    fn copy(&mut self, from: usize) {
+        if self.emit {
+            self.out.extend_from_slice(&self.input[from..self.pos]);
+        }
+    }
+
+    fn fields(&mut self, fields: &[Field]) -> Result<(), WalkError> {
+        for f in fields {
+            if f.regular_at(self.version) {
+                self.field(f)?;
+            }
+        }
+        if self.flexible {
+            self.tagged(fields)?;
+        }
+        Ok(())
+    }
+
+    fn field(&mut self, f: &Field) -> Result<(), WalkError> {
+        let nullable = f.nullable.contains(self.version);
+        self.value(f, &f.ty, nullable)
+    }
+
+    fn tagged(&mut self, fields: &[Field]) -> Result<(), WalkError> {
+        let none = Field {
+            path: "(tagged fields)".into(),
+            ty: Type::Bool,
+            versions: super::schema::Versions::NONE,
+            nullable: super::schema::Versions::NONE,
+            tag: None,
+        };
+        let start = self.pos;
+        let count = self.uvarint(&none)?;
+        self.check_count(&none, start, u64::from(count))?;
+        self.copy(start);
+        for _ in 0..count {
+            let head = self.pos;
+            let tag = self.uvarint(&none)?;
+            let size = self.uvarint(&none)?;
+            let known = fields
+                .iter()
+                .find(|f| f.tagged_at(self.version) && f.tag.map(|t| t.0) == Some(tag));
+            let Some(f) = known else {
+                // Unknown to this schema: kept byte for byte.
+                self.take(&none, u64::from(size))?;
+                self.copy(head);
+                continue;
+            };
+            let data_start = self.pos;
+            let data = self.take(f, u64::from(size))?;
+            // Read the value inside its declared size only.
+            let (saved_end, saved_pos) = (self.end, self.pos);
+            self.end = data.end;
+            self.pos = data.start;
+            if self.emit {
+                push_uvarint(&mut self.out, tag);
+            }
+            let out_data = self.out.len();
+            let r = self.field(f);
+            let used = self.pos - data_start;
+            self.end = saved_end;
+            self.pos = saved_pos;
+            r?;
+            if used != data.len() {
+                return Err(WalkError::TaggedSize {
+                    path: f.path.clone(),
+                    tag,
+                    size: data.len(),
+                    used,
+                });
+            }
+            if self.emit {
+                let len = self.out.len() - out_data;
+                let mut size = Vec::with_capacity(5);
+                push_uvarint(&mut size, u32::try_from(len).unwrap_or(u32::MAX));
+                self.out.splice(out_data..out_data, size);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_count(&self, field: &Field, at: usize, count: u64) -> Result<(), WalkError> {
+        // Every element takes at least one byte in practice; Kafka's own
+        // readers apply the same bound before allocating.
+        let left = self.left();
+        if count > left as u64 {
+            return Err(WalkError::Count {
+                path: field.path.clone(),
+                at,
+                count,
+                left,
+            });
+        }
+        Ok(())
+    }
+
+    /// Read a length: `None` for null.
+    fn length(&mut self, f: &Field, wide: bool) -> Result<Option<u64>, WalkError> {
+        let at = self.pos;
+        let len: i64 = if self.flexible {
+            i64::from(self.uvarint(f)?) - 1
+        } else if wide {
+            i64::from(i32::from_be_bytes(self.fixed(f)?))
+        } else {
+            i64::from(i16::from_be_bytes(self.fixed(f)?))
+        };
+        match len {
+            -1 => Ok(None),
+            n if n >= 0 => Ok(Some(n as u64)),
+            n => Err(WalkError::Length {
+                path: f.path.clone(),
+                at,
+                len: n,
+            }),
+        }
+    }
+
+    fn value(&mut self, f: &Field, ty: &Type, nullable: bool) -> Result<(), WalkError> {
+        let start = self.pos;
+        let null = |w: &Self| WalkError::Null {
+            path: f.path.clone(),
+            at: w.pos,
+        };
+        let scalar = match ty {
+            Type::Bool => Some((Value::Bool(self.fixed::<1>(f)?[0] != 0), 1)),
+            Type::Int8 => Some((Value::Int(i64::from(self.fixed::<1>(f)?[0] as i8)), 1)),
+            Type::Int16 => Some((Value::Int(i64::from(i16::from_be_bytes(self.fixed(f)?))), 2)),
+            Type::Uint16 => Some((Value::Int(i64::from(u16::from_be_bytes(self.fixed(f)?))), 2)),
+            Type::Int32 => Some((Value::Int(i64::from(i32::from_be_bytes(self.fixed(f)?))), 4)),
+            Type::Uint32 => Some((Value::Int(i64::from(u32::from_be_bytes(self.fixed(f)?))), 4)),
+            Type::Int64 => Some((Value::Int(i64::from_be_bytes(self.fixed(f)?)), 8)),
+            Type::Float64 => Some((Value::Float(f64::from_be_bytes(self.fixed(f)?)), 8)),
+            Type::Uuid => Some((Value::Uuid(self.fixed(f)?), 16)),
+            _ => None,
+        };
+        if let Some((value, width)) = scalar {
+            let edit = self.visitor.value(f, value);
+            return self.emit_int(f, start, width, ty, edit);
+        }
+        match ty {
+            Type::String => {
+                let len = self.length(f, false)?;
+                let bytes = match len {
+                    None if !nullable => return Err(null(self)),
+                    None => None,
+                    Some(n) if n > i16::MAX as u64 => {
+                        return Err(WalkError::Length {
+                            path: f.path.clone(),
+                            at: start,
+                            len: n as i64,
+                        })
+                    }
+                    Some(n) => Some(self.take(f, n)?),
+                };
+                let input = self.input;
+                let edit = self.visitor.value(f, Value::Str(bytes.map(|r| &input[r])));
+                match edit {
+                    Edit::Str(s) if self.emit => self.push_string(f, &s),
+                    _ => {
+                        self.copy(start);
+                        Ok(())
+                    }
+                }
+            }
+            Type::Bytes | Type::Records => {
+                let len = self.length(f, true)?;
+                let span = match len {
+                    None if !nullable => return Err(null(self)),
+                    None => None,
+                    Some(n) => Some(self.take(f, n)?),
+                };
+                self.visitor.value(f, Value::Bytes(span));
+                self.copy(start);
+                Ok(())
+            }
+            Type::Array(inner) => self.array(f, inner, nullable),
+            Type::Struct(fields) => {
+                if nullable {
+                    let marker = self.fixed::<1>(f)?[0] as i8;
+                    self.copy(start);
+                    if marker < 0 {
+                        return Ok(());
+                    }
+                }
+                self.visitor.enter(f);
+                self.fields(fields)?;
+                self.visitor.leave(f);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn array(&mut self, f: &Field, inner: &Type, nullable: bool) -> Result<(), WalkError> {
+        let start = self.pos;
+        let count = match self.length(f, true)? {
+            None if !nullable => {
+                return Err(WalkError::Null {
+                    path: f.path.clone(),
+                    at: start,
+                })
+            }
+            None => {
+                self.copy(start);
+                return Ok(());
+            }
+            Some(n) => n,
+        };
+        self.check_count(f, start, count)?;
+        let out_count = self.out.len();
+        self.copy(start);
+        let mut kept = count;
+        for _ in 0..count {
+            match inner {
+                Type::Struct(fields) => {
+                    let out_element = self.out.len();
+                    self.visitor.enter(f);
+                    self.fields(fields)?;
+                    if !self.visitor.leave(f) && self.emit {
+                        self.out.truncate(out_element);
+                        kept -= 1;
+                    }
+                }
+                other => self.value(f, other, false)?,
+            }
+        }
+        if self.emit && kept != count {
+            let mut encoded = Vec::with_capacity(5);
+            if self.flexible {
+                push_uvarint(&mut encoded, u32::try_from(kept + 1).unwrap_or(u32::MAX));
+            } else {
+                encoded.extend_from_slice(&(kept as i32).to_be_bytes());
+            }
+            let old_len = self.pos_len_of_count(start);
+            self.out.splice(out_count..out_count + old_len, encoded);
+        }
+        Ok(())
+    }
+
+    /// How many bytes the count at `at` took on the wire.
+    fn pos_len_of_count(&self, at: usize) -> usize {
+        if !self.flexible {
+            return 4;
+        }
+        let mut n = 0;
+        while let Some(b) = self.input.get(at + n) {
+            n += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        n
+    }
+
+    fn emit_int(
+        &mut self,
+        f: &Field,
+        start: usize,
+        width: usize,
+        ty: &Type,
+        edit: Edit,
+    ) -> Result<(), WalkError> {
+        if !self.emit {
+            return Ok(());
+        }
+        let Edit::Int(v) = edit else {
+            self.copy(start);
+            return Ok(());
+        };
+        let bad = || WalkError::Replacement {
+            path: f.path.clone(),
+        };
+        match (ty, width) {
+            (Type::Int8, _) => self.out.push(i8::try_from(v).map_err(|_| bad())? as u8),
+            (Type::Int16, _) => self
+                .out
+                .extend_from_slice(&i16::try_from(v).map_err(|_| bad())?.to_be_bytes()),
+            (Type::Uint16, _) => self
+                .out
+                .extend_from_slice(&u16::try_from(v).map_err(|_| bad())?.to_be_bytes()),
+            (Type::Int32, _) => self
+                .out
+                .extend_from_slice(&i32::try_from(v).map_err(|_| bad())?.to_be_bytes()),
+            (Type::Uint32, _) => self
+                .out
+                .extend_from_slice(&u32::try_from(v).map_err(|_| bad())?.to_be_bytes()),
+            (Type::Int64, _) => self.out.extend_from_slice(&v.to_be_bytes()),
+            _ => return Err(bad()),
+        }
+        Ok(())
+    }
+
+    fn push_string(&mut self, f: &Field, s: &str) -> Result<(), WalkError> {
+        let len = s.len();
+        if len > i16::MAX as usize {
+            return Err(WalkError::Replacement {
+                path: f.path.clone(),
+            });
+        }
+        if self.flexible {
+            push_uvarint(&mut self.out, len as u32 + 1);
+        } else {
+            self.out.extend_from_slice(&(len as i16).to_be_bytes());
+        }
+        self.out.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// Append an unsigned varint.
+pub fn push_uvarint(out: &mut Vec<u8>, mut v: u32) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[cfg(test)]
+mod tests;

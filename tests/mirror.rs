@@ -1209,7 +1209,7 @@ fn a_java_producer_using_the_link_client_id_is_remapped() -> Result<()> {
     );
     let versions = tools::broker_api_versions(&proxy.bootstrap)?;
     ensure!(
-        versions.contains("Produce(0): 3 to 13 [usable: 13]"),
+        versions.contains("Produce(0): 0 to 13 [usable: 13]"),
         "the Java client should use Produce v13:\n{versions}"
     );
     Ok(())

@@ -141,6 +141,11 @@ impl ProducePlan {
         self.patches.len()
     }
 
+    /// Where the batches the plan patches are in the frame.
+    pub fn patched_batches(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.patches.iter().map(|(range, _)| range.clone())
+    }
+
     /// Patch every planned batch in the frame the plan was made from. Each
     /// patch re-checks the batch it lands on, so a plan applied to the wrong
     /// frame fails instead of corrupting it.

@@ -5,6 +5,7 @@
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
 
+pub mod capture;
 pub mod certs;
 pub mod kafka;
 pub mod proxy;

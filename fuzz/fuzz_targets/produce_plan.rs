@@ -1,0 +1,64 @@
+//! The Produce filter on the link path and the spoofed path. Input: a whole
+//! request frame (header and body). Invariants: no panic; applying the plan
+//! changes at most 12 bytes per patched batch; a batch whose CRC was wrong
+//! stays wrong and a right one stays right; a request re-emitted without
+//! some partitions still walks.
+#![no_main]
+
+use bytes::{Bytes, BytesMut};
+use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
+use kafka_mirror_proxy::mirror::produce::{self, Refusal};
+use kafka_mirror_proxy::wire::batch::crc_is_valid;
+use kafka_mirror_proxy::wire::header::{produce_acks, RequestHeaderPeek};
+use libfuzzer_sys::fuzz_target;
+
+fn link(policy: ControlBatchPolicy) -> Link {
+    Link::new(
+        "east".into(),
+        "MkU3OEVBNTcwNTJENDM2Qk".parse().expect("cluster id"),
+        "mirror-east".into(),
+        vec![regex::Regex::new("^(?:orders|t.*)$").expect("regex")],
+        None,
+        policy,
+    )
+}
+
+fuzz_target!(|data: &[u8]| {
+    let frame = Bytes::copy_from_slice(data);
+    let Ok(h) = RequestHeaderPeek::parse(&frame) else {
+        return;
+    };
+    let version = h.api_version;
+    let header_version = if version >= 9 { 2 } else { 1 };
+    let Ok(offset) = h.body_offset(&frame, header_version) else {
+        return;
+    };
+    let _ = produce_acks(&frame, offset, version);
+    if let Ok(plan) = produce::refuse_all(&frame, offset, version, Refusal::NotAuthorized, "m") {
+        let _ = produce::local_response(h.correlation_id, version, &plan.local);
+    }
+    let topic_name = |_| Some("orders".to_string());
+    for policy in [ControlBatchPolicy::Drop, ControlBatchPolicy::Forward] {
+        let Ok(plan) = produce::plan(&frame, offset, version, &link(policy), &topic_name) else {
+            continue;
+        };
+        let mut patched = BytesMut::from(&frame[..]);
+        plan.apply(&mut patched).expect("a fresh plan applies to its own frame");
+        let changed = frame.iter().zip(patched.iter()).filter(|(a, b)| a != b).count();
+        assert!(changed <= 12 * plan.patches(), "{changed} bytes for {} batches", plan.patches());
+        for range in plan.patched_batches() {
+            assert_eq!(
+                crc_is_valid(&frame[range.clone()]),
+                crc_is_valid(&patched[range]),
+                "a patch changed whether a batch's CRC holds"
+            );
+        }
+        if !plan.local.is_empty() && plan.forwarded_partitions > 0 {
+            let reduced = produce::without_local_partitions(&patched.freeze(), offset, version, &plan.local)
+                .expect("a walked request re-emits");
+            let again = produce::refuse_all(&reduced.freeze(), offset, version, Refusal::NotAuthorized, "m")
+                .expect("the re-emitted request walks");
+            assert_eq!(again.local.len(), plan.forwarded_partitions);
+        }
+    }
+});

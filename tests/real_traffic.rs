@@ -1,0 +1,246 @@
+//! Real clients talking to a real broker through a recording relay: every
+//! request and response the proxy interprets must walk with Kafka's schemas,
+//! re-emit cleanly with proxy addresses, and (for Produce on a link) plan a
+//! remap of every batch. The same traffic seeds the fuzz corpora: set
+//! `FUZZ_SEEDS_DIR=fuzz/seeds` to write them (`scripts/fuzz.sh --seeds`).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use bytes::Bytes;
+use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
+use kafka_mirror_proxy::mirror::produce;
+use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
+use kafka_mirror_proxy::wire::header::{response_body_offset, RequestHeaderPeek};
+use kafka_mirror_proxy::wire::schema;
+use kafka_mirror_proxy::wire::walk;
+use kafka_protocol::messages::ApiKey;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+
+use support::capture::{CaptureRelay, Exchange};
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::tools;
+
+/// The APIs whose responses the proxy walks, in the order the `responses`
+/// fuzz target numbers them.
+const RESPONSE_APIS: [ApiKey; 8] = [
+    ApiKey::Metadata,
+    ApiKey::FindCoordinator,
+    ApiKey::DescribeCluster,
+    ApiKey::ApiVersions,
+    ApiKey::Produce,
+    ApiKey::Fetch,
+    ApiKey::ShareFetch,
+    ApiKey::ShareAcknowledge,
+];
+
+fn response_schema(api: ApiKey) -> Option<&'static str> {
+    Some(match api {
+        ApiKey::Metadata => "MetadataResponse",
+        ApiKey::FindCoordinator => "FindCoordinatorResponse",
+        ApiKey::DescribeCluster => "DescribeClusterResponse",
+        ApiKey::ApiVersions => "ApiVersionsResponse",
+        ApiKey::Produce => "ProduceResponse",
+        ApiKey::Fetch => "FetchResponse",
+        ApiKey::ShareFetch => "ShareFetchResponse",
+        ApiKey::ShareAcknowledge => "ShareAcknowledgeResponse",
+        _ => return None,
+    })
+}
+
+fn link() -> Result<Link> {
+    Ok(Link::new(
+        "east".into(),
+        "MkU3OEVBNTcwNTJENDM2Qk".parse()?,
+        "mirror-east".into(),
+        vec![regex::Regex::new("^(?:orders)$")?],
+        None,
+        ControlBatchPolicy::Drop,
+    ))
+}
+
+fn run_clients(bootstrap: &str) -> Result<()> {
+    tools::create_topic(bootstrap, "orders", 3, &[], &[])?;
+    let lines: Vec<String> = (0..300).map(|i| format!("k{i}\tvalue {i}")).collect();
+    // Kafka's own producer: Produce v13 (topic ids), idempotent, lz4.
+    tools::console_produce(
+        bootstrap,
+        "orders",
+        &lines,
+        &[("parse.key", "true"), ("compression.type", "lz4")],
+    )?;
+    // librdkafka: its own Produce version, gzip, the link's client id.
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("client.id", "mirror-east")
+        .set("enable.idempotence", "true")
+        .set("compression.type", "gzip")
+        .set("linger.ms", "5")
+        .create()?;
+    for i in 0..300 {
+        let key = format!("r{i}");
+        producer
+            .send(BaseRecord::to("orders").key(&key).payload("librdkafka"))
+            .map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    // Both consumers: Fetch, FindCoordinator, group and offset APIs.
+    let got = tools::console_consume(bootstrap, "orders", 600, &[], Duration::from_secs(20))?;
+    ensure!(got.len() == 600, "console consumer read {}", got.len());
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "real-traffic")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&["orders"])?;
+    let mut n = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while n < 600 && std::time::Instant::now() < deadline {
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            m?;
+            n += 1;
+        }
+    }
+    ensure!(n == 600, "librdkafka consumer read {n}");
+    tools::broker_api_versions(bootstrap)?;
+    tools::cluster_id(bootstrap, &[])?;
+    Ok(())
+}
+
+/// FNV-1a, to name seed files by content.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn write_seed(dir: &Path, target: &str, bytes: &[u8]) -> Result<()> {
+    let dir = dir.join(target);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(format!("{:016x}", fnv(bytes))), bytes)?;
+    Ok(())
+}
+
+/// Check one exchange; returns the seeds it gives, by fuzz target.
+fn check(e: &Exchange, link: &Link, seeds: &mut Vec<(&'static str, Vec<u8>)>) -> Result<()> {
+    let Ok(api) = ApiKey::try_from(e.api_key) else {
+        return Ok(());
+    };
+    let version = e.api_version;
+    let what = format!("{api:?} v{version}");
+    seeds.push(("request_header", e.request.clone()));
+    if api == ApiKey::Produce {
+        let frame = Bytes::from(e.request.clone());
+        let h = RequestHeaderPeek::parse(&frame)?;
+        let offset = h.body_offset(&frame, api.request_header_version(version))?;
+        let plan = produce::plan(&frame, offset, version, link, &|_| Some("orders".into()))
+            .with_context(|| format!("{what} request"))?;
+        ensure!(
+            plan.local.is_empty() && plan.patches() > 0,
+            "{what}: every batch of a link Produce is remapped: {plan:?}"
+        );
+        for r in plan.patched_batches() {
+            seeds.push(("record_batches", frame[r].to_vec()));
+        }
+        let body = &frame[offset..];
+        let index = schema::source_files()
+            .position(|(f, _)| f == "ProduceRequest.json")
+            .context("ProduceRequest schema")?;
+        seeds.push((
+            "schema_walk",
+            [&[index as u8, version as u8][..], body].concat(),
+        ));
+        seeds.push(("produce_plan", e.request.clone()));
+    }
+    let (Some(name), Some(response)) = (response_schema(api), &e.response) else {
+        return Ok(());
+    };
+    let msg = schema::message(name)?;
+    let start = response_body_offset(response, api.response_header_version(version))
+        .context("response header")?;
+    walk::validate(msg, version, response, start).with_context(|| format!("{what} response"))?;
+    let adv = Advertised {
+        host: "proxy.example".into(),
+        port_base: 30000,
+    };
+    if api == ApiKey::ApiVersions {
+        addresses::clamp_api_versions(version, response)?;
+    } else {
+        let (out, _) = addresses::rewrite(api, version, response, &adv)?;
+        if let Some(out) = out {
+            let (again, _) = addresses::rewrite(api, version, &out, &adv)?;
+            ensure!(again.is_none(), "{what}: rewriting twice changes more");
+        }
+    }
+    let pick = RESPONSE_APIS.iter().position(|a| *a == api).unwrap_or(0) as u8;
+    seeds.push(("responses", [&[pick, version as u8][..], response].concat()));
+    let index = schema::source_files()
+        .position(|(f, _)| f == format!("{name}.json"))
+        .context("schema index")?;
+    seeds.push((
+        "schema_walk",
+        [&[index as u8, version as u8][..], &response[start..]].concat(),
+    ));
+    Ok(())
+}
+
+#[test]
+fn every_message_real_clients_exchange_walks_and_rewrites() -> Result<()> {
+    let relay = CaptureRelay::start()?;
+    let broker = KafkaCluster::start(KafkaOptions::default().property(
+        "advertised.listeners",
+        format!("PLAINTEXT://127.0.0.1:{}", relay.port),
+    ))?;
+    relay.forward_to(&broker.bootstrap());
+    let bootstrap = format!("127.0.0.1:{}", relay.port);
+    run_clients(&bootstrap)?;
+
+    let link = link()?;
+    let mut seeds = Vec::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let exchanges = relay.exchanges();
+    for e in &exchanges {
+        check(e, &link, &mut seeds)?;
+        let name = ApiKey::try_from(e.api_key)
+            .map_or_else(|_| e.api_key.to_string(), |a| format!("{a:?}"));
+        *seen
+            .entry(format!("{name} v{}", e.api_version))
+            .or_default() += 1;
+    }
+    eprintln!("captured: {seen:?}");
+    for needed in [
+        "Produce v13",
+        "Metadata",
+        "FindCoordinator",
+        "ApiVersions",
+        "Fetch",
+        "DescribeCluster",
+    ] {
+        ensure!(
+            seen.keys().any(|k| k.starts_with(needed)),
+            "no {needed} exchange captured: {seen:?}"
+        );
+    }
+    // A stream of real request frames for the frame reader.
+    let stream: Vec<u8> = exchanges
+        .iter()
+        .take(40)
+        .flat_map(|e| [&(e.request.len() as u32).to_be_bytes()[..], &e.request].concat())
+        .collect();
+    seeds.push(("frame", stream));
+    if let Some(dir) = std::env::var_os("FUZZ_SEEDS_DIR") {
+        let dir = Path::new(&dir);
+        for (target, bytes) in &seeds {
+            write_seed(dir, target, bytes)?;
+        }
+        eprintln!("wrote {} seeds under {}", seeds.len(), dir.display());
+    }
+    Ok(())
+}

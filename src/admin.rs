@@ -68,7 +68,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         shared.metrics.render(),
     )
         .into_response()

@@ -617,6 +617,19 @@ fn bad_input_closes_only_that_connection() -> Result<()> {
     ensure!(acked == sent, "acknowledged {acked} of {sent}");
     let got = rd_consume(&proxy.bootstrap, "steady", sent, &Observer::default())?;
     ensure!(got.len() == sent, "read back {} of {sent}", got.len());
+
+    // An API key chosen on the wire gets no series of its own.
+    let (_, metrics) = proxy.admin_get("/metrics")?;
+    ensure!(
+        proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"unknown\"}")? == 1,
+        "api key 9999 must count as unknown:\n{metrics}"
+    );
+    ensure!(!metrics.contains("api_key=\"9999\""), "{metrics}");
+    ensure!(
+        proxy.metric("kafka_mirror_proxy_connections_closed_total{reason=\"frame_too_large\"}")?
+            == 1,
+        "{metrics}"
+    );
     Ok(())
 }
 

@@ -2,7 +2,12 @@
 //!
 //! Bound to loopback unless a bearer token is configured (the configuration
 //! refuses anything else), so failover controls added later are never open
-//! to the network by accident.
+//! to the network by accident. Because it may face a network, the token is
+//! checked in constant time and every connection is bounded in time: a
+//! request head must arrive within [`Timeouts::header_read`] (an idle or
+//! trickling connection is closed) and a request is answered within
+//! [`Timeouts::request`]. `axum::serve` offers neither bound, so connections
+//! are served with hyper's HTTP/1 builder directly.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,9 +19,36 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use ring::digest::{digest, Digest, SHA256};
+use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
 use crate::proxy::Shared;
+
+/// Time bounds of the admin endpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// From when the server waits for a request (a new connection, or the
+    /// next request on a kept-alive one) until its whole head has arrived;
+    /// then the connection is closed without an answer (slowloris).
+    pub header_read: Duration,
+    /// Handling one request; after that the answer is 503 with a message.
+    /// `/readyz` tries each bootstrap broker for up to 2 s, so this leaves
+    /// room for a few of them.
+    pub request: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            header_read: Duration::from_secs(10),
+            request: Duration::from_secs(10),
+        }
+    }
+}
 
 /// Bind the admin listener; the returned future serves it.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -25,28 +57,93 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serve the admin API on `listener` until the process ends.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    let token = shared.config.admin_token.clone();
-    let app = Router::new()
+    serve_app(listener, router(shared), Timeouts::default()).await
+}
+
+/// The admin routes, behind the bearer token check when one is configured.
+pub fn router(shared: Arc<Shared>) -> Router {
+    let token = shared.config.admin_token.as_deref().map(Token::new);
+    Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(middleware::from_fn_with_state(token, authorize))
-        .with_state(shared);
-    axum::serve(listener, app).await
+        .with_state(shared)
 }
 
-async fn authorize(State(token): State<Option<String>>, request: Request, next: Next) -> Response {
+/// Serve `app` on `listener` with `timeouts`, until the process ends.
+pub async fn serve_app(
+    listener: TcpListener,
+    app: Router,
+    timeouts: Timeouts,
+) -> std::io::Result<()> {
+    let app = app.layer(middleware::from_fn_with_state(timeouts.request, limit_time));
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeouts.header_read);
+            if let Err(e) = builder.serve_connection(TokioIo::new(tcp), service).await {
+                tracing::debug!(%peer, error = %e, "admin connection ended");
+            }
+        });
+    }
+}
+
+/// The expected `Authorization` value, kept as its SHA-256 digest. Comparing
+/// digests in constant time reveals through timing neither the token's
+/// bytes nor its length.
+#[derive(Clone)]
+struct Token(Digest);
+
+impl Token {
+    fn new(token: &str) -> Token {
+        Token(digest(&SHA256, format!("Bearer {token}").as_bytes()))
+    }
+
+    fn admits(&self, authorization: Option<&[u8]>) -> bool {
+        let given = digest(&SHA256, authorization.unwrap_or_default());
+        self.0.as_ref().ct_eq(given.as_ref()).into()
+    }
+}
+
+async fn authorize(State(token): State<Option<Token>>, request: Request, next: Next) -> Response {
     if let Some(token) = token {
-        let expected = format!("Bearer {token}");
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if given != Some(expected.as_str()) {
+            .map(|v| v.as_bytes());
+        if !token.admits(given) {
             return (StatusCode::UNAUTHORIZED, "missing or wrong bearer token\n").into_response();
         }
     }
     next.run(request).await
+}
+
+async fn limit_time(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            tracing::warn!(%path, limit_ms = limit.as_millis(), "admin request timed out");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("request not handled within {} ms\n", limit.as_millis()),
+            )
+                .into_response()
+        }
+    }
 }
 
 /// Ready when at least one bootstrap broker accepts a connection.
@@ -68,8 +165,155 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         shared.metrics.render(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Instant;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::metrics::Metrics;
+    use crate::proxy::Proxy;
+
+    const TOKEN: &str = "s3cret-token";
+
+    /// A proxy (never connected to: nothing listens on its broker address)
+    /// and its admin endpoint, served with `timeouts`.
+    async fn admin(timeouts: Timeouts) -> (Proxy, SocketAddr) {
+        let vars: HashMap<String, String> = [
+            ("MIRROR_PROXY_BOOTSTRAP_SERVERS", "127.0.0.1:1"),
+            ("MIRROR_PROXY_LISTEN", "127.0.0.1:0"),
+            ("MIRROR_PROXY_ADMIN_TOKEN", TOKEN),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = Config::from_vars(&vars).expect("test configuration is valid");
+        let proxy = Proxy::start(config, Arc::new(Metrics::default()))
+            .await
+            .expect("proxy starts");
+        let app = router(Arc::clone(&proxy.shared));
+        (proxy, serve_in_background(app, timeouts).await)
+    }
+
+    async fn serve_in_background(app: Router, timeouts: Timeouts) -> SocketAddr {
+        let listener = bind(([127, 0, 0, 1], 0).into()).await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        tokio::spawn(serve_app(listener, app, timeouts));
+        addr
+    }
+
+    /// Send `raw` and read until the server closes (or 5 s pass).
+    async fn exchange(addr: SocketAddr, raw: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(raw.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        assert!(read.is_ok(), "no answer within 5 s to {raw:?}");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn request(path: &str, authorization: Option<&str>) -> String {
+        let auth = authorization
+            .map(|a| format!("Authorization: {a}\r\n"))
+            .unwrap_or_default();
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n")
+    }
+
+    #[tokio::test]
+    async fn bearer_token_is_required_and_compared_whole() {
+        let (_proxy, addr) = admin(Timeouts::default()).await;
+        let bearer = format!("Bearer {TOKEN}");
+        let longer = format!("{bearer}x");
+        let shorter = &bearer[..bearer.len() - 1];
+        for wrong in [
+            None,
+            Some("Bearer wrong"),
+            Some(shorter),
+            Some(longer.as_str()),
+            Some(TOKEN),
+        ] {
+            let answer = exchange(addr, &request("/healthz", wrong)).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 401"),
+                "{wrong:?} gave {answer}"
+            );
+            assert!(answer.contains("missing or wrong bearer token"), "{answer}");
+        }
+        let answer = exchange(addr, &request("/healthz", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nok\n"), "{answer}");
+
+        // /metrics served as Prometheus text with the names of before.
+        let answer = exchange(addr, &request("/metrics", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.contains("content-type: text/plain; version=0.0.4"),
+            "{answer}"
+        );
+        assert!(
+            answer.contains(
+                "\nkafka_mirror_proxy_client_connections_total{listener=\"bootstrap\"} 0\n"
+            ),
+            "{answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_head_that_never_completes_is_closed() {
+        let timeouts = Timeouts {
+            header_read: Duration::from_millis(300),
+            request: Duration::from_secs(10),
+        };
+        let (_proxy, addr) = admin(timeouts).await;
+        for partial in ["GET /healthz HTTP/1.1\r\nHost: x\r\n", ""] {
+            let started = Instant::now();
+            let answer = exchange(addr, partial).await;
+            assert_eq!(answer, "", "partial head {partial:?} got an answer");
+            assert!(
+                started.elapsed() >= Duration::from_millis(250),
+                "closed after {:?}, before the header timeout",
+                started.elapsed()
+            );
+        }
+        // The server itself goes on answering complete requests.
+        let bearer = format!("Bearer {TOKEN}");
+        let answer = exchange(addr, &request("/healthz", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_slow_request_is_answered_503() {
+        let app = Router::new()
+            .route(
+                "/slow",
+                get(|| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    "too late\n"
+                }),
+            )
+            .route("/fast", get(|| async { "fast\n" }));
+        let timeouts = Timeouts {
+            header_read: Duration::from_secs(10),
+            request: Duration::from_millis(200),
+        };
+        let addr = serve_in_background(app, timeouts).await;
+        let answer = exchange(addr, &request("/slow", None)).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(
+            answer.contains("request not handled within 200 ms"),
+            "{answer}"
+        );
+        let answer = exchange(addr, &request("/fast", None)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
 }

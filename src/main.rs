@@ -128,7 +128,7 @@ fn init_logging(format: LogFormat) {
 async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(?config, "starting");
     let admin_addr = config.admin_listen;
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new(config.links.names()));
     let admin = kafka_mirror_proxy::admin::bind(admin_addr)
         .await
         .with_context(|| {

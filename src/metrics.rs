@@ -1,119 +1,346 @@
-//! Counters and gauges for the admin endpoint, rendered in the Prometheus
-//! text format.
+//! Counters and gauges for the admin endpoint, kept and rendered in the
+//! Prometheus text format (0.0.4) by the `prometheus-client` crate.
 //!
-//! A small hand-rolled registry: a handful of labelled counters does not
-//! justify a metrics framework, and every update happens at most once per
-//! request or connection, so one mutex is plenty.
+//! Every label value comes from a bounded set, never from what a client
+//! sends: API keys known to `kafka-protocol` (anything else is `unknown`),
+//! listeners and broker addresses named by the configuration or by broker
+//! responses, configured links, fixed reasons. The per-request counter is
+//! resolved to one handle per API key the first time that key is seen, so a
+//! request costs an atomic load and an atomic increment: no lock shared by
+//! all connections, no allocation.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::{Arc, OnceLock};
 
-/// Every metric the proxy exports: (name, type, help).
-const METRICS: &[(&str, &str, &str)] = &[
-    (
-        "kafka_mirror_proxy_client_connections_total",
-        "counter",
-        "Client connections accepted, by listener.",
-    ),
-    (
-        "kafka_mirror_proxy_client_connections_active",
-        "gauge",
-        "Client connections open now, by listener.",
-    ),
-    (
-        "kafka_mirror_proxy_upstream_connections_total",
-        "counter",
-        "Connections the proxy opened to brokers, by listener and broker address.",
-    ),
-    (
-        "kafka_mirror_proxy_connections_closed_total",
-        "counter",
-        "Client connections closed, by reason.",
-    ),
-    (
-        "kafka_mirror_proxy_requests_total",
-        "counter",
-        "Requests received, by API key.",
-    ),
-    (
-        "kafka_mirror_proxy_mirror_batches_remapped_total",
-        "counter",
-        "Record batches whose producer id was remapped, by link.",
-    ),
-    (
-        "kafka_mirror_proxy_mirror_control_batches_dropped_total",
-        "counter",
-        "Control batches acknowledged without writing, by link.",
-    ),
-    (
-        "kafka_mirror_proxy_mirror_partitions_refused_total",
-        "counter",
-        "Partitions of link Produce requests refused by the proxy, by link and reason.",
-    ),
-];
+use kafka_protocol::messages::ApiKey;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
-/// The registry: (metric name, rendered label set) → value.
-#[derive(Default)]
-pub struct Metrics {
-    values: Mutex<BTreeMap<(&'static str, String), i64>>,
+use crate::proxy::Target;
+
+/// `Content-Type` of [`Metrics::render`]'s output.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// Value of the `api_key` label: the number of an API key `kafka-protocol`
+/// knows (numbers, as before, so existing queries keep working), or
+/// `unknown` for any other value a client may put in a request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ApiKeyLabel {
+    Known(ApiKey),
+    Unknown,
 }
 
-/// Render `[("link", "a")]` as `link="a"`, escaping as Prometheus requires.
-pub fn labels(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(k, v)| {
-            let v = v
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n");
-            format!("{k}=\"{v}\"")
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+impl From<i16> for ApiKeyLabel {
+    fn from(key: i16) -> Self {
+        ApiKey::try_from(key).map_or(ApiKeyLabel::Unknown, ApiKeyLabel::Known)
+    }
+}
+
+impl EncodeLabelValue for ApiKeyLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        match self {
+            ApiKeyLabel::Known(key) => write!(encoder, "{}", *key as i16),
+            ApiKeyLabel::Unknown => encoder.write_str("unknown"),
+        }
+    }
+}
+
+/// Value of the `listener` label: `bootstrap` or `node-<id>`. Node ids come
+/// from broker responses, not from clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listener(pub Target);
+
+// By hand: `Target` (proxy/mod.rs) does not derive `Hash`.
+impl std::hash::Hash for Listener {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self.0 {
+            Target::Bootstrap => state.write_u8(0),
+            Target::Node(n) => {
+                state.write_u8(1);
+                state.write_i32(n);
+            }
+        }
+    }
+}
+
+impl EncodeLabelValue for Listener {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        match self.0 {
+            Target::Bootstrap => encoder.write_str("bootstrap"),
+            Target::Node(n) => write!(encoder, "node-{n}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: Listener,
+}
+
+// Field order is label order in the output: listener, then broker.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct UpstreamLabels {
+    listener: Listener,
+    broker: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    api_key: ApiKeyLabel,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LinkLabels {
+    link: Arc<str>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RefusedLabels {
+    link: Arc<str>,
+    reason: &'static str,
+}
+
+/// The handles of one configured link, resolved at start.
+struct LinkMetrics {
+    name: Arc<str>,
+    remapped: Counter,
+    dropped: Counter,
+}
+
+/// Every metric the proxy exports.
+pub struct Metrics {
+    registry: Registry,
+    client_connections: Family<ListenerLabels, Counter>,
+    client_connections_active: Family<ListenerLabels, Gauge>,
+    upstream_connections: Family<UpstreamLabels, Counter>,
+    connections_closed: Family<ReasonLabels, Counter>,
+    requests: Family<RequestLabels, Counter>,
+    /// Index: API key number; empty slots stand for gaps in the numbering
+    /// and are never used (those numbers count as `unknown`).
+    requests_by_key: Box<[OnceLock<Counter>]>,
+    requests_unknown: OnceLock<Counter>,
+    batches_remapped: Family<LinkLabels, Counter>,
+    control_batches_dropped: Family<LinkLabels, Counter>,
+    partitions_refused: Family<RefusedLabels, Counter>,
+    links: HashMap<String, LinkMetrics>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new([])
+    }
+}
+
+/// A client connection counted as active until this is dropped, so the gauge
+/// comes down on every path out of a session, panics included.
+pub struct ActiveConnection {
+    gauge: Gauge,
+}
+
+impl Drop for ActiveConnection {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 impl Metrics {
-    pub fn add(&self, name: &'static str, labels: String, delta: i64) {
-        if let Ok(mut values) = self.values.lock() {
-            *values.entry((name, labels)).or_insert(0) += delta;
+    /// The registry, with the per-link series of `links` (the configured
+    /// link names) resolved up front.
+    pub fn new<'a>(links: impl IntoIterator<Item = &'a str>) -> Metrics {
+        // Names without `_total`: prometheus-client appends it to counters.
+        let mut registry = Registry::with_prefix("kafka_mirror_proxy");
+        let client_connections = Family::default();
+        registry.register(
+            "client_connections",
+            "Client connections accepted, by listener",
+            Family::clone(&client_connections),
+        );
+        let client_connections_active = Family::default();
+        registry.register(
+            "client_connections_active",
+            "Client connections open now, by listener",
+            Family::clone(&client_connections_active),
+        );
+        let upstream_connections = Family::default();
+        registry.register(
+            "upstream_connections",
+            "Connections the proxy opened to brokers, by listener and broker address",
+            Family::clone(&upstream_connections),
+        );
+        let connections_closed = Family::default();
+        registry.register(
+            "connections_closed",
+            "Client connections closed, by reason",
+            Family::clone(&connections_closed),
+        );
+        let requests = Family::default();
+        registry.register(
+            "requests",
+            "Requests received, by API key",
+            Family::clone(&requests),
+        );
+        let batches_remapped = Family::default();
+        registry.register(
+            "mirror_batches_remapped",
+            "Record batches whose producer id was remapped, by link",
+            Family::clone(&batches_remapped),
+        );
+        let control_batches_dropped = Family::default();
+        registry.register(
+            "mirror_control_batches_dropped",
+            "Control batches acknowledged without writing, by link",
+            Family::clone(&control_batches_dropped),
+        );
+        let partitions_refused = Family::default();
+        registry.register(
+            "mirror_partitions_refused",
+            "Partitions of link Produce requests refused by the proxy, by link and reason",
+            Family::clone(&partitions_refused),
+        );
+
+        let slots = ApiKey::iter().map(|k| k as usize + 1).max().unwrap_or(0);
+        let links = links
+            .into_iter()
+            .map(|name| {
+                let label = LinkLabels {
+                    link: Arc::from(name),
+                };
+                let link = LinkMetrics {
+                    remapped: batches_remapped.get_or_create_owned(&label),
+                    dropped: control_batches_dropped.get_or_create_owned(&label),
+                    name: label.link,
+                };
+                (name.to_string(), link)
+            })
+            .collect();
+        let metrics = Metrics {
+            registry,
+            client_connections,
+            client_connections_active,
+            upstream_connections,
+            connections_closed,
+            requests,
+            requests_by_key: (0..slots).map(|_| OnceLock::new()).collect(),
+            requests_unknown: OnceLock::new(),
+            batches_remapped,
+            control_batches_dropped,
+            partitions_refused,
+            links,
+        };
+        // The bootstrap listener always exists: show its series before the
+        // first connection.
+        let _ = metrics.client_connections.get_or_create(&ListenerLabels {
+            listener: Listener(Target::Bootstrap),
+        });
+        metrics
+    }
+
+    /// A client connection was accepted on `target`'s listener.
+    pub fn connection_opened(&self, target: Target) -> ActiveConnection {
+        let labels = ListenerLabels {
+            listener: Listener(target),
+        };
+        self.client_connections.get_or_create(&labels).inc();
+        let gauge = self.client_connections_active.get_or_create_owned(&labels);
+        gauge.inc();
+        ActiveConnection { gauge }
+    }
+
+    /// A client connection ended, for `reason` (a fixed label).
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// The proxy connected to `broker` for a client of `target`'s listener.
+    pub fn upstream_connected(&self, target: Target, broker: &str) {
+        self.upstream_connections
+            .get_or_create(&UpstreamLabels {
+                listener: Listener(target),
+                broker: broker.to_string(),
+            })
+            .inc();
+    }
+
+    /// One request with this API key number from a request header: any i16,
+    /// so numbers `kafka-protocol` does not know share the `unknown` series.
+    pub fn request(&self, api_key: i16) {
+        self.request_counter(api_key).inc();
+    }
+
+    fn request_counter(&self, api_key: i16) -> &Counter {
+        let label = ApiKeyLabel::from(api_key);
+        let slot = match label {
+            ApiKeyLabel::Known(key) => self.requests_by_key.get(key as usize),
+            ApiKeyLabel::Unknown => None,
+        };
+        match slot {
+            Some(slot) => slot.get_or_init(|| {
+                self.requests
+                    .get_or_create_owned(&RequestLabels { api_key: label })
+            }),
+            None => self.requests_unknown.get_or_init(|| {
+                self.requests.get_or_create_owned(&RequestLabels {
+                    api_key: ApiKeyLabel::Unknown,
+                })
+            }),
         }
     }
 
-    pub fn inc(&self, name: &'static str, labels: String) {
-        self.add(name, labels, 1);
+    /// `n` batches of `link` got a new producer id.
+    pub fn batches_remapped(&self, link: &str, n: u64) {
+        match self.links.get(link) {
+            Some(l) => l.remapped.inc_by(n),
+            None => self
+                .batches_remapped
+                .get_or_create(&LinkLabels {
+                    link: Arc::from(link),
+                })
+                .inc_by(n),
+        };
     }
 
-    /// Current value (0 when never touched).
-    pub fn get(&self, name: &str, labels: &str) -> i64 {
-        self.values
-            .lock()
-            .map(|v| {
-                v.iter()
-                    .find(|((n, l), _)| *n == name && l == labels)
-                    .map_or(0, |(_, v)| *v)
-            })
-            .unwrap_or(0)
+    /// `n` control batches of `link` were acknowledged without writing.
+    pub fn control_batches_dropped(&self, link: &str, n: u64) {
+        match self.links.get(link) {
+            Some(l) => l.dropped.inc_by(n),
+            None => self
+                .control_batches_dropped
+                .get_or_create(&LinkLabels {
+                    link: Arc::from(link),
+                })
+                .inc_by(n),
+        };
     }
 
+    /// The proxy refused one partition of `link` for `reason` (a fixed label).
+    /// Rare and logged anyway, so the family lookup here is fine.
+    pub fn partition_refused(&self, link: &str, reason: &'static str) {
+        let link = match self.links.get(link) {
+            Some(l) => Arc::clone(&l.name),
+            None => Arc::from(link),
+        };
+        self.partitions_refused
+            .get_or_create(&RefusedLabels { link, reason })
+            .inc();
+    }
+
+    /// Everything, in the Prometheus text format 0.0.4.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let Ok(values) = self.values.lock() else {
-            return out;
-        };
-        for (name, kind, help) in METRICS {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for ((n, labels), value) in values.iter() {
-                if n == name {
-                    if labels.is_empty() {
-                        let _ = writeln!(out, "{name} {value}");
-                    } else {
-                        let _ = writeln!(out, "{name}{{{labels}}} {value}");
-                    }
-                }
-            }
-        }
+        // Writing into a String does not fail; an encoding error would only
+        // cut the output short.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
         out
     }
 }
@@ -122,31 +349,126 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// The value of one sample line `name{labels}`, as tests/support/proxy.rs
+    /// reads it from /metrics.
+    fn sample(text: &str, series: &str) -> Option<i64> {
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)
+                .filter(|rest| rest.starts_with(' '))
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+    }
+
+    fn series_of(text: &str, name: &str) -> usize {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .count()
+    }
+
     #[test]
-    fn renders_prometheus_text() {
-        let m = Metrics::default();
-        m.inc(
-            "kafka_mirror_proxy_requests_total",
-            labels(&[("api_key", "0")]),
-        );
-        m.add(
-            "kafka_mirror_proxy_mirror_batches_remapped_total",
-            labels(&[("link", "a\"b")]),
-            3,
-        );
+    fn renders_prometheus_text_with_todays_names() {
+        let m = Metrics::new(["a\"b", "east"]);
+        m.request(0);
+        m.request(0);
+        m.batches_remapped("a\"b", 3);
+        m.control_batches_dropped("east", 2);
+        m.partition_refused("east", "topic_not_mirrored");
+        m.upstream_connected(Target::Node(1), "127.0.0.1:9092");
+        let conn = m.connection_opened(Target::Node(1));
         let text = m.render();
-        assert!(
-            text.contains("kafka_mirror_proxy_requests_total{api_key=\"0\"} 1\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("kafka_mirror_proxy_mirror_batches_remapped_total{link=\"a\\\"b\"} 3\n"),
-            "{text}"
-        );
-        assert!(text.contains("# TYPE kafka_mirror_proxy_client_connections_active gauge\n"));
+        for line in [
+            "# HELP kafka_mirror_proxy_requests_total Requests received, by API key.\n",
+            "# TYPE kafka_mirror_proxy_requests_total counter\n",
+            "kafka_mirror_proxy_requests_total{api_key=\"0\"} 2\n",
+            "kafka_mirror_proxy_mirror_batches_remapped_total{link=\"a\\\"b\"} 3\n",
+            "kafka_mirror_proxy_mirror_batches_remapped_total{link=\"east\"} 0\n",
+            "kafka_mirror_proxy_mirror_control_batches_dropped_total{link=\"east\"} 2\n",
+            "kafka_mirror_proxy_mirror_partitions_refused_total{link=\"east\",reason=\"topic_not_mirrored\"} 1\n",
+            "kafka_mirror_proxy_upstream_connections_total{listener=\"node-1\",broker=\"127.0.0.1:9092\"} 1\n",
+            "kafka_mirror_proxy_client_connections_total{listener=\"bootstrap\"} 0\n",
+            "kafka_mirror_proxy_client_connections_total{listener=\"node-1\"} 1\n",
+            "# TYPE kafka_mirror_proxy_client_connections_active gauge\n",
+            "kafka_mirror_proxy_client_connections_active{listener=\"node-1\"} 1\n",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        drop(conn);
+        m.connection_closed("client_closed");
+        let text = m.render();
         assert_eq!(
-            m.get("kafka_mirror_proxy_requests_total", "api_key=\"0\""),
-            1
+            sample(
+                &text,
+                "kafka_mirror_proxy_client_connections_active{listener=\"node-1\"}"
+            ),
+            Some(0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "kafka_mirror_proxy_connections_closed_total{reason=\"client_closed\"}"
+            ),
+            Some(1),
+            "{text}"
+        );
+        // No doubled suffix, no OpenMetrics trailer.
+        assert!(!text.contains("_total_total"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn api_keys_unknown_to_kafka_protocol_share_one_series() {
+        let m = Metrics::default();
+        m.request(3);
+        // 4..=7 are gaps in the numbering, 93 is past the end.
+        for key in [9999, -5, i16::MIN, i16::MAX, 4, 7, 93] {
+            m.request(key);
+        }
+        let text = m.render();
+        let name = "kafka_mirror_proxy_requests_total";
+        assert_eq!(
+            sample(&text, &format!("{name}{{api_key=\"unknown\"}}")),
+            Some(7),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, &format!("{name}{{api_key=\"3\"}}")),
+            Some(1),
+            "{text}"
+        );
+        assert_eq!(series_of(&text, name), 2, "{text}");
+
+        // Every i16 there is: at most one series per known key plus `unknown`.
+        for key in i16::MIN..=i16::MAX {
+            m.request(key);
+        }
+        let text = m.render();
+        assert_eq!(series_of(&text, name), ApiKey::iter().count() + 1);
+        assert_eq!(
+            sample(&text, &format!("{name}{{api_key=\"unknown\"}}")),
+            Some(7 + 65_536 - ApiKey::iter().count() as i64),
+        );
+    }
+
+    #[test]
+    fn links_not_configured_are_still_counted() {
+        let m = Metrics::default();
+        m.batches_remapped("late", 4);
+        m.control_batches_dropped("late", 1);
+        let text = m.render();
+        assert_eq!(
+            sample(
+                &text,
+                "kafka_mirror_proxy_mirror_batches_remapped_total{link=\"late\"}"
+            ),
+            Some(4)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "kafka_mirror_proxy_mirror_control_batches_dropped_total{link=\"late\"}"
+            ),
+            Some(1)
         );
     }
 }

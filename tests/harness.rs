@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -23,16 +24,8 @@ fn records(n: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-fn external() -> bool {
-    std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some()
-}
-
 #[test]
 fn two_clusters_produce_consume_dump_restart() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     // Start both at once, as chained-cluster tests will.
     let (a, b) = thread::scope(|s| {
         let a = s.spawn(|| KafkaCluster::start(KafkaOptions::default().cluster_id(ID_A)));
@@ -132,10 +125,6 @@ fn two_clusters_produce_consume_dump_restart() -> Result<()> {
 
 #[test]
 fn sasl_plaintext_needs_the_right_password() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     let security = Security::SaslPlaintext {
         user: "alice".into(),
         password: "alice-secret".into(),
@@ -185,10 +174,6 @@ fn sasl_plaintext_needs_the_right_password() -> Result<()> {
 
 #[test]
 fn ssl_listener_with_pem_certificate() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])?;
     let security = Security::Ssl {
         cert_chain_pem: cert.cert.pem(),
@@ -217,10 +202,6 @@ fn ssl_listener_with_pem_certificate() -> Result<()> {
 
 #[test]
 fn failed_start_reports_the_broker_log() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     // Passes `format`, then fails inside the broker while it starts.
     let t = Instant::now();
     let err = KafkaCluster::start(
@@ -229,6 +210,8 @@ fn failed_start_reports_the_broker_log() -> Result<()> {
     .err()
     .context("start must fail")?;
     let err = format!("{err:#}");
+    // Printed for `kafka_test_bootstrap_does_not_skip_anything` below.
+    eprintln!("first start failed as expected: {err}");
     assert!(
         t.elapsed() < Duration::from_secs(60),
         "took {:?}",
@@ -249,6 +232,36 @@ fn failed_start_reports_the_broker_log() -> Result<()> {
     assert!(
         err.contains("StorageTool format failed") && err.contains("nonsense"),
         "{err}"
+    );
+    Ok(())
+}
+
+/// `KAFKA_TEST_BOOTSTRAP` once pointed the suite at an external cluster, and
+/// every broker test then returned early and was counted as passed. With it
+/// set, a test must still start its own broker: the child run can only show
+/// the broker's own log excerpt if it did.
+#[test]
+fn kafka_test_bootstrap_does_not_skip_anything() -> Result<()> {
+    let test = "failed_start_reports_the_broker_log";
+    let out = Command::new(std::env::current_exe()?)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("KAFKA_TEST_BOOTSTRAP", "127.0.0.1:1")
+        .output()
+        .context("running the harness test binary again")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        out.status.success(),
+        "{test} failed ({}):\n{text}",
+        out.status
+    );
+    ensure!(text.contains("1 passed"), "{test} did not run:\n{text}");
+    ensure!(
+        text.contains("ClassNotFoundException: com.example.NoSuchReporter"),
+        "{test} passed without starting its own broker:\n{text}"
     );
     Ok(())
 }

@@ -608,10 +608,6 @@ fn start_proxy(upstream: &KafkaCluster, env: &[(&str, &str)]) -> Result<ProxyPro
 /// corrupt, oversized and off-link input.
 #[test]
 fn mirror_end_to_end() -> Result<()> {
-    if std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some() {
-        eprintln!("skipped: needs local brokers with chosen cluster ids");
-        return Ok(());
-    }
     let started = Instant::now();
     let [a, b, c] = start_clusters([Some(ID_A), Some(ID_B), Some(ID_C)])?;
     let (ha, hb, hc) = (cluster_hash(ID_A), cluster_hash(ID_B), cluster_hash(ID_C));
@@ -1047,10 +1043,6 @@ fn mirror_end_to_end() -> Result<()> {
 /// A client that uses the link's client id needs the link's certificate.
 #[test]
 fn the_link_client_id_needs_the_link_certificate() -> Result<()> {
-    if std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some() {
-        eprintln!("skipped: needs a local broker");
-        return Ok(());
-    }
     let [d] = start_clusters([None])?;
     let rt = runtime()?;
     create_topics(&rt, &d, &[("t", 1)])?;
@@ -1157,10 +1149,6 @@ fn the_link_client_id_needs_the_link_certificate() -> Result<()> {
 /// into A's region with a valid CRC.
 #[test]
 fn a_java_producer_using_the_link_client_id_is_remapped() -> Result<()> {
-    if std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some() {
-        eprintln!("skipped: needs a local broker");
-        return Ok(());
-    }
     let [d] = start_clusters([None])?;
     let proxy = start_proxy(
         &d,

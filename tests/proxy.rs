@@ -23,24 +23,14 @@ use support::proxy::ProxyProcess;
 use support::tools::{self, props_ref};
 use support::wire::RawClient;
 
-fn external() -> bool {
-    std::env::var_os(support::kafka::EXTERNAL_BOOTSTRAP_ENV).is_some()
-}
-
-/// A local broker with the proxy in front of it, or `None` (the test is
-/// skipped) when the suite runs against an external cluster: these tests
-/// look at the broker's side too.
+/// A local broker with the proxy in front of it.
 fn local_broker_and_proxy(
     options: KafkaOptions,
     proxy_env: &[(&str, &str)],
-) -> Result<Option<(KafkaCluster, ProxyProcess)>> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(None);
-    }
+) -> Result<(KafkaCluster, ProxyProcess)> {
     let broker = KafkaCluster::start(options)?;
     let proxy = ProxyProcess::start(&broker.bootstrap(), proxy_env)?;
-    Ok(Some((broker, proxy)))
+    Ok((broker, proxy))
 }
 
 /// Remembers acknowledged keys and the broker addresses librdkafka reports.
@@ -242,9 +232,7 @@ fn kv(n: usize, tag: &str) -> Vec<(String, String)> {
 
 #[test]
 fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<()> {
-    let Some((_broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
-        return Ok(());
-    };
+    let (_broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
     tools::create_topic(&proxy.bootstrap, "console", 1, &[], &[])?;
     let sent = kv(10_000, "console");
     tools::console_produce_kv(&proxy.bootstrap, "console", &sent, &[("acks", "all")])?;
@@ -273,9 +261,7 @@ fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<(
 
 #[test]
 fn rdkafka_round_trips_binary_records_and_acks0_leaves_nothing_pending() -> Result<()> {
-    let Some((_broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
-        return Ok(());
-    };
+    let (_broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
     tools::create_topic(&proxy.bootstrap, "rd", 1, &[], &[])?;
     tools::create_topic(&proxy.bootstrap, "rd-acks0", 1, &[], &[])?;
     let observer = Observer::default();
@@ -350,9 +336,7 @@ fn rdkafka_round_trips_binary_records_and_acks0_leaves_nothing_pending() -> Resu
 
 #[test]
 fn clients_only_ever_see_and_use_proxy_addresses() -> Result<()> {
-    let Some((broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
-        return Ok(());
-    };
+    let (broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
     let broker_port = broker.port().to_string();
 
     // Kafka's own view of the cluster through the proxy.
@@ -446,9 +430,7 @@ fn clients_only_ever_see_and_use_proxy_addresses() -> Result<()> {
 
 #[test]
 fn idempotent_producer_keeps_its_positive_producer_id() -> Result<()> {
-    let Some((broker, proxy)) = local_broker_and_proxy(KafkaOptions::default(), &[])? else {
-        return Ok(());
-    };
+    let (broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
     tools::create_topic(&proxy.bootstrap, "idem", 1, &[], &[])?;
     tools::console_produce_kv(
         &proxy.bootstrap,
@@ -479,10 +461,6 @@ fn idempotent_producer_keeps_its_positive_producer_id() -> Result<()> {
 
 #[test]
 fn tls_from_clients_to_the_proxy_and_from_the_proxy_to_a_tls_broker() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     let dir = tempfile::tempdir()?;
     let ca = TestCa::new(dir.path())?;
     let broker_cert = ca.server("broker")?;
@@ -540,9 +518,7 @@ fn tls_from_clients_to_the_proxy_and_from_the_proxy_to_a_tls_broker() -> Result<
 #[test]
 fn sasl_plain_authenticates_through_the_proxy() -> Result<()> {
     let options = KafkaOptions::default().sasl_plain("alice", "alice-secret");
-    let Some((broker, proxy)) = local_broker_and_proxy(options, &[])? else {
-        return Ok(());
-    };
+    let (broker, proxy) = local_broker_and_proxy(options, &[])?;
     let good = broker.client_properties();
     tools::create_topic(&proxy.bootstrap, "sasl", 1, &[], &props_ref(&good))?;
     let sent = kv(50, "sasl");
@@ -585,10 +561,6 @@ fn sasl_plain_authenticates_through_the_proxy() -> Result<()> {
 
 #[test]
 fn bad_input_closes_only_that_connection() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     let mut proxy = ProxyProcess::start(
         &broker.bootstrap(),
@@ -702,15 +674,24 @@ fn bad_input_closes_only_that_connection() -> Result<()> {
     ensure!(acked == sent, "acknowledged {acked} of {sent}");
     let got = rd_consume(&proxy.bootstrap, "steady", sent, &Observer::default())?;
     ensure!(got.len() == sent, "read back {} of {sent}", got.len());
+
+    // An API key chosen on the wire gets no series of its own.
+    let (_, metrics) = proxy.admin_get("/metrics")?;
+    ensure!(
+        proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"unknown\"}")? == 1,
+        "api key 9999 must count as unknown:\n{metrics}"
+    );
+    ensure!(!metrics.contains("api_key=\"9999\""), "{metrics}");
+    ensure!(
+        proxy.metric("kafka_mirror_proxy_connections_closed_total{reason=\"frame_too_large\"}")?
+            == 1,
+        "{metrics}"
+    );
     Ok(())
 }
 
 #[test]
 fn producer_recovers_through_the_proxy_when_the_broker_restarts() -> Result<()> {
-    if external() {
-        eprintln!("skipped: needs local brokers");
-        return Ok(());
-    }
     let mut broker = KafkaCluster::start(KafkaOptions::default())?;
     let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
     tools::create_topic(&proxy.bootstrap, "restart", 1, &[], &[])?;

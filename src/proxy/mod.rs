@@ -21,7 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use uuid::Uuid;
 
 use crate::config::Config;
-use crate::metrics::{labels, Metrics};
+use crate::metrics::Metrics;
 use addresses::{Advertised, Learnt};
 use upstream::Upstream;
 
@@ -210,12 +210,6 @@ impl Proxy {
             nodes: Mutex::new(HashMap::new()),
             topic_names: RwLock::new(HashMap::new()),
         });
-        // Make the metric visible before the first connection.
-        shared.metrics.add(
-            "kafka_mirror_proxy_client_connections_total",
-            labels(&[("listener", "bootstrap")]),
-            0,
-        );
         spawn_accept_loop(Arc::clone(&shared), listener, Target::Bootstrap);
         Ok(Proxy {
             shared,

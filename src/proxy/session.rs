@@ -22,7 +22,6 @@ use tokio::sync::mpsc;
 use super::addresses::{self, RewriteError};
 use super::upstream::{BoxStream, ConnectError};
 use super::{Shared, StartError, Target};
-use crate::metrics::labels;
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProduceError, Refusal};
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
@@ -121,17 +120,7 @@ enum Pending {
 
 /// Serve one accepted client connection until either side closes.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
-    let listener = labels(&[("listener", &target.label())]);
-    let m = &shared.metrics;
-    m.inc(
-        "kafka_mirror_proxy_client_connections_total",
-        listener.clone(),
-    );
-    m.add(
-        "kafka_mirror_proxy_client_connections_active",
-        listener.clone(),
-        1,
-    );
+    let active = shared.metrics.connection_opened(target);
     tracing::debug!(%peer, listener = %target.label(), "client connected");
     let reason = match run(&shared, tcp, peer, target).await {
         Ok(()) => {
@@ -151,11 +140,8 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
             e.label()
         }
     };
-    m.add("kafka_mirror_proxy_client_connections_active", listener, -1);
-    m.inc(
-        "kafka_mirror_proxy_connections_closed_total",
-        labels(&[("reason", reason)]),
-    );
+    drop(active);
+    shared.metrics.connection_closed(reason);
 }
 
 fn is_disconnect(e: &std::io::Error) -> bool {
@@ -202,10 +188,7 @@ async fn run(
             (shared.upstream.connect(&addr).await?, addr)
         }
     };
-    shared.metrics.inc(
-        "kafka_mirror_proxy_upstream_connections_total",
-        labels(&[("listener", &target.label()), ("broker", &broker)]),
-    );
+    shared.metrics.upstream_connected(target, &broker);
     tracing::debug!(%peer, %broker, "connected upstream");
 
     let max = shared.config.max_frame_bytes;
@@ -238,10 +221,7 @@ async fn requests(
         .map_err(SessionError::ClientFrame)?
     {
         let h = RequestHeaderPeek::parse(&frame)?;
-        shared.metrics.inc(
-            "kafka_mirror_proxy_requests_total",
-            labels(&[("api_key", &h.api_key.to_string())]),
-        );
+        shared.metrics.request(h.api_key);
         let Ok(api) = ApiKey::try_from(h.api_key) else {
             // Not ours to judge: the broker answers (or closes) as it sees fit.
             send(
@@ -393,13 +373,9 @@ fn produce(
     let plan = produce::plan(&frame, body_offset, version, &link, &|id| {
         shared.topic_name(id)
     })?;
-    let m = &shared.metrics;
-    let link_label = labels(&[("link", link.name())]);
-    m.add(
-        "kafka_mirror_proxy_mirror_batches_remapped_total",
-        link_label,
-        plan.remapped_batches as i64,
-    );
+    shared
+        .metrics
+        .batches_remapped(link.name(), plan.remapped_batches as u64);
     count_local(shared, link.name(), &plan.local);
     if plan.forwarded_partitions == 0 {
         return Ok(ProduceAction {
@@ -430,17 +406,12 @@ fn produce(
 fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
     for l in local {
         match &l.outcome {
-            LocalOutcome::DroppedControl { batches } => shared.metrics.add(
-                "kafka_mirror_proxy_mirror_control_batches_dropped_total",
-                labels(&[("link", link)]),
-                *batches as i64,
-            ),
+            LocalOutcome::DroppedControl { batches } => shared
+                .metrics
+                .control_batches_dropped(link, *batches as u64),
             LocalOutcome::Refused { refusal, message } => {
                 tracing::warn!(link, partition = l.partition, reason = refusal.label(), %message, "refused a mirrored partition");
-                shared.metrics.inc(
-                    "kafka_mirror_proxy_mirror_partitions_refused_total",
-                    labels(&[("link", link), ("reason", refusal.label())]),
-                );
+                shared.metrics.partition_refused(link, refusal.label());
             }
         }
     }

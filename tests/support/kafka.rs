@@ -7,9 +7,11 @@
 //! `sh` watchdog that kills it if the test process dies, so even an aborted
 //! test run leaves no broker behind.
 //!
-//! Set `KAFKA_TEST_BOOTSTRAP=host:port` to point every [`KafkaCluster::start`]
-//! at an already running cluster instead (see [`KafkaCluster::is_external`]).
-//! Set `KAFKA_TEST_KEEP_DIRS=1` to keep broker temp dirs for inspection.
+//! There is no mode that points the tests at an already running cluster:
+//! almost every test needs brokers of its own (chosen cluster ids, several
+//! clusters, restarts, the segment files on disk), and a test that cannot run
+//! must not be counted as passed. Set `KAFKA_TEST_KEEP_DIRS=1` to keep broker
+//! temp dirs for inspection.
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -23,9 +25,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::tools;
-
-/// Environment variable naming an external cluster to use instead of local brokers.
-pub const EXTERNAL_BOOTSTRAP_ENV: &str = "KAFKA_TEST_BOOTSTRAP";
 
 /// The line Kafka logs once the broker is unfenced and its listeners accept.
 const STARTED_MARKER: &str = "Kafka Server started";
@@ -253,15 +252,14 @@ fn base64url_nopad(bytes: &[u8]) -> String {
     out
 }
 
-/// One single-node KRaft Kafka cluster (or a handle on an external one).
+/// One single-node KRaft Kafka cluster.
 /// Dropping it kills the broker (SIGKILL) and deletes its temp dir.
 pub struct KafkaCluster {
     opts: KafkaOptions,
     cluster_id: String,
     bootstrap: String,
     port: u16,
-    /// `None` for an external cluster.
-    local: Option<LocalBroker>,
+    local: LocalBroker,
 }
 
 struct LocalBroker {
@@ -281,18 +279,7 @@ impl KafkaCluster {
     /// Starts a broker and waits until it is ready (log says started, the
     /// client port accepts TCP and answers ApiVersions), or fails with the
     /// tail of the broker log once the process exits or `start_timeout` passes.
-    ///
-    /// If `KAFKA_TEST_BOOTSTRAP` is set, nothing is launched: the handle points
-    /// at that cluster, `cluster_id()` is read from it with `ClusterTool`
-    /// (using `opts.security`'s client properties), and `segment_files`,
-    /// `restart` and `stop` return errors, `log_dirs` panics.
     pub fn start(opts: KafkaOptions) -> Result<KafkaCluster> {
-        if let Some(bootstrap) = std::env::var(EXTERNAL_BOOTSTRAP_ENV)
-            .ok()
-            .filter(|s| !s.trim().is_empty())
-        {
-            return Self::external(opts, bootstrap.trim().to_string());
-        }
         let cluster_id = match &opts.cluster_id {
             Some(id) => {
                 validate_cluster_id(id)?;
@@ -312,12 +299,12 @@ impl KafkaCluster {
             cluster_id,
             bootstrap: String::new(),
             port: 0,
-            local: Some(LocalBroker {
+            local: LocalBroker {
                 dir,
                 controller_port: 0,
                 internal_port: None,
                 process: None,
-            }),
+            },
         };
         // Ports are found by binding port 0 and releasing it, so another
         // process can grab one before the broker binds it: retry on that.
@@ -339,25 +326,6 @@ impl KafkaCluster {
         }
     }
 
-    fn external(opts: KafkaOptions, bootstrap: String) -> Result<KafkaCluster> {
-        let port = bootstrap
-            .split(',')
-            .next()
-            .and_then(|hp| hp.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("{EXTERNAL_BOOTSTRAP_ENV}={bootstrap:?}: no port"))?;
-        let props = opts.security.client_properties();
-        let cluster_id = tools::cluster_id(&bootstrap, &tools::props_ref(&props))
-            .with_context(|| format!("reading cluster id of external cluster {bootstrap}"))?;
-        Ok(KafkaCluster {
-            opts,
-            cluster_id,
-            bootstrap,
-            port,
-            local: None,
-        })
-    }
-
     /// "127.0.0.1:port" of the client listener.
     pub fn bootstrap(&self) -> String {
         self.bootstrap.clone()
@@ -372,14 +340,9 @@ impl KafkaCluster {
         self.port
     }
 
-    /// Port of the (PLAINTEXT) KRaft controller listener; 0 if external.
+    /// Port of the (PLAINTEXT) KRaft controller listener.
     pub fn controller_port(&self) -> u16 {
-        self.local.as_ref().map_or(0, |l| l.controller_port)
-    }
-
-    /// True if this handle points at `KAFKA_TEST_BOOTSTRAP` rather than a local broker.
-    pub fn is_external(&self) -> bool {
-        self.local.is_none()
+        self.local.controller_port
     }
 
     pub fn options(&self) -> &KafkaOptions {
@@ -392,24 +355,22 @@ impl KafkaCluster {
     }
 
     /// The broker's temp dir (server.properties, broker.log, data/).
-    /// Panics for an external cluster.
     pub fn dir(&self) -> &Path {
-        self.local_ref().expect("KafkaCluster::dir").dir.path()
+        self.local.dir.path()
     }
 
-    /// The Kafka `log.dirs` folder. Panics for an external cluster.
+    /// The Kafka `log.dirs` folder.
     pub fn log_dirs(&self) -> PathBuf {
         self.dir().join("data")
     }
 
-    /// The broker's stdout+stderr log file. Panics for an external cluster.
+    /// The broker's stdout+stderr log file.
     pub fn log_path(&self) -> PathBuf {
         self.dir().join("broker.log")
     }
 
     /// Sorted `*.log` segment files of one partition.
     pub fn segment_files(&self, topic: &str, partition: i32) -> Result<Vec<PathBuf>> {
-        self.local_ref()?;
         let dir = self.log_dirs().join(format!("{topic}-{partition}"));
         let mut files: Vec<PathBuf> = fs::read_dir(&dir)
             .with_context(|| format!("listing {}", dir.display()))?
@@ -420,19 +381,14 @@ impl KafkaCluster {
         Ok(files)
     }
 
-    /// The last `n` lines of the broker log (all starts appended), or a note
-    /// if there is none.
+    /// The last `n` lines of the broker log (all starts appended).
     pub fn log_excerpt(&self, n: usize) -> String {
-        match &self.local {
-            Some(_) => tail_lines(&self.log_path(), 0, n),
-            None => "(external cluster: no local broker log)".into(),
-        }
+        tail_lines(&self.log_path(), 0, n)
     }
 
     /// SIGTERM, then wait up to 30 s for a clean exit, then SIGKILL.
     pub fn stop(&mut self) -> Result<()> {
-        let local = self.local_mut()?;
-        if let Some(mut p) = local.process.take() {
+        if let Some(mut p) = self.local.process.take() {
             signal(p.java_pid, "TERM");
             if wait_timeout(&mut p.shell, Duration::from_secs(30))?.is_none() {
                 eprintln!("kafka: broker did not stop within 30 s, killing it");
@@ -452,22 +408,10 @@ impl KafkaCluster {
 
     /// True while the local broker process runs.
     pub fn is_running(&mut self) -> bool {
-        match self.local.as_mut().and_then(|l| l.process.as_mut()) {
+        match self.local.process.as_mut() {
             Some(p) => matches!(p.shell.try_wait(), Ok(None)),
             None => false,
         }
-    }
-
-    fn local_ref(&self) -> Result<&LocalBroker> {
-        self.local.as_ref().ok_or_else(|| {
-            anyhow!("this needs a local broker, not the external {EXTERNAL_BOOTSTRAP_ENV} cluster")
-        })
-    }
-
-    fn local_mut(&mut self) -> Result<&mut LocalBroker> {
-        self.local.as_mut().ok_or_else(|| {
-            anyhow!("this needs a local broker, not the external {EXTERNAL_BOOTSTRAP_ENV} cluster")
-        })
     }
 
     fn pick_ports(&mut self) -> Result<()> {
@@ -475,14 +419,14 @@ impl KafkaCluster {
         let ports = free_ports(if needs_internal { 3 } else { 2 })?;
         self.port = ports[0];
         self.bootstrap = format!("127.0.0.1:{}", self.port);
-        let local = self.local_mut()?;
+        let local = &mut self.local;
         local.controller_port = ports[1];
         local.internal_port = ports.get(2).copied();
         Ok(())
     }
 
     fn write_server_properties(&self) -> Result<()> {
-        let local = self.local_ref()?;
+        let local = &self.local;
         let dir = local.dir.path();
         let (node, cport, port) = (self.opts.node_id, local.controller_port, self.port);
         let client = self.opts.security.listener();
@@ -558,7 +502,7 @@ impl KafkaCluster {
     }
 
     fn format(&self, libs: &Path) -> Result<()> {
-        let dir = self.local_ref()?.dir.path();
+        let dir = self.local.dir.path();
         let cfg = dir.join("server.properties");
         let mut cmd = Command::new(java_bin());
         cmd.args(BROKER_JVM_ARGS)
@@ -656,25 +600,21 @@ exit $rc"#;
             }
             thread::sleep(Duration::from_millis(20));
         };
-        self.local_mut()?.process = Some(BrokerProcess { shell, java_pid });
+        self.local.process = Some(BrokerProcess { shell, java_pid });
 
         let started = Instant::now();
         loop {
             thread::sleep(Duration::from_millis(100));
-            let process = self
-                .local_mut()?
-                .process
-                .as_mut()
-                .expect("process just set");
+            let process = self.local.process.as_mut().expect("process just set");
             if let Some(status) = process.shell.try_wait()? {
-                self.local_mut()?.process = None;
+                self.local.process = None;
                 bail!(
                     "kafka broker exited during start ({status}); {}",
                     log_report(&log, start_offset, 60)
                 );
             }
             if Instant::now() > deadline {
-                if let Some(mut p) = self.local_mut()?.process.take() {
+                if let Some(mut p) = self.local.process.take() {
                     p.kill();
                 }
                 bail!(
@@ -724,7 +664,7 @@ exit $rc"#;
 
 impl Drop for KafkaCluster {
     fn drop(&mut self) {
-        if let Some(mut p) = self.local.as_mut().and_then(|l| l.process.take()) {
+        if let Some(mut p) = self.local.process.take() {
             p.kill();
         }
     }

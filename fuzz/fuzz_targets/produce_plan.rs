@@ -43,9 +43,18 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         let mut patched = BytesMut::from(&frame[..]);
-        plan.apply(&mut patched).expect("a fresh plan applies to its own frame");
-        let changed = frame.iter().zip(patched.iter()).filter(|(a, b)| a != b).count();
-        assert!(changed <= 12 * plan.patches(), "{changed} bytes for {} batches", plan.patches());
+        plan.apply(&mut patched)
+            .expect("a fresh plan applies to its own frame");
+        let changed = frame
+            .iter()
+            .zip(patched.iter())
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(
+            changed <= 12 * plan.patches(),
+            "{changed} bytes for {} batches",
+            plan.patches()
+        );
         for range in plan.patched_batches() {
             assert_eq!(
                 crc_is_valid(&frame[range.clone()]),
@@ -54,10 +63,17 @@ fuzz_target!(|data: &[u8]| {
             );
         }
         if !plan.local.is_empty() && plan.forwarded_partitions > 0 {
-            let reduced = produce::without_local_partitions(&patched.freeze(), offset, version, &plan.local)
-                .expect("a walked request re-emits");
-            let again = produce::refuse_all(&reduced.freeze(), offset, version, Refusal::NotAuthorized, "m")
-                .expect("the re-emitted request walks");
+            let reduced =
+                produce::without_local_partitions(&patched.freeze(), offset, version, &plan.local)
+                    .expect("a walked request re-emits");
+            let again = produce::refuse_all(
+                &reduced.freeze(),
+                offset,
+                version,
+                Refusal::NotAuthorized,
+                "m",
+            )
+            .expect("the re-emitted request walks");
             assert_eq!(again.local.len(), plan.forwarded_partitions);
         }
     }

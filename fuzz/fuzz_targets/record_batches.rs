@@ -14,9 +14,13 @@ fuzz_target!(|data: &[u8]| {
         end = batch.offset + batch.len;
         assert!(end <= data.len());
         let bytes = &data[batch.range()];
-        let Ok(header) = BatchHeader::parse(bytes) else { continue };
+        let Ok(header) = BatchHeader::parse(bytes) else {
+            continue;
+        };
         let new_pid = -(header.producer_id().wrapping_abs() | 1) - 1;
-        let Ok(patch) = plan_producer_id_patch(bytes, new_pid) else { continue };
+        let Ok(patch) = plan_producer_id_patch(bytes, new_pid) else {
+            continue;
+        };
         let mut patched = bytes.to_vec();
         patch.apply(&mut patched).expect("a fresh patch applies");
         let changed = bytes.iter().zip(&patched).filter(|(a, b)| a != b).count();

@@ -38,6 +38,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok((Some(out), _)) = addresses::rewrite(api, version, frame, &adv) {
         let (again, _) = addresses::rewrite(api, version, &out, &adv).expect("walks again");
-        assert!(again.is_none(), "a rewritten response names only proxy addresses");
+        assert!(
+            again.is_none(),
+            "a rewritten response names only proxy addresses"
+        );
     }
 });

@@ -1,6 +1,9 @@
 //! What the Produce filter costs per request, against one full CRC-32C pass
 //! over the same batch: the rewrite must not grow with batch size.
 //!
+//! Also: a local Produce response walked and passed, against the decode and
+//! re-encode it used to get.
+//!
 //! `cargo bench --bench rewrite`
 
 use bytes::{Bytes, BytesMut};
@@ -168,5 +171,66 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A local client's Produce v10+ response: before, decoded and re-encoded
+/// to look for KIP-951 leader endpoints; now walked, and passed untouched
+/// when it names no broker (issue 6, defect 9).
+fn produce_response(c: &mut Criterion) {
+    use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
+    use kafka_protocol::messages::produce_response::{
+        PartitionProduceResponse, TopicProduceResponse,
+    };
+    use kafka_protocol::messages::{ProduceResponse, ResponseHeader};
+    use kafka_protocol::protocol::Decodable;
+    let version = 11;
+    let body = ProduceResponse::default().with_responses(
+        (0..4)
+            .map(|t| {
+                TopicProduceResponse::default()
+                    .with_name(TopicName(StrBytes::from_string(format!("topic-{t}"))))
+                    .with_partition_responses(
+                        (0..8)
+                            .map(|p| {
+                                PartitionProduceResponse::default()
+                                    .with_index(p)
+                                    .with_base_offset(1_000_000 + i64::from(p))
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    );
+    let mut frame = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(9)
+        .encode(&mut frame, ApiKey::Produce.response_header_version(version))
+        .expect("header");
+    body.encode(&mut frame, version).expect("body");
+    let frame = frame.freeze();
+    let adv = Advertised {
+        host: "proxy".into(),
+        port_base: 19093,
+    };
+    let mut group = c.benchmark_group("produce_response_v11_32_partitions");
+    group.bench_function("walk_and_pass", |b| {
+        b.iter(|| {
+            let (out, _) =
+                addresses::rewrite(ApiKey::Produce, version, &frame, &adv).expect("walk");
+            assert!(out.is_none());
+        })
+    });
+    group.bench_function("decode_and_encode", |b| {
+        b.iter(|| {
+            let mut buf = frame.clone();
+            let h = ResponseHeader::decode(&mut buf, 1).expect("header");
+            let r = ProduceResponse::decode(&mut buf, version).expect("decode");
+            let mut out = BytesMut::new();
+            h.encode(&mut out, 1).expect("header");
+            r.encode(&mut out, version).expect("encode");
+            out
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, produce_response);
 criterion_main!(benches);

@@ -4,14 +4,21 @@
 
 use kafka_mirror_proxy::wire::frame::FrameReader;
 use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
 
 const MAX: usize = 64 * 1024;
 
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime")
+    })
+}
+
 fuzz_target!(|data: &[u8]| {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread().build() else {
-        return;
-    };
-    rt.block_on(async {
+    runtime().block_on(async {
         let mut reader = FrameReader::new(data, MAX);
         let mut total = 0;
         while let Ok(Some(frame)) = reader.read_frame().await {

@@ -11,6 +11,19 @@ use kafka_mirror_proxy::mirror::produce::{self, Refusal};
 use kafka_mirror_proxy::wire::batch::crc_is_valid;
 use kafka_mirror_proxy::wire::header::{produce_acks, RequestHeaderPeek};
 use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+/// Built once: compiling the topic regex per input would cost more than
+/// the whole plan.
+fn links() -> &'static [Link; 2] {
+    static LINKS: OnceLock<[Link; 2]> = OnceLock::new();
+    LINKS.get_or_init(|| {
+        [
+            link(ControlBatchPolicy::Drop),
+            link(ControlBatchPolicy::Forward),
+        ]
+    })
+}
 
 fn link(policy: ControlBatchPolicy) -> Link {
     Link::new(
@@ -38,8 +51,8 @@ fuzz_target!(|data: &[u8]| {
         let _ = produce::local_response(h.correlation_id, version, &plan.local);
     }
     let topic_name = |_| Some("orders".to_string());
-    for policy in [ControlBatchPolicy::Drop, ControlBatchPolicy::Forward] {
-        let Ok(plan) = produce::plan(&frame, offset, version, &link(policy), &topic_name) else {
+    for link in links() {
+        let Ok(plan) = produce::plan(&frame, offset, version, link, &topic_name) else {
             continue;
         };
         let mut patched = BytesMut::from(&frame[..]);

@@ -373,6 +373,31 @@ fn clients_only_ever_see_and_use_proxy_addresses() -> Result<()> {
         "Produce and Fetch ranges:\n{versions}"
     );
 
+    // DescribeQuorum names the controllers' listeners, which no client can
+    // reach through the proxy: direct they show, through the proxy they don't.
+    let quorum = |bootstrap: &str| -> Result<String> {
+        let out = tools::java(
+            "org.apache.kafka.tools.MetadataQuorumCommand",
+            &["--bootstrap-server", bootstrap, "describe", "--status"],
+        )?;
+        ensure!(
+            out.status.success(),
+            "MetadataQuorumCommand failed: {out:?}"
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let controller = format!(":{}", broker.controller_port());
+    let direct_quorum = quorum(&broker.bootstrap())?;
+    ensure!(
+        direct_quorum.contains(&controller),
+        "direct, the quorum names the controller listener:\n{direct_quorum}"
+    );
+    let proxied_quorum = quorum(&proxy.bootstrap)?;
+    ensure!(
+        proxied_quorum.contains("LeaderId") && !proxied_quorum.contains(&controller),
+        "through the proxy, the quorum without controller endpoints:\n{proxied_quorum}"
+    );
+
     // librdkafka: every broker it knows of, and every socket it opens.
     tools::create_topic(&proxy.bootstrap, "addr", 1, &[], &[])?;
     let observer = Observer::default();

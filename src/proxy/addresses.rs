@@ -66,19 +66,45 @@ pub struct Learnt {
     pub topics: Vec<(Uuid, String)>,
 }
 
-/// The response schema the proxy walks for `api`, and the structs in it
-/// that hold a node's id, host and port (by path; `""` is the body itself).
-fn endpoints(api: ApiKey) -> Option<(&'static str, &'static [&'static str])> {
+/// Where a response names nodes.
+struct Endpoints {
+    /// The response schema.
+    schema: &'static str,
+    /// Structs holding a node's id, host and port, rewritten to the proxy's
+    /// (by path; `""` is the body itself).
+    swap: &'static [&'static str],
+    /// Structs naming endpoints a client cannot reach through the proxy,
+    /// left out of the response.
+    hide: &'static [&'static str],
+}
+
+const fn swap(schema: &'static str, swap: &'static [&'static str]) -> Endpoints {
+    Endpoints {
+        schema,
+        swap,
+        hide: &[],
+    }
+}
+
+fn endpoints(api: ApiKey) -> Option<Endpoints> {
     Some(match api {
-        ApiKey::Metadata => ("MetadataResponse", &["Brokers"]),
+        ApiKey::Metadata => swap("MetadataResponse", &["Brokers"]),
         // v0-3 name one coordinator in the body, v4+ a list.
-        ApiKey::FindCoordinator => ("FindCoordinatorResponse", &["", "Coordinators"]),
-        ApiKey::DescribeCluster => ("DescribeClusterResponse", &["Brokers"]),
+        ApiKey::FindCoordinator => swap("FindCoordinatorResponse", &["", "Coordinators"]),
+        ApiKey::DescribeCluster => swap("DescribeClusterResponse", &["Brokers"]),
         // KIP-951: leader endpoints when a leader moved.
-        ApiKey::Produce => ("ProduceResponse", &["NodeEndpoints"]),
-        ApiKey::Fetch => ("FetchResponse", &["NodeEndpoints"]),
-        ApiKey::ShareFetch => ("ShareFetchResponse", &["NodeEndpoints"]),
-        ApiKey::ShareAcknowledge => ("ShareAcknowledgeResponse", &["NodeEndpoints"]),
+        ApiKey::Produce => swap("ProduceResponse", &["NodeEndpoints"]),
+        ApiKey::Fetch => swap("FetchResponse", &["NodeEndpoints"]),
+        ApiKey::ShareFetch => swap("ShareFetchResponse", &["NodeEndpoints"]),
+        ApiKey::ShareAcknowledge => swap("ShareAcknowledgeResponse", &["NodeEndpoints"]),
+        // v2+ lists every controller's listeners. Controllers are not
+        // brokers: the proxy has no port for them and a client could not
+        // reach them through it, so the quorum is described without them.
+        ApiKey::DescribeQuorum => Endpoints {
+            schema: "DescribeQuorumResponse",
+            swap: &[],
+            hide: &["Nodes"],
+        },
         _ => return None,
     })
 }
@@ -88,6 +114,7 @@ pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
     match api {
         ApiKey::Produce => version >= 10,
         ApiKey::Fetch => version >= 16,
+        ApiKey::DescribeQuorum => version >= 2,
         _ => endpoints(api).is_some(),
     }
 }
@@ -97,7 +124,7 @@ pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
 pub fn parseable_versions(api: ApiKey) -> Option<(i16, i16)> {
     let name = match api {
         ApiKey::ApiVersions => "ApiVersionsResponse",
-        _ => endpoints(api)?.0,
+        _ => endpoints(api)?.schema,
     };
     let m = schema::message(name).ok()?;
     Some((m.valid.min, m.valid.max))
@@ -127,6 +154,7 @@ fn body_start(api: ApiKey, version: i16, frame: &[u8]) -> Result<usize, RewriteE
 struct SwapAddresses<'a> {
     adv: &'a Advertised,
     structs: &'static [&'static str],
+    hide: &'static [&'static str],
     learnt: Learnt,
     node: i32,
     host: String,
@@ -197,6 +225,10 @@ impl Visitor for SwapAddresses<'_> {
     }
 
     fn leave(&mut self, field: &Field) -> bool {
+        if self.hide.contains(&field.path.as_str()) {
+            self.changes = true;
+            return false;
+        }
         if field.path == "Topics" {
             if let (Some(name), id) = std::mem::take(&mut self.topic) {
                 if !id.is_nil() {
@@ -217,10 +249,10 @@ pub fn rewrite(
     frame: &[u8],
     adv: &Advertised,
 ) -> Result<(Option<BytesMut>, Learnt), RewriteError> {
-    let Some((name, structs)) = endpoints(api) else {
+    let Some(spec) = endpoints(api) else {
         return Ok((None, Learnt::default()));
     };
-    let msg = schema_for(api, version, name)?;
+    let msg = schema_for(api, version, spec.schema)?;
     let start = body_start(api, version, frame)?;
     let decode_err = |e: WalkError| RewriteError::Decode {
         api,
@@ -229,7 +261,8 @@ pub fn rewrite(
     };
     let mut v = SwapAddresses {
         adv,
-        structs,
+        structs: spec.swap,
+        hide: spec.hide,
         learnt: Learnt::default(),
         node: -1,
         host: String::new(),
@@ -649,6 +682,90 @@ mod tests {
                 ("proxy.example", 19000)
             );
         }
+    }
+
+    #[test]
+    fn fetch_v16_and_later_leader_endpoints_point_at_the_proxy() {
+        use kafka_protocol::messages::fetch_response::{
+            FetchableTopicResponse, NodeEndpoint, PartitionData,
+        };
+        use kafka_protocol::messages::FetchResponse;
+        for version in 16..=FetchResponse::VERSIONS.max {
+            let body = FetchResponse::default()
+                .with_responses(vec![FetchableTopicResponse::default()
+                    .with_topic_id(Uuid::from_u128(9))
+                    .with_partitions(vec![PartitionData::default()
+                        .with_partition_index(0)
+                        .with_error_code(6)
+                        .with_records(Some(Bytes::from_static(b"opaque records")))])])
+                .with_node_endpoints(vec![NodeEndpoint::default()
+                    .with_node_id(BrokerId(3))
+                    .with_host(StrBytes::from_static_str("b3"))
+                    .with_port(9092)]);
+            let (out, learnt) = rewrite(
+                ApiKey::Fetch,
+                version,
+                &frame(ApiKey::Fetch, version, &body),
+                &adv(),
+            )
+            .expect("rewrite");
+            let (_, d) =
+                decode::<FetchResponse>(ApiKey::Fetch, version, &out.expect("rewritten").freeze())
+                    .expect("decode");
+            assert_eq!(
+                (d.node_endpoints[0].host.as_str(), d.node_endpoints[0].port),
+                ("proxy.example", 19003),
+                "v{version}"
+            );
+            assert_eq!(
+                d.responses[0].partitions[0].records.as_deref(),
+                Some(&b"opaque records"[..])
+            );
+            assert_eq!(learnt.brokers, vec![(3, "b3".into(), 9092)]);
+        }
+    }
+
+    #[test]
+    fn describe_quorum_hides_controller_endpoints() {
+        use kafka_protocol::messages::describe_quorum_response::{
+            Listener, Node, PartitionData, ReplicaState, TopicData,
+        };
+        use kafka_protocol::messages::DescribeQuorumResponse;
+        let body = DescribeQuorumResponse::default()
+            .with_topics(vec![TopicData::default()
+                .with_topic_name(TopicName(StrBytes::from_static_str("__cluster_metadata")))
+                .with_partitions(vec![PartitionData::default()
+                    .with_leader_id(BrokerId(1))
+                    .with_current_voters(vec![ReplicaState::default()
+                        .with_replica_id(BrokerId(1))
+                        .with_log_end_offset(77)])])])
+            .with_nodes(vec![Node::default()
+                .with_node_id(BrokerId(1))
+                .with_listeners(vec![Listener::default()
+                    .with_name(StrBytes::from_static_str("CONTROLLER"))
+                    .with_host(StrBytes::from_static_str("10.9.9.9"))
+                    .with_port(9093)])]);
+        let (out, learnt) = rewrite(
+            ApiKey::DescribeQuorum,
+            2,
+            &frame(ApiKey::DescribeQuorum, 2, &body),
+            &adv(),
+        )
+        .expect("rewrite");
+        let (_, d) = decode::<DescribeQuorumResponse>(
+            ApiKey::DescribeQuorum,
+            2,
+            &out.expect("rewritten").freeze(),
+        )
+        .expect("decode");
+        assert!(d.nodes.is_empty());
+        assert_eq!(
+            d.topics[0].partitions[0].current_voters[0].log_end_offset,
+            77
+        );
+        assert!(learnt.brokers.is_empty(), "controllers get no proxy port");
+        // v0-1 name no endpoints: nothing to do.
+        assert!(!carries_addresses(ApiKey::DescribeQuorum, 1));
     }
 
     #[test]

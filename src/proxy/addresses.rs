@@ -165,15 +165,14 @@ struct SwapAddresses<'a> {
 }
 
 impl SwapAddresses<'_> {
-    fn endpoint_field<'p>(&self, path: &'p str) -> Option<&'p str> {
-        let (parent, name) = path.rsplit_once('.').unwrap_or(("", path));
-        self.structs.contains(&parent).then_some(name)
+    fn endpoint_field<'f>(&self, field: &'f Field) -> Option<&'f str> {
+        self.structs.contains(&field.parent()).then(|| field.name())
     }
 }
 
 impl Visitor for SwapAddresses<'_> {
     fn value(&mut self, field: &Field, value: Value<'_>) -> Edit {
-        if let Some(name) = self.endpoint_field(&field.path) {
+        if let Some(name) = self.endpoint_field(field) {
             match (name, value) {
                 ("NodeId" | "BrokerId", Value::Int(id)) => self.node = id as i32,
                 ("Host", Value::Str(host)) if self.node >= 0 => {

@@ -83,6 +83,8 @@ pub struct Field {
     /// Field names from the message root, joined with `.`, e.g.
     /// `TopicData.PartitionData.Records`.
     pub path: String,
+    /// Where the last path component starts in `path`.
+    name_at: usize,
     pub ty: Type,
     pub versions: Versions,
     pub nullable: Versions,
@@ -91,9 +93,27 @@ pub struct Field {
 }
 
 impl Field {
+    /// A field with no definition behind it (for errors in framing that
+    /// belongs to no field, e.g. a tagged-field header).
+    pub fn synthetic(path: &str) -> Field {
+        Field {
+            path: path.to_string(),
+            name_at: 0,
+            ty: Type::Bool,
+            versions: Versions::NONE,
+            nullable: Versions::NONE,
+            tag: None,
+        }
+    }
+
     /// The last path component.
     pub fn name(&self) -> &str {
-        self.path.rsplit('.').next().unwrap_or(&self.path)
+        &self.path[self.name_at..]
+    }
+
+    /// The path of the struct holding the field (`""` at the top level).
+    pub fn parent(&self) -> &str {
+        &self.path[..self.name_at.saturating_sub(1)]
     }
 
     /// Present in the regular (untagged) sequence at `version`.
@@ -273,10 +293,10 @@ fn parse_fields(
 fn parse_field(f: &Json, prefix: &str, common: &HashMap<String, Json>) -> Result<Field, String> {
     let get = |k: &str| f.get(k).and_then(Json::as_str);
     let name = get("name").ok_or("field without a name")?;
-    let path = if prefix.is_empty() {
-        name.to_string()
+    let (path, name_at) = if prefix.is_empty() {
+        (name.to_string(), 0)
     } else {
-        format!("{prefix}.{name}")
+        (format!("{prefix}.{name}"), prefix.len() + 1)
     };
     let type_name = get("type").ok_or_else(|| format!("{path}: no type"))?;
     let versions = Versions::parse(get("versions").ok_or_else(|| format!("{path}: no versions"))?)?;
@@ -300,6 +320,7 @@ fn parse_field(f: &Json, prefix: &str, common: &HashMap<String, Json>) -> Result
     let ty = parse_type(type_name, f, &path, common)?;
     Ok(Field {
         path,
+        name_at,
         ty,
         versions,
         nullable,
@@ -405,6 +426,24 @@ mod tests {
                 "TopicData.PartitionData"
             ]
         );
+    }
+
+    #[test]
+    fn names_and_parents() {
+        let m = message("MetadataResponse").expect("schema");
+        let brokers = m
+            .fields
+            .iter()
+            .find(|f| f.path == "Brokers")
+            .expect("Brokers");
+        assert_eq!((brokers.name(), brokers.parent()), ("Brokers", ""));
+        let Type::Array(inner) = &brokers.ty else {
+            panic!("array")
+        };
+        let Type::Struct(fields) = inner.as_ref() else {
+            panic!("of structs")
+        };
+        assert_eq!((fields[1].name(), fields[1].parent()), ("Host", "Brokers"));
     }
 
     #[test]

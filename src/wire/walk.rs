@@ -269,27 +269,21 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
     }
 
     fn tagged(&mut self, fields: &[Field]) -> Result<(), WalkError> {
-        let none = Field {
-            path: "(tagged fields)".into(),
-            ty: Type::Bool,
-            versions: super::schema::Versions::NONE,
-            nullable: super::schema::Versions::NONE,
-            tag: None,
-        };
+        let none = tagged_header();
         let start = self.pos;
-        let count = self.uvarint(&none)?;
-        self.check_count(&none, start, u64::from(count))?;
+        let count = self.uvarint(none)?;
+        self.check_count(none, start, u64::from(count))?;
         self.copy(start);
         for _ in 0..count {
             let head = self.pos;
-            let tag = self.uvarint(&none)?;
-            let size = self.uvarint(&none)?;
+            let tag = self.uvarint(none)?;
+            let size = self.uvarint(none)?;
             let known = fields
                 .iter()
                 .find(|f| f.tagged_at(self.version) && f.tag.map(|t| t.0) == Some(tag));
             let Some(f) = known else {
                 // Unknown to this schema: kept byte for byte.
-                self.take(&none, u64::from(size))?;
+                self.take(none, u64::from(size))?;
                 self.copy(head);
                 continue;
             };
@@ -552,6 +546,12 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
         self.out.extend_from_slice(s.as_bytes());
         Ok(())
     }
+}
+
+/// Stands for the framing of a tagged-field section in errors.
+fn tagged_header() -> &'static Field {
+    static FIELD: std::sync::OnceLock<Field> = std::sync::OnceLock::new();
+    FIELD.get_or_init(|| Field::synthetic("(tagged fields)"))
 }
 
 /// Append an unsigned varint.

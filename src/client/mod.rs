@@ -146,8 +146,8 @@ impl Client {
     /// `topic_errors`, not failed.
     pub async fn metadata(&self, topics: Option<&[&str]>) -> Result<ClusterInfo, ClientError> {
         let topics: Option<Vec<String>> = topics.map(|t| t.iter().map(|s| s.to_string()).collect());
-        self.retrying("metadata", async || self.refresh(topics.as_deref()).await)
-            .await
+        let topics = topics.as_deref();
+        self.retrying("metadata", || self.refresh(topics)).await
     }
 
     /// The brokers of the cluster.
@@ -158,9 +158,9 @@ impl Client {
     /// One topic's partitions and leaders; retried while the topic is
     /// unknown (e.g. just created) until the operation timeout.
     pub async fn topic(&self, name: &str) -> Result<TopicInfo, ClientError> {
-        let asked = [name.to_string()];
-        self.retrying(&format!("metadata of {name}"), async || {
-            let info = self.refresh(Some(&asked)).await?;
+        let asked = &[name.to_string()];
+        self.retrying(&format!("metadata of {name}"), || async move {
+            let info = self.refresh(Some(asked)).await?;
             if let Some((_, code)) = info.topic_errors.iter().find(|(n, _)| n == name) {
                 return Err(ClientError::Kafka {
                     context: format!("metadata of {name}"),
@@ -183,7 +183,7 @@ impl Client {
     /// Create a topic. An existing topic is reported, not failed.
     pub async fn create_topic(&self, topic: &NewTopic) -> Result<Created, ClientError> {
         let timeout_ms = millis_i32(self.inner.config.request_timeout * 9 / 10);
-        self.retrying(&format!("create topic {}", topic.name), async || {
+        self.retrying(&format!("create topic {}", topic.name), || async move {
             // KRaft brokers forward to the controller; its own broker is
             // the shortest path when Metadata named it.
             let controller = lock(&self.inner.cluster).controller_address();
@@ -203,7 +203,7 @@ impl Client {
         topic: &str,
         keys: &[&str],
     ) -> Result<BTreeMap<String, Option<String>>, ClientError> {
-        self.retrying(&format!("describe configs of {topic}"), async || {
+        self.retrying(&format!("describe configs of {topic}"), || async move {
             let (_, r) = self
                 .call_any(None, |_| {
                     Ok(protocol::describe_topic_config_request(topic, keys))
@@ -278,7 +278,8 @@ impl Client {
         records: Bytes,
     ) -> Result<Produced, ClientError> {
         let timeout_ms = millis_i32(self.inner.config.request_timeout * 9 / 10);
-        self.retrying(&format!("produce to {topic}-{partition}"), async || {
+        let records = &records;
+        self.retrying(&format!("produce to {topic}-{partition}"), || async move {
             let leader = self.leader(topic, partition).await?;
             let to = partition_ref(topic, partition, &leader);
             let (version, r) = self
@@ -303,7 +304,7 @@ impl Client {
         max_wait: Duration,
     ) -> Result<Fetched, ClientError> {
         let wait_ms = millis_i32(max_wait);
-        self.retrying(&format!("fetch from {topic}-{partition}"), async || {
+        self.retrying(&format!("fetch from {topic}-{partition}"), || async move {
             let leader = self.leader(topic, partition).await?;
             let from = partition_ref(topic, partition, &leader);
             let (version, r) = self
@@ -326,7 +327,7 @@ impl Client {
         let timeout_ms = millis_i32(self.inner.config.request_timeout * 9 / 10);
         self.retrying(
             &format!("list offsets of {topic}-{partition}"),
-            async || {
+            || async move {
                 let leader = self.leader(topic, partition).await?;
                 let of = partition_ref(topic, partition, &leader);
                 let (_, r) = self
@@ -342,11 +343,15 @@ impl Client {
 
     /// Run `attempt` until it succeeds, fails for good, or the operation
     /// timeout leaves no room for another try.
-    async fn retrying<T>(
-        &self,
-        op: &str,
-        mut attempt: impl AsyncFnMut() -> Result<T, ClientError>,
-    ) -> Result<T, ClientError> {
+    ///
+    /// (A closure returning a future rather than an async closure: the
+    /// futures of async closures are not provably `Send` yet, and the
+    /// client's operations must run in spawned tasks.)
+    async fn retrying<T, F, Fut>(&self, op: &str, mut attempt: F) -> Result<T, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
         let config = &self.inner.config;
         let start = Instant::now();
         let mut backoff = config.retry_backoff;
@@ -486,5 +491,38 @@ fn partition_ref<'a>(topic: &'a str, partition: i32, leader: &Leader) -> Partiti
         topic_id: leader.topic_id,
         partition,
         leader_epoch: leader.leader_epoch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// The operations can run in spawned tasks (the state store, the
+    /// failover task).
+    #[test]
+    fn operation_futures_are_send() {
+        let upstream = Upstream {
+            tls: None,
+            server_name: None,
+            timeout: Duration::from_secs(1),
+        };
+        let client = Client::new(ClientConfig::new(vec!["127.0.0.1:1".into()], upstream));
+        let topic = NewTopic {
+            name: "t".into(),
+            partitions: 1,
+            replication_factor: 1,
+            configs: Vec::new(),
+        };
+        assert_send(&client.metadata(None));
+        assert_send(&client.topic("t"));
+        assert_send(&client.create_topic(&topic));
+        assert_send(&client.describe_topic_config("t", &[]));
+        assert_send(&client.ensure_compacted_topic("t", 1));
+        assert_send(&client.produce("t", 0, Bytes::new()));
+        assert_send(&client.fetch("t", 0, 0, 1, Duration::ZERO));
+        assert_send(&client.list_offset("t", 0, OffsetSpec::Latest));
     }
 }

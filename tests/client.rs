@@ -31,9 +31,11 @@ use uuid::Uuid;
 use kafka_mirror_proxy::client::protocol::{NewTopic, OffsetSpec, Produced};
 use kafka_mirror_proxy::client::sasl::{Credentials, Mechanism};
 use kafka_mirror_proxy::client::{Client, ClientConfig, ClientError, CompactedTopic};
+use kafka_mirror_proxy::config::Config;
 use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::wire::batch::{self, NewBatch, NewRecord};
-use support::kafka::{KafkaCluster, KafkaOptions};
+use support::certs::TestCa;
+use support::kafka::{KafkaCluster, KafkaOptions, Security};
 
 const T0: i64 = 1_700_000_000_000;
 
@@ -357,6 +359,60 @@ fn sasl_plain_and_scram_with_right_and_wrong_credentials() -> Result<()> {
                 if matches!(*last, ClientError::Closed { .. } | ClientError::Io { .. } | ClientError::Frame { .. }) => {}
             other => bail!("expected the broker to hang up, got {other:?}"),
         }
+        Ok(())
+    })
+}
+
+#[test]
+fn tls_to_the_brokers_from_the_proxys_configuration() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ca = TestCa::new(dir.path())?;
+    let cert = ca.server("broker")?;
+    let broker = KafkaCluster::start(KafkaOptions::default().security(Security::Ssl {
+        cert_chain_pem: format!("{}{}", cert.cert, ca.cert_pem),
+        key_pem: cert.key.clone(),
+    }))?;
+    let vars = |tls: bool| {
+        let mut v: std::collections::HashMap<String, String> = [
+            ("MIRROR_PROXY_BOOTSTRAP_SERVERS", broker.bootstrap()),
+            ("MIRROR_PROXY_LISTEN", "127.0.0.1:0".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        if tls {
+            v.insert("MIRROR_PROXY_UPSTREAM_TLS".into(), "true".into());
+            v.insert(
+                "MIRROR_PROXY_UPSTREAM_TLS_CA".into(),
+                ca.cert_path.to_string_lossy().into_owned(),
+            );
+        }
+        v
+    };
+    let config = Config::from_vars(&vars(true)).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let client = Client::new(ClientConfig::from_config(&config)?);
+    runtime()?.block_on(async {
+        client.create_topic(&topic("secure", &[])).await?;
+        let sent = keyed_batch(&[("k", "over TLS")], T0);
+        ensure!(base_offset(client.produce("secure", 0, sent.clone()).await?)? == 0);
+        let fetched = client
+            .fetch("secure", 0, 0, 1 << 20, Duration::ZERO)
+            .await?;
+        ensure!(
+            fetched.records.len() == sent.len() && fetched.records[16..] == sent[16..],
+            "fetched records differ"
+        );
+
+        // Without UPSTREAM_TLS the broker never answers in Kafka's framing.
+        let plain = Config::from_vars(&vars(false)).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut plain = ClientConfig::from_config(&plain)?;
+        plain.request_timeout = Duration::from_secs(2);
+        plain.operation_timeout = Duration::from_secs(1);
+        let e = Client::new(plain)
+            .brokers()
+            .await
+            .expect_err("plaintext to TLS");
+        ensure!(matches!(e, ClientError::GaveUp { .. }), "{e}");
         Ok(())
     })
 }

@@ -500,6 +500,36 @@ mod tests {
 
     fn assert_send<T: Send>(_: &T) {}
 
+    #[test]
+    fn configured_from_the_proxys_variables() {
+        let vars: std::collections::HashMap<String, String> = [
+            ("BOOTSTRAP_SERVERS", "b1:9092,b2:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("MAX_FRAME_BYTES", "2048"),
+            ("CONNECT_TIMEOUT_MS", "1500"),
+            ("UPSTREAM_SASL_MECHANISM", "SCRAM-SHA-256"),
+            ("UPSTREAM_SASL_USERNAME", "proxy"),
+            ("UPSTREAM_SASL_PASSWORD", "secret"),
+        ]
+        .iter()
+        .map(|(k, v)| (format!("{}{k}", crate::config::PREFIX), v.to_string()))
+        .collect();
+        let config = Config::from_vars(&vars).expect("valid");
+        let c = ClientConfig::from_config(&config).expect("client config");
+        assert_eq!(c.bootstrap, ["b1:9092", "b2:9092"]);
+        assert_eq!(c.max_frame_bytes, 2048);
+        assert_eq!(c.upstream.timeout, Duration::from_millis(1500));
+        assert!(c.upstream.tls.is_none());
+        assert_eq!(
+            c.sasl,
+            Some(sasl::Credentials {
+                mechanism: sasl::Mechanism::ScramSha256,
+                username: "proxy".into(),
+                password: "secret".into(),
+            })
+        );
+    }
+
     /// The operations can run in spawned tasks (the state store, the
     /// failover task).
     #[test]

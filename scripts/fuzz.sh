@@ -2,7 +2,7 @@
 # Fuzz every parser that reads bytes from clients or brokers (cargo-fuzz,
 # nightly toolchain). Each target starts from the seeds in fuzz/seeds/<target>
 # (captured from real clients and a real broker, see tests/real_traffic.rs)
-# and keeps what it finds in fuzz/corpus/<target> (not committed).
+# and fuzz/seeds-manual/<target> (written by hand) and keeps what it finds in fuzz/corpus/<target> (not committed).
 #
 #   scripts/fuzz.sh [SECONDS]            every target for SECONDS each (default 30)
 #   scripts/fuzz.sh --target NAME [SEC]  one target
@@ -20,7 +20,7 @@ if [ "${1:-}" = "--seeds" ]; then
     exit 0
 fi
 
-targets="frame request_header produce_plan responses record_batches schema_walk"
+targets="frame request_header produce_plan responses record_batches schema_walk client_responses"
 if [ "${1:-}" = "--target" ]; then
     targets=$2
     shift 2
@@ -40,7 +40,12 @@ for t in $targets; do
     echo "fuzz: $t for ${seconds}s"
     # -rss_limit_mb: the proxy must never need much memory for one input;
     # -max_len: room for real Produce requests from the seeds.
-    cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+    # fuzz/seeds-manual/<target>: hand-written seeds for what the capture
+    # cannot see (kept apart, since --seeds rewrites fuzz/seeds).
+    manual=""
+    if [ -d "fuzz/seeds-manual/$t" ]; then manual="fuzz/seeds-manual/$t"; fi
+    # shellcheck disable=SC2086
+    cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" $manual -- \
         -max_total_time="$seconds" -rss_limit_mb=512 -max_len=65536 \
         -print_final_stats=1 2>&1 | grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|==|SUMMARY|artifact_prefix|Test unit written)|panicked|ERROR' || true
     if ls "fuzz/artifacts/$t"/crash-* "fuzz/artifacts/$t"/oom-* "fuzz/artifacts/$t"/leak-* >/dev/null 2>&1; then

@@ -16,6 +16,7 @@ use regex::Regex;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+use crate::client::sasl::{Credentials, Mechanism};
 use crate::mirror::link::{ControlBatchPolicy, Link, Links};
 use crate::mirror::pid::ClusterId;
 
@@ -97,6 +98,9 @@ pub struct Config {
     pub log_format: LogFormat,
     pub client_tls: Option<ClientTls>,
     pub upstream_tls: Option<UpstreamTls>,
+    /// SASL for the proxy's own broker connections (`client`); user
+    /// connections authenticate themselves through the proxy.
+    pub upstream_sasl: Option<Credentials>,
     pub links: Links,
 }
 
@@ -112,6 +116,7 @@ impl fmt::Debug for Config {
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("client_tls", &self.client_tls.is_some())
             .field("upstream_tls", &self.upstream_tls.is_some())
+            .field("upstream_sasl", &self.upstream_sasl)
             .field("links", &self.links.names())
             .finish()
     }
@@ -137,6 +142,9 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("UPSTREAM_TLS_CERT", "(none)", "PEM client certificate chain presented to the brokers."),
     ("UPSTREAM_TLS_KEY", "(none)", "PEM private key for UPSTREAM_TLS_CERT."),
     ("UPSTREAM_TLS_SERVER_NAME", "(broker host)", "Name the broker certificates are verified against, instead of the advertised broker host."),
+    ("UPSTREAM_SASL_MECHANISM", "(none)", "SASL for the proxy's own connections to the brokers (state topic, failover barrier): `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`. Client connections always pass their own SASL through."),
+    ("UPSTREAM_SASL_USERNAME", "(required with UPSTREAM_SASL_MECHANISM)", "User name for UPSTREAM_SASL_MECHANISM."),
+    ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
@@ -376,6 +384,7 @@ impl Config {
 
         let client_tls = Self::client_tls(&mut env);
         let upstream_tls = Self::upstream_tls(&mut env);
+        let upstream_sasl = Self::upstream_sasl(&mut env);
         let links = Self::links(&mut env, client_tls.as_ref(), true);
 
         if env.problems.is_empty() {
@@ -391,6 +400,7 @@ impl Config {
                 log_format,
                 client_tls,
                 upstream_tls,
+                upstream_sasl,
                 links,
             })
         } else {
@@ -479,6 +489,52 @@ impl Config {
             ca: ca?,
             client_cert,
             server_name,
+        })
+    }
+
+    fn upstream_sasl(env: &mut Env<'_>) -> Option<Credentials> {
+        let mechanism = env.parse(
+            "UPSTREAM_SASL_MECHANISM",
+            "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
+            |s| s.parse::<Mechanism>().ok(),
+        );
+        let mechanism_set = env.raw("UPSTREAM_SASL_MECHANISM").is_some();
+        let username = env.raw("UPSTREAM_SASL_USERNAME");
+        // Untrimmed: spaces may belong to a password. Its value never goes
+        // into a problem report.
+        let password = env
+            .vars
+            .get(&format!("{PREFIX}UPSTREAM_SASL_PASSWORD"))
+            .filter(|p| !p.is_empty())
+            .cloned();
+        if !mechanism_set {
+            if username.is_some() || password.is_some() {
+                env.problem(
+                    "UPSTREAM_SASL_MECHANISM",
+                    None,
+                    "a SASL mechanism (`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`), because MIRROR_PROXY_UPSTREAM_SASL_USERNAME or _PASSWORD is set",
+                );
+            }
+            return None;
+        }
+        if username.is_none() {
+            env.problem(
+                "UPSTREAM_SASL_USERNAME",
+                None,
+                "the SASL user name, because MIRROR_PROXY_UPSTREAM_SASL_MECHANISM is set",
+            );
+        }
+        if password.is_none() {
+            env.problem(
+                "UPSTREAM_SASL_PASSWORD",
+                None,
+                "the SASL password, because MIRROR_PROXY_UPSTREAM_SASL_MECHANISM is set",
+            );
+        }
+        Some(Credentials {
+            mechanism: mechanism?,
+            username: username?,
+            password: password?,
         })
     }
 
@@ -733,6 +789,64 @@ mod tests {
                 "README lacks the default of {PREFIX}{name}: {default}"
             );
         }
+    }
+
+    #[test]
+    fn upstream_sasl_credentials() {
+        let base = [
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+        ];
+        let with = |extra: &[(&str, &str)]| {
+            let mut all = base.to_vec();
+            all.extend_from_slice(extra);
+            vars(&all)
+        };
+        let c = Config::from_vars(&with(&[
+            ("UPSTREAM_SASL_MECHANISM", "scram-sha-512"),
+            ("UPSTREAM_SASL_USERNAME", "proxy"),
+            ("UPSTREAM_SASL_PASSWORD", " pass word "),
+        ]))
+        .expect("valid");
+        assert_eq!(
+            c.upstream_sasl,
+            Some(Credentials {
+                mechanism: Mechanism::ScramSha512,
+                username: "proxy".into(),
+                password: " pass word ".into(),
+            })
+        );
+        assert!(!format!("{c:?}").contains("pass word"));
+        assert!(Config::from_vars(&with(&[]))
+            .expect("valid")
+            .upstream_sasl
+            .is_none());
+
+        // Every problem at once, and the password is never echoed.
+        let p = match Config::from_vars(&with(&[
+            ("UPSTREAM_SASL_MECHANISM", "GSSAPI"),
+            ("UPSTREAM_SASL_PASSWORD", "hunter2"),
+        ])) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e,
+        };
+        let vars: Vec<&str> = p.0.iter().map(|p| p.variable.as_str()).collect();
+        assert_eq!(
+            vars,
+            [
+                "MIRROR_PROXY_UPSTREAM_SASL_MECHANISM",
+                "MIRROR_PROXY_UPSTREAM_SASL_USERNAME"
+            ]
+        );
+        assert!(p.0[0].expected.contains("SCRAM-SHA-256"));
+        assert!(!p.to_string().contains("hunter2"), "{p}");
+
+        let p = match Config::from_vars(&with(&[("UPSTREAM_SASL_USERNAME", "proxy")])) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e,
+        };
+        assert_eq!(p.0.len(), 1);
+        assert_eq!(p.0[0].variable, "MIRROR_PROXY_UPSTREAM_SASL_MECHANISM");
     }
 
     #[test]

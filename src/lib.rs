@@ -1,10 +1,12 @@
 //! kafka-mirror-proxy: a Kafka wire-protocol proxy placed in front of the
 //! destination brokers of a cross-cluster mirror.
 //!
-//! Pure modules first (`wire`, `mirror`), I/O last (`proxy`, `admin`). See
-//! the README's architecture section for a request's path through them.
+//! Pure modules first (`wire`, `mirror`), I/O last (`proxy`, `client`,
+//! `admin`). See the README's architecture section for a request's path
+//! through them.
 
 pub mod admin;
+pub mod client;
 pub mod config;
 pub mod metrics;
 pub mod mirror;

@@ -1,7 +1,8 @@
 //! Real clients talking to a real broker through a recording relay: every
 //! request and response the proxy interprets must walk with Kafka's schemas,
 //! re-emit cleanly with proxy addresses, and (for Produce on a link) plan a
-//! remap of every batch. The same traffic seeds the fuzz corpora: set
+//! remap of every batch. The responses the proxy's own client also reads
+//! must decode as it decodes them. The same traffic seeds the fuzz corpora: set
 //! `FUZZ_SEEDS_DIR=fuzz/seeds` to write them (`scripts/fuzz.sh --seeds`).
 
 mod support;
@@ -12,13 +13,17 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
+use kafka_mirror_proxy::client::protocol::{self as client, Rpc};
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::produce;
 use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
 use kafka_mirror_proxy::wire::header::{response_body_offset, RequestHeaderPeek};
 use kafka_mirror_proxy::wire::schema;
 use kafka_mirror_proxy::wire::walk;
-use kafka_protocol::messages::ApiKey;
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, CreateTopicsRequest, DescribeConfigsRequest, FetchRequest,
+    ListOffsetsRequest, MetadataRequest, ProduceRequest,
+};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::DefaultProducerContext;
@@ -53,6 +58,64 @@ fn response_schema(api: ApiKey) -> Option<&'static str> {
         ApiKey::ShareAcknowledge => "ShareAcknowledgeResponse",
         _ => return None,
     })
+}
+
+/// The APIs whose responses the proxy's own client reads, in the order the
+/// `client_responses` fuzz target numbers them (the same as `RESPONSE_APIS`
+/// for the four both read; SaslHandshake and SaslAuthenticate follow, not
+/// seen here).
+const CLIENT_APIS: [ApiKey; 7] = [
+    ApiKey::Metadata,
+    ApiKey::CreateTopics,
+    ApiKey::DescribeConfigs,
+    ApiKey::ApiVersions,
+    ApiKey::Produce,
+    ApiKey::Fetch,
+    ApiKey::ListOffsets,
+];
+
+/// Decode a captured response as the client does, if the client would
+/// ever ask for that version (`None` otherwise).
+fn client_decodes<R: Rpc>(frame: &[u8], version: i16) -> Option<Result<()>> {
+    let (min, max) = client::our_versions::<R>().ok()?;
+    if !(min..=max).contains(&version) {
+        return None;
+    }
+    let correlation_id = i32::from_be_bytes(*frame.first_chunk::<4>()?);
+    let frame = Bytes::copy_from_slice(frame);
+    Some(
+        client::decode_response::<R>(&frame, version, correlation_id, "capture")
+            .map(drop)
+            .map_err(Into::into),
+    )
+}
+
+/// The client's view of one exchange; returns its fuzz seed.
+fn check_client(e: &Exchange, api: ApiKey, seeds: &mut Vec<(&'static str, Vec<u8>)>) -> Result<()> {
+    let (Some(pick), Some(response)) = (CLIENT_APIS.iter().position(|a| *a == api), &e.response)
+    else {
+        return Ok(());
+    };
+    let version = e.api_version;
+    let decoded = match api {
+        ApiKey::ApiVersions => client_decodes::<ApiVersionsRequest>(response, version),
+        ApiKey::Metadata => client_decodes::<MetadataRequest>(response, version),
+        ApiKey::CreateTopics => client_decodes::<CreateTopicsRequest>(response, version),
+        ApiKey::DescribeConfigs => client_decodes::<DescribeConfigsRequest>(response, version),
+        ApiKey::Produce => client_decodes::<ProduceRequest>(response, version),
+        ApiKey::Fetch => client_decodes::<FetchRequest>(response, version),
+        ApiKey::ListOffsets => client_decodes::<ListOffsetsRequest>(response, version),
+        _ => None,
+    };
+    if let Some(decoded) = decoded {
+        decoded
+            .with_context(|| format!("{api:?} v{version} response, read by the proxy's client"))?;
+    }
+    seeds.push((
+        "client_responses",
+        [&[pick as u8, version as u8][..], response].concat(),
+    ));
+    Ok(())
 }
 
 fn link() -> Result<Link> {
@@ -136,6 +199,7 @@ fn check(e: &Exchange, link: &Link, seeds: &mut Vec<(&'static str, Vec<u8>)>) ->
     let version = e.api_version;
     let what = format!("{api:?} v{version}");
     seeds.push(("request_header", e.request.clone()));
+    check_client(e, api, seeds)?;
     if api == ApiKey::Produce {
         let frame = Bytes::from(e.request.clone());
         let h = RequestHeaderPeek::parse(&frame)?;

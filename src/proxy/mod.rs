@@ -174,19 +174,7 @@ impl Proxy {
     /// Bind the bootstrap listener and start accepting.
     pub async fn start(config: Config, metrics: Arc<Metrics>) -> Result<Proxy, StartError> {
         let acceptor = config.client_tls.as_ref().map(tls::acceptor).transpose()?;
-        let connector = config
-            .upstream_tls
-            .as_ref()
-            .map(tls::connector)
-            .transpose()?;
-        let upstream = Upstream {
-            tls: connector,
-            server_name: config
-                .upstream_tls
-                .as_ref()
-                .and_then(|t| t.server_name.clone()),
-            timeout: Duration::from_millis(config.connect_timeout_ms),
-        };
+        let upstream = Upstream::from_config(&config)?;
         let listener = bind_std(config.listen).map_err(|source| StartError::Bind {
             what: "bootstrap".into(),
             addr: config.listen,

@@ -9,6 +9,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
+use super::tls::TlsSetupError;
+
 /// Either side of the proxy, plain or TLS.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
@@ -38,6 +40,23 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// From the proxy's configuration: upstream TLS (if enabled) and the
+    /// connect timeout.
+    pub fn from_config(config: &crate::config::Config) -> Result<Upstream, TlsSetupError> {
+        Ok(Upstream {
+            tls: config
+                .upstream_tls
+                .as_ref()
+                .map(super::tls::connector)
+                .transpose()?,
+            server_name: config
+                .upstream_tls
+                .as_ref()
+                .and_then(|t| t.server_name.clone()),
+            timeout: Duration::from_millis(config.connect_timeout_ms),
+        })
+    }
+
     /// Connect to one broker at `addr` (host:port).
     pub async fn connect(&self, addr: &str) -> Result<BoxStream, ConnectError> {
         let ms = self.timeout.as_millis() as u64;

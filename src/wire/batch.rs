@@ -1,5 +1,6 @@
 //! Zero-copy view of Kafka v2 record batch headers, and an in-place rewrite of
-//! the producer id that updates the CRC without reading the records.
+//! the producer id that updates the CRC without reading the records; and
+//! ([`build`]) a new uncompressed batch for the records the proxy writes.
 //!
 //! Layout (big-endian, offsets from the batch start):
 //! baseOffset i64 @0, batchLength i32 @8 (bytes after this field),
@@ -14,6 +15,9 @@ use std::ops::Range;
 use thiserror::Error;
 
 use crate::wire::crc32c;
+
+mod build;
+pub use build::{build, BuildError, NewBatch, NewRecord};
 
 pub const BASE_OFFSET_OFFSET: usize = 0;
 pub const BATCH_LENGTH_OFFSET: usize = 8;

@@ -187,6 +187,28 @@ const SOURCES: &[(&str, &str)] = &[
         "DescribeQuorumResponse.json",
         include_str!("schemas/DescribeQuorumResponse.json"),
     ),
+    // Read by the proxy's own client (`client`), besides ApiVersions,
+    // Metadata, Produce and Fetch above.
+    (
+        "CreateTopicsResponse.json",
+        include_str!("schemas/CreateTopicsResponse.json"),
+    ),
+    (
+        "DescribeConfigsResponse.json",
+        include_str!("schemas/DescribeConfigsResponse.json"),
+    ),
+    (
+        "ListOffsetsResponse.json",
+        include_str!("schemas/ListOffsetsResponse.json"),
+    ),
+    (
+        "SaslHandshakeResponse.json",
+        include_str!("schemas/SaslHandshakeResponse.json"),
+    ),
+    (
+        "SaslAuthenticateResponse.json",
+        include_str!("schemas/SaslAuthenticateResponse.json"),
+    ),
 ];
 
 /// The file names compiled in (for the test that compares them with the jar).

@@ -100,6 +100,9 @@ pub fn java_bin() -> PathBuf {
     }
 }
 
+/// The mechanisms a [`Security::SaslPlaintext`] listener enables.
+pub const SASL_MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
 /// Security of the broker's client listener. The controller listener is
 /// always PLAINTEXT, and with SASL or SSL inter-broker traffic (e.g.
 /// transaction markers the broker sends itself) uses a separate internal
@@ -108,7 +111,10 @@ pub fn java_bin() -> PathBuf {
 pub enum Security {
     #[default]
     Plaintext,
-    /// SASL/PLAIN with one user. Neither may contain `"` or `\` (JAAS quoting).
+    /// SASL with one user, who can authenticate with PLAIN, SCRAM-SHA-256
+    /// and SCRAM-SHA-512 (the SCRAM credentials are written when the storage
+    /// is formatted). Neither may contain `"` or `\` (JAAS quoting) nor `,`,
+    /// `[` or `]` (the format tool's SCRAM syntax).
     SaslPlaintext { user: String, password: String },
     /// TLS with a PEM server certificate chain and an unencrypted PKCS#8 PEM
     /// key. Clients verify the host name, so the leaf certificate needs
@@ -478,11 +484,20 @@ impl KafkaCluster {
         match &self.opts.security {
             Security::Plaintext => {}
             Security::SaslPlaintext { user, password } => {
-                props.push(("sasl.enabled.mechanisms".into(), "PLAIN".into()));
+                props.push(("sasl.enabled.mechanisms".into(), SASL_MECHANISMS.join(",")));
                 props.push((
                     format!("listener.name.{listener}.plain.sasl.jaas.config"),
                     plain_jaas(user, password, true),
                 ));
+                for scram in &SASL_MECHANISMS[1..] {
+                    props.push((
+                        format!(
+                            "listener.name.{listener}.{}.sasl.jaas.config",
+                            scram.to_lowercase()
+                        ),
+                        "org.apache.kafka.common.security.scram.ScramLoginModule required;".into(),
+                    ));
+                }
             }
             Security::Ssl {
                 cert_chain_pem,
@@ -519,6 +534,14 @@ impl KafkaCluster {
             .arg(format!("--cluster-id={}", self.cluster_id))
             .arg("-c")
             .arg(&cfg);
+        if let Security::SaslPlaintext { user, password } = &self.opts.security {
+            // SCRAM credentials live in the cluster metadata; KRaft writes
+            // the first ones at format time.
+            for scram in &SASL_MECHANISMS[1..] {
+                cmd.arg("--add-scram")
+                    .arg(format!("{scram}=[name={user},password=\"{password}\"]"));
+            }
+        }
         let out = tools::run_with_timeout(cmd, None, Duration::from_secs(60))
             .context("running kafka.tools.StorageTool format")?;
         if !out.status.success() {

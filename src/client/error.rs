@@ -1,0 +1,224 @@
+//! What can go wrong when the proxy talks to the brokers on its own behalf,
+//! and which of it is worth retrying.
+
+use kafka_protocol::ResponseError;
+
+use crate::proxy::upstream::ConnectError;
+use crate::wire::frame::FrameError;
+
+/// An error of the proxy's own Kafka client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("broker {broker}: {source}")]
+    Io {
+        broker: String,
+        source: std::io::Error,
+    },
+    #[error("broker {broker}: {source}")]
+    Frame { broker: String, source: FrameError },
+    #[error("broker {broker} closed the connection")]
+    Closed { broker: String },
+    #[error("broker {broker}: no {api} response within {ms} ms")]
+    Timeout {
+        broker: String,
+        api: &'static str,
+        ms: u64,
+    },
+    #[error("broker {broker}: malformed {api} v{version} response: {reason}")]
+    Malformed {
+        broker: String,
+        api: &'static str,
+        version: i16,
+        reason: String,
+    },
+    #[error("cannot encode {api} v{version} request: {reason}")]
+    Encode {
+        api: &'static str,
+        version: i16,
+        reason: String,
+    },
+    #[error(
+        "broker {broker} supports {api} versions {broker_min}..={broker_max}, \
+         the proxy {ours_min}..={ours_max}: no common version"
+    )]
+    UnsupportedVersion {
+        broker: String,
+        api: &'static str,
+        broker_min: i16,
+        broker_max: i16,
+        ours_min: i16,
+        ours_max: i16,
+    },
+    #[error("broker {broker}: SASL {mechanism} authentication failed: {reason}")]
+    Authentication {
+        broker: String,
+        mechanism: &'static str,
+        reason: String,
+    },
+    /// An error code from the broker, for the whole request or for the
+    /// partition or topic it concerned.
+    #[error("{context}: {} ({code}){}", error_name(*.code), .message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
+    Kafka {
+        context: String,
+        code: i16,
+        message: Option<String>,
+    },
+    #[error("topic {topic} has cleanup.policy={policy:?}; the proxy needs it compacted")]
+    NotCompacted { topic: String, policy: String },
+    #[error("{op}: gave up after {attempts} attempt(s) in {elapsed_ms} ms; last error: {last}")]
+    GaveUp {
+        op: String,
+        attempts: u32,
+        elapsed_ms: u64,
+        last: Box<ClientError>,
+    },
+    #[error("no broker known: the bootstrap list is empty")]
+    NoBrokers,
+}
+
+/// Kafka's name for an error code, e.g. `NOT_LEADER_OR_FOLLOWER`.
+pub fn error_name(code: i16) -> String {
+    match ResponseError::try_from_code(code) {
+        Some(ResponseError::Unknown(_)) | None => format!("error {code}"),
+        Some(e) => screaming_snake(&format!("{e:?}")),
+    }
+}
+
+fn screaming_snake(camel: &str) -> String {
+    let mut out = String::with_capacity(camel.len() + 8);
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out
+}
+
+/// Error codes retried by the client. Kafka's own list (`RetriableException`
+/// subclasses, as `kafka-protocol` records them), except `CORRUPT_MESSAGE`:
+/// the client sends raw bytes, and the same bytes get the same answer.
+pub fn is_retriable_code(code: i16) -> bool {
+    code != 2 && ResponseError::try_from_code(code).is_some_and(|e| e.is_retriable())
+}
+
+/// Error codes after which the cached leader of a partition is not to be
+/// trusted (Kafka's `InvalidMetadataException` subclasses).
+pub fn invalidates_metadata(code: i16) -> bool {
+    matches!(
+        code,
+        3   // UNKNOWN_TOPIC_OR_PARTITION
+        | 5   // LEADER_NOT_AVAILABLE
+        | 6   // NOT_LEADER_OR_FOLLOWER
+        | 9   // REPLICA_NOT_AVAILABLE
+        | 41  // NOT_CONTROLLER
+        | 56  // KAFKA_STORAGE_ERROR
+        | 74  // FENCED_LEADER_EPOCH
+        | 75  // UNKNOWN_LEADER_EPOCH
+        | 100 // UNKNOWN_TOPIC_ID
+        | 103 // INCONSISTENT_TOPIC_ID
+    )
+}
+
+impl ClientError {
+    /// Worth another attempt, after a backoff and (see
+    /// [`ClientError::invalidates_metadata`]) a metadata refresh.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            ClientError::Connect(_)
+            | ClientError::Io { .. }
+            | ClientError::Frame { .. }
+            | ClientError::Closed { .. }
+            | ClientError::Timeout { .. } => true,
+            ClientError::Kafka { code, .. } => is_retriable_code(*code),
+            _ => false,
+        }
+    }
+
+    /// The cached metadata (leaders, broker addresses) may be what is wrong.
+    pub fn invalidates_metadata(&self) -> bool {
+        match self {
+            ClientError::Kafka { code, .. } => invalidates_metadata(*code),
+            // A broker that went away may have moved or lost its leaderships.
+            ClientError::Connect(_)
+            | ClientError::Io { .. }
+            | ClientError::Frame { .. }
+            | ClientError::Closed { .. }
+            | ClientError::Timeout { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The broker error code this error carries, also when it ended retries.
+    pub fn code(&self) -> Option<i16> {
+        match self {
+            ClientError::Kafka { code, .. } => Some(*code),
+            ClientError::GaveUp { last, .. } => last.code(),
+            _ => None,
+        }
+    }
+
+    /// The connection this error came from cannot be used again.
+    pub(crate) fn breaks_connection(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Io { .. }
+                | ClientError::Frame { .. }
+                | ClientError::Closed { .. }
+                | ClientError::Timeout { .. }
+                | ClientError::Malformed { .. }
+                | ClientError::Authentication { .. }
+                | ClientError::UnsupportedVersion { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_classes_of_error_codes() {
+        assert_eq!(error_name(6), "NOT_LEADER_OR_FOLLOWER");
+        assert_eq!(error_name(87), "INVALID_RECORD");
+        assert_eq!(error_name(-1), "UNKNOWN_SERVER_ERROR");
+        assert_eq!(error_name(30000), "error 30000");
+        for retriable in [3, 5, 6, 7, 19, 20] {
+            assert!(is_retriable_code(retriable), "{retriable}");
+        }
+        for fatal in [0, 1, 2, 10, 29, 36, 44, 58, 87, 30000] {
+            assert!(!is_retriable_code(fatal), "{fatal}");
+        }
+        assert!(invalidates_metadata(6) && !invalidates_metadata(7));
+    }
+
+    #[test]
+    fn kafka_errors_read_well() {
+        let e = ClientError::Kafka {
+            context: "produce to t-0".into(),
+            code: 87,
+            message: Some("Clients are not allowed to write control records".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "produce to t-0: INVALID_RECORD (87): Clients are not allowed to write control records"
+        );
+        let gave_up = ClientError::GaveUp {
+            op: "produce".into(),
+            attempts: 3,
+            elapsed_ms: 1200,
+            last: Box::new(ClientError::Kafka {
+                context: "t-0".into(),
+                code: 6,
+                message: None,
+            }),
+        };
+        assert_eq!(gave_up.code(), Some(6));
+        assert!(!gave_up.is_retriable());
+        assert!(gave_up
+            .to_string()
+            .ends_with("last error: t-0: NOT_LEADER_OR_FOLLOWER (6)"));
+    }
+}

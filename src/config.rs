@@ -123,7 +123,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("BOOTSTRAP_SERVERS", "(required)", "Comma-separated host:port of the destination brokers the proxy bootstraps from."),
     ("LISTEN", "0.0.0.0:9092", "Bootstrap listener address (host:port)."),
     ("ADVERTISED_HOST", "host of LISTEN", "Host name clients are told to connect to for every broker; required when LISTEN binds all interfaces."),
-    ("BROKER_PORT_BASE", "port of LISTEN", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n)."),
+    ("BROKER_PORT_BASE", "port of LISTEN + 1", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n). Must be above the LISTEN port, so that no node id maps onto the bootstrap listener."),
     ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
     ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
     ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
@@ -321,13 +321,39 @@ impl Config {
             None => listen.ip().to_string(),
         };
 
-        let broker_port_base = env
-            .parse(
-                "BROKER_PORT_BASE",
-                "a port number (0-65535); node n is served at base + n",
-                |s| s.parse::<u16>().ok(),
-            )
-            .unwrap_or(listen.port());
+        // Node ids start at 0, so the node ports are base..=65535: the
+        // bootstrap port must lie below them or node (port - base) would be
+        // served on the bootstrap listener.
+        let broker_port_base = match env.parse(
+            "BROKER_PORT_BASE",
+            "a port number (1-65535); node n is served at base + n",
+            |s| s.parse::<u16>().ok().filter(|p| *p > 0),
+        ) {
+            Some(base) if listen.port() != 0 && listen.port() >= base => {
+                env.problem(
+                    "BROKER_PORT_BASE",
+                    Some(base.to_string()),
+                    format!(
+                        "a port above the MIRROR_PROXY_LISTEN port {}: node {} would be served on the bootstrap port",
+                        listen.port(),
+                        listen.port() - base
+                    ),
+                );
+                base
+            }
+            Some(base) => base,
+            None => match listen.port().checked_add(1) {
+                Some(base) => base,
+                None => {
+                    env.problem(
+                        "BROKER_PORT_BASE",
+                        None,
+                        "a port for node 0, because the MIRROR_PROXY_LISTEN port 65535 leaves none above it",
+                    );
+                    0
+                }
+            },
+        };
 
         let admin_token = env.raw("ADMIN_TOKEN");
         let admin_default: SocketAddr = ([127, 0, 0, 1], 9190).into();
@@ -628,7 +654,8 @@ mod tests {
         .expect("valid");
         assert_eq!(c.bootstrap_servers, vec!["127.0.0.1:9092"]);
         assert_eq!(c.advertised_host, "127.0.0.1");
-        assert_eq!(c.broker_port_base, 19092);
+        // Node 0 must not land on the bootstrap port.
+        assert_eq!(c.broker_port_base, 19093);
         assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
         assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
         assert_eq!(c.log_format, LogFormat::Text);
@@ -733,6 +760,33 @@ mod tests {
                 "README lacks the default of {PREFIX}{name}: {default}"
             );
         }
+    }
+
+    #[test]
+    fn the_bootstrap_port_may_not_fall_among_the_node_ports() {
+        for base in ["19092", "9000"] {
+            let p = problems(&[
+                ("BOOTSTRAP_SERVERS", "b:9092"),
+                ("LISTEN", "127.0.0.1:19092"),
+                ("BROKER_PORT_BASE", base),
+            ]);
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(p[0].variable, "MIRROR_PROXY_BROKER_PORT_BASE");
+            assert!(p[0].expected.contains("bootstrap port"), "{}", p[0]);
+        }
+        let ok = Config::from_vars(&vars(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("BROKER_PORT_BASE", "19100"),
+        ]))
+        .expect("valid");
+        assert_eq!(ok.broker_port_base, 19100);
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:65535"),
+        ]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].variable, "MIRROR_PROXY_BROKER_PORT_BASE");
     }
 
     #[test]

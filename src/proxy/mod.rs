@@ -38,6 +38,12 @@ pub enum StartError {
     Tls(#[from] tls::TlsSetupError),
     #[error(transparent)]
     NodePort(#[from] addresses::RewriteError),
+    #[error("broker node id {node} would be served at port {port}, which {taken_by} already uses: set MIRROR_PROXY_BROKER_PORT_BASE so that base + {node} is a free port")]
+    NodePortTaken {
+        node: i32,
+        port: u16,
+        taken_by: &'static str,
+    },
 }
 
 /// Which broker a listener stands for.
@@ -75,6 +81,19 @@ pub struct Shared {
     listen_ip: IpAddr,
     nodes: Mutex<HashMap<i32, NodeEntry>>,
     topic_names: RwLock<HashMap<Uuid, String>>,
+}
+
+/// Which of the proxy's own ports `port` is, if any: a node listener there
+/// could not bind, or would steal the port from the bootstrap or admin
+/// listener.
+fn own_port(config: &Config, port: u16) -> Option<&'static str> {
+    if port == config.listen.port() {
+        Some("the bootstrap listener (MIRROR_PROXY_LISTEN)")
+    } else if port == config.admin_listen.port() {
+        Some("the admin endpoint (MIRROR_PROXY_ADMIN_LISTEN)")
+    } else {
+        None
+    }
 }
 
 impl Shared {
@@ -127,6 +146,13 @@ impl Shared {
             return Ok(());
         }
         let port = self.advertised.port(node)?;
+        if let Some(taken_by) = own_port(&self.config, port) {
+            return Err(StartError::NodePortTaken {
+                node,
+                port,
+                taken_by,
+            });
+        }
         let addr = SocketAddr::new(self.listen_ip, port);
         let listener = bind_std(addr).map_err(|source| StartError::Bind {
             what: Target::Node(node).label(),
@@ -221,5 +247,39 @@ impl Proxy {
             shared,
             bootstrap_addr,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap as Vars;
+
+    #[test]
+    fn node_ports_may_not_take_the_proxys_own_ports() {
+        let vars: Vars<String, String> = [
+            ("MIRROR_PROXY_BOOTSTRAP_SERVERS", "b:9092"),
+            ("MIRROR_PROXY_LISTEN", "127.0.0.1:9092"),
+            ("MIRROR_PROXY_ADMIN_LISTEN", "127.0.0.1:9190"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = Config::from_vars(&vars).expect("valid");
+        // Default base 9093: node 97 lands on the admin port.
+        assert_eq!(config.broker_port_base, 9093);
+        assert!(own_port(&config, 9093 + 97).is_some_and(|w| w.contains("ADMIN_LISTEN")));
+        assert!(own_port(&config, 9092).is_some_and(|w| w.contains("MIRROR_PROXY_LISTEN")));
+        assert_eq!(own_port(&config, 9093), None);
+        let e = StartError::NodePortTaken {
+            node: 97,
+            port: 9190,
+            taken_by: "the admin endpoint (MIRROR_PROXY_ADMIN_LISTEN)",
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("node id 97") && text.contains("MIRROR_PROXY_BROKER_PORT_BASE"),
+            "{text}"
+        );
     }
 }

@@ -93,6 +93,13 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     pub admin_token: Option<String>,
     pub max_frame_bytes: usize,
+    /// Bytes of client request frames held at once, over all connections.
+    pub max_buffered_bytes: usize,
+    pub max_connections: usize,
+    pub connections_max_idle_ms: u64,
+    pub request_read_timeout_ms: u64,
+    pub tls_handshake_timeout_ms: u64,
+    pub shutdown_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub log_format: LogFormat,
     pub client_tls: Option<ClientTls>,
@@ -110,6 +117,12 @@ impl fmt::Debug for Config {
             .field("broker_port_base", &self.broker_port_base)
             .field("admin_listen", &self.admin_listen)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("connections_max_idle_ms", &self.connections_max_idle_ms)
+            .field("request_read_timeout_ms", &self.request_read_timeout_ms)
+            .field("tls_handshake_timeout_ms", &self.tls_handshake_timeout_ms)
+            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
             .field("client_tls", &self.client_tls.is_some())
             .field("upstream_tls", &self.upstream_tls.is_some())
             .field("links", &self.links.names())
@@ -127,6 +140,12 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
     ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
     ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
+    ("MAX_BUFFERED_BYTES", "536870912", "Memory for client request frames, in bytes, shared by all connections (frames are allocated as their bytes arrive). When it is used up, the proxy stops reading requests until forwarded frames free some. At least MAX_FRAME_BYTES."),
+    ("MAX_CONNECTIONS", "4096", "Client connections open at once; a connection over it is accepted and closed at once (WARN, at most one line per 10 s; counted). Each client connection also holds one broker connection, so the process needs about twice as many file descriptors."),
+    ("CONNECTIONS_MAX_IDLE_MS", "600000", "A client connection with no request in flight that sends nothing for this long is closed (like the broker's connections.max.idle.ms)."),
+    ("REQUEST_READ_TIMEOUT_MS", "30000", "Once the first byte of a request frame has arrived, the whole frame must arrive within this time, or the connection is closed."),
+    ("TLS_HANDSHAKE_TIMEOUT_MS", "10000", "Time a client has to complete the TLS handshake (with TLS_CERT set)."),
+    ("SHUTDOWN_TIMEOUT_MS", "30000", "On SIGTERM or SIGINT, how long requests in flight may take to be answered before the remaining connections are closed."),
     ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
     ("LOG_FORMAT", "text", "`text` or `json` (one JSON object per line). Filter with RUST_LOG (default info)."),
     ("TLS_CERT", "(none)", "PEM certificate chain served to clients; enables TLS on every client listener."),
@@ -384,13 +403,40 @@ impl Config {
             )
             .unwrap_or(100 * 1024 * 1024);
 
-        let connect_timeout_ms = env
+        let max_buffered_bytes = env
             .parse(
-                "CONNECT_TIMEOUT_MS",
-                "a whole number of milliseconds greater than 0",
-                |s| s.parse::<u64>().ok().filter(|n| *n > 0),
+                "MAX_BUFFERED_BYTES",
+                "a whole number of bytes from 1024 up",
+                |s| s.parse::<usize>().ok().filter(|n| *n >= 1024),
             )
-            .unwrap_or(10_000);
+            .unwrap_or(512 * 1024 * 1024);
+        if max_buffered_bytes < max_frame_bytes {
+            // A frame is held whole before it is forwarded: one larger than
+            // the budget could never be read.
+            env.problem(
+                "MAX_BUFFERED_BYTES",
+                Some(max_buffered_bytes.to_string()),
+                format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): a frame larger than the buffer budget could never be read"),
+            );
+        }
+        let max_connections = env
+            .parse(
+                "MAX_CONNECTIONS",
+                "a whole number of connections greater than 0",
+                |s| s.parse::<usize>().ok().filter(|n| *n > 0),
+            )
+            .unwrap_or(4096);
+        let mut ms = |name: &str, default: u64| {
+            env.parse(name, "a whole number of milliseconds greater than 0", |s| {
+                s.parse::<u64>().ok().filter(|n| *n > 0)
+            })
+            .unwrap_or(default)
+        };
+        let connect_timeout_ms = ms("CONNECT_TIMEOUT_MS", 10_000);
+        let connections_max_idle_ms = ms("CONNECTIONS_MAX_IDLE_MS", 600_000);
+        let request_read_timeout_ms = ms("REQUEST_READ_TIMEOUT_MS", 30_000);
+        let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
+        let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
 
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
@@ -413,6 +459,12 @@ impl Config {
                 admin_listen,
                 admin_token,
                 max_frame_bytes,
+                max_buffered_bytes,
+                max_connections,
+                connections_max_idle_ms,
+                request_read_timeout_ms,
+                tls_handshake_timeout_ms,
+                shutdown_timeout_ms,
                 connect_timeout_ms,
                 log_format,
                 client_tls,
@@ -658,6 +710,12 @@ mod tests {
         assert_eq!(c.broker_port_base, 19093);
         assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
         assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
+        assert_eq!(c.max_connections, 4096);
+        assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(c.request_read_timeout_ms, 30_000);
+        assert_eq!(c.tls_handshake_timeout_ms, 10_000);
+        assert_eq!(c.shutdown_timeout_ms, 30_000);
         assert_eq!(c.log_format, LogFormat::Text);
         assert!(c.client_tls.is_none() && c.upstream_tls.is_none());
         assert!(c.links.is_empty());
@@ -787,6 +845,44 @@ mod tests {
         ]);
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].variable, "MIRROR_PROXY_BROKER_PORT_BASE");
+    }
+
+    #[test]
+    fn limits_and_timeouts_are_validated_together() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("MAX_FRAME_BYTES", "2097152"),
+            ("MAX_BUFFERED_BYTES", "1048576"),
+            ("MAX_CONNECTIONS", "0"),
+            ("CONNECTIONS_MAX_IDLE_MS", "soon"),
+            ("REQUEST_READ_TIMEOUT_MS", "-1"),
+            ("TLS_HANDSHAKE_TIMEOUT_MS", "0"),
+            ("SHUTDOWN_TIMEOUT_MS", "1.5"),
+        ]);
+        let mut vars: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        vars.sort();
+        assert_eq!(
+            vars,
+            vec![
+                "MIRROR_PROXY_CONNECTIONS_MAX_IDLE_MS",
+                "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+                "MIRROR_PROXY_MAX_CONNECTIONS",
+                "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
+                "MIRROR_PROXY_SHUTDOWN_TIMEOUT_MS",
+                "MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS",
+            ]
+        );
+        let budget = p
+            .iter()
+            .find(|p| p.variable.ends_with("MAX_BUFFERED_BYTES"))
+            .expect("budget problem");
+        assert!(
+            budget
+                .expected
+                .contains("MIRROR_PROXY_MAX_FRAME_BYTES (2097152)"),
+            "{budget}"
+        );
     }
 
     #[test]

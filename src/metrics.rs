@@ -32,6 +32,11 @@ const METRICS: &[(&str, &str, &str)] = &[
         "Client connections closed, by reason.",
     ),
     (
+        "kafka_mirror_proxy_connections_refused_total",
+        "counter",
+        "Client connections refused, by listener and reason (max_connections).",
+    ),
+    (
         "kafka_mirror_proxy_requests_total",
         "counter",
         "Requests received, by API key.",

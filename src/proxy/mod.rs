@@ -5,6 +5,9 @@
 //! listener per broker node forwards to that node. A node's listener is
 //! opened the first time a response names the node, before that response
 //! reaches the client.
+//!
+//! Listeners enforce `MAX_CONNECTIONS`; `Proxy::shutdown` stops them and
+//! waits for the connections to deliver what they owe.
 
 pub mod addresses;
 pub mod session;
@@ -14,14 +17,16 @@ pub mod upstream;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use uuid::Uuid;
 
 use crate::config::Config;
 use crate::metrics::{labels, Metrics};
+use crate::wire::frame::Budget;
 use addresses::{Advertised, Learnt};
 use upstream::Upstream;
 
@@ -78,9 +83,51 @@ pub struct Shared {
     pub advertised: Advertised,
     pub upstream: Upstream,
     pub acceptor: Option<TlsAcceptor>,
+    /// Memory for client request frames, shared by every connection.
+    pub budget: Arc<Budget>,
     listen_ip: IpAddr,
     nodes: Mutex<HashMap<i32, NodeEntry>>,
     topic_names: RwLock<HashMap<Uuid, String>>,
+    /// Client connections open now.
+    connections: watch::Sender<usize>,
+    shutdown: watch::Sender<bool>,
+    refusals: Mutex<RefusalLog>,
+}
+
+/// Refused connections since the last WARN line about them.
+#[derive(Default)]
+struct RefusalLog {
+    last_warned: Option<Instant>,
+    unreported: u64,
+}
+
+/// At most one WARN line per this long about refused connections, so a
+/// connection flood does not become a log flood.
+const REFUSAL_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One client connection's place under `MAX_CONNECTIONS`, given back on drop.
+struct ConnectionSlot(Arc<Shared>);
+
+impl ConnectionSlot {
+    fn take(shared: &Arc<Shared>) -> Option<ConnectionSlot> {
+        let max = shared.config.max_connections;
+        shared
+            .connections
+            .send_if_modified(|n| {
+                let room = *n < max;
+                if room {
+                    *n += 1;
+                }
+                room
+            })
+            .then(|| ConnectionSlot(Arc::clone(shared)))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 /// Which of the proxy's own ports `port` is, if any: a node listener there
@@ -104,6 +151,45 @@ impl Shared {
             .ok()?
             .get(&node)
             .map(|e| e.address.clone())
+    }
+
+    /// Resolves once shutdown has begun (at once if it already has).
+    pub async fn shutting_down(&self) {
+        let mut rx = self.shutdown.subscribe();
+        if rx.wait_for(|stop| *stop).await.is_err() {
+            // The sender lives as long as `self`: not reached.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> usize {
+        *self.connections.borrow()
+    }
+
+    fn refuse(&self, peer: SocketAddr, target: Target) {
+        self.metrics.inc(
+            "kafka_mirror_proxy_connections_refused_total",
+            labels(&[("listener", &target.label()), ("reason", "max_connections")]),
+        );
+        let Ok(mut log) = self.refusals.lock() else {
+            return;
+        };
+        log.unreported += 1;
+        if log
+            .last_warned
+            .is_none_or(|t| t.elapsed() >= REFUSAL_WARN_INTERVAL)
+        {
+            tracing::warn!(
+                %peer,
+                listener = %target.label(),
+                refused = log.unreported,
+                max = self.config.max_connections,
+                "refused client connection(s): MIRROR_PROXY_MAX_CONNECTIONS reached (at most one such line per 10 s)"
+            );
+            log.last_warned = Some(Instant::now());
+            log.unreported = 0;
+        }
     }
 
     /// The name of a topic id seen in a Metadata response.
@@ -175,10 +261,25 @@ fn bind_std(addr: SocketAddr) -> std::io::Result<TcpListener> {
 fn spawn_accept_loop(shared: Arc<Shared>, listener: TcpListener, target: Target) {
     tokio::spawn(async move {
         loop {
-            match listener.accept().await {
+            let accepted = tokio::select! {
+                // Dropping the listener closes it: new clients are refused
+                // by the kernel while connections drain.
+                _ = shared.shutting_down() => break,
+                a = listener.accept() => a,
+            };
+            match accepted {
                 Ok((tcp, peer)) => {
+                    let Some(slot) = ConnectionSlot::take(&shared) else {
+                        shared.refuse(peer, target);
+                        drop(tcp);
+                        continue;
+                    };
                     let _ = tcp.set_nodelay(true);
-                    tokio::spawn(session::serve(Arc::clone(&shared), tcp, peer, target));
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        session::serve(shared, tcp, peer, target).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of spinning.
@@ -187,6 +288,7 @@ fn spawn_accept_loop(shared: Arc<Shared>, listener: TcpListener, target: Target)
                 }
             }
         }
+        tracing::debug!(listener = %target.label(), "stopped accepting");
     });
 }
 
@@ -223,7 +325,12 @@ impl Proxy {
             addr: config.listen,
             source,
         })?;
+        let budget = Budget::new(config.max_buffered_bytes);
         let shared = Arc::new(Shared {
+            budget,
+            connections: watch::Sender::new(0),
+            shutdown: watch::Sender::new(false),
+            refusals: Mutex::new(RefusalLog::default()),
             advertised: Advertised {
                 host: config.advertised_host.clone(),
                 port_base: config.broker_port_base,
@@ -247,6 +354,19 @@ impl Proxy {
             shared,
             bootstrap_addr,
         })
+    }
+
+    /// Stop accepting connections and reading requests, and wait up to
+    /// `timeout` for every connection to deliver the responses it owes and
+    /// close. Returns how many connections were still open at the timeout.
+    pub async fn shutdown(&self, timeout: Duration) -> usize {
+        self.shared.shutdown.send_replace(true);
+        let mut open = self.shared.connections.subscribe();
+        let drained = tokio::time::timeout(timeout, open.wait_for(|n| *n == 0)).await;
+        match drained {
+            Ok(_) => 0,
+            Err(_) => self.shared.open_connections(),
+        }
     }
 }
 

@@ -99,9 +99,12 @@ pub struct FrameReader<R> {
     /// The size prefix of the next frame, as far as it has arrived.
     head: [u8; 4],
     head_len: usize,
-    /// The frame being read, once its size is known (`size` bytes).
+    /// The frame being read, once its size is known (`size` bytes). A
+    /// `Vec` so that growing it can extend the allocation in place (large
+    /// blocks are remapped, not copied); it becomes a `BytesMut` without a
+    /// copy when complete.
     size: usize,
-    body: Option<BytesMut>,
+    body: Option<Vec<u8>>,
     /// Bytes read past the frame being read; empty means unallocated.
     ahead: BytesMut,
     /// When the frame being read must be complete.
@@ -188,9 +191,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     });
                 }
                 self.size = size;
-                self.body = Some(BytesMut::new());
+                self.body = Some(Vec::new());
             }
-            let len = self.body.as_ref().map_or(0, BytesMut::len);
+            let len = self.body.as_ref().map_or(0, Vec::len);
             let remaining = self.size - len;
             if remaining == 0 {
                 return Ok(self.finish());
@@ -268,7 +271,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             ReadError::Io(e) => FrameError::Io(e),
             ReadError::Timeout => FrameError::Timeout {
                 ms: self.frame_timeout.unwrap_or_default().as_millis(),
-                buffered: self.head_len + self.body.as_ref().map_or(0, BytesMut::len),
+                buffered: self.head_len + self.body.as_ref().map_or(0, Vec::len),
             },
         }
     }
@@ -286,7 +289,10 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.deadline = None;
         self.returned = std::mem::take(&mut self.charged);
         self.returned_overdraft = self.overdraft.take();
-        self.body.take()
+        // Vec -> Bytes -> BytesMut keeps the allocation (it is unique).
+        self.body
+            .take()
+            .map(|body| BytesMut::from(bytes::Bytes::from(body)))
     }
 
     fn release_returned(&mut self) {
@@ -311,9 +317,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let want = (len + n).max(cap * 2).max(FIRST_CHUNK).min(self.size);
         self.charge(want.saturating_sub(cap)).await?;
         if let Some(body) = self.body.as_mut() {
-            let mut grown = BytesMut::with_capacity(want);
-            grown.extend_from_slice(body);
-            *body = grown;
+            body.reserve_exact(want - len);
         }
         Ok(())
     }
@@ -524,12 +528,12 @@ mod tests {
             .expect("write");
         assert!(try_read(&mut r).await.is_none(), "no frame yet");
         assert!(r.mid_frame());
-        assert_eq!(r.body.as_ref().map(BytesMut::capacity), Some(0));
+        assert_eq!(r.body.as_ref().map(Vec::capacity), Some(0));
         assert_eq!(budget.in_use(), 0, "an announcement is not charged");
         // 10 bytes arrive.
         tx.write_all(&[1; 10]).await.expect("write");
         assert!(try_read(&mut r).await.is_none(), "no frame yet");
-        let cap = r.body.as_ref().map_or(0, BytesMut::capacity);
+        let cap = r.body.as_ref().map_or(0, Vec::capacity);
         assert!(cap <= FIRST_CHUNK, "{cap} bytes allocated for 10 received");
         assert_eq!(budget.in_use(), cap);
     }
@@ -542,7 +546,7 @@ mod tests {
         let framed = frame(&body);
         tx.write_all(&framed[..100_004]).await.expect("write");
         assert!(try_read(&mut r).await.is_none());
-        let cap = r.body.as_ref().map_or(0, BytesMut::capacity);
+        let cap = r.body.as_ref().map_or(0, Vec::capacity);
         assert!(
             (100_000..=2 * 100_000).contains(&cap),
             "capacity {cap} for 100000 bytes received"
@@ -556,6 +560,15 @@ mod tests {
         assert!(got[..] == body[..], "frame content differs");
         assert_eq!(got.capacity(), body.len(), "exact final allocation");
         drop(writer.await);
+    }
+
+    #[test]
+    fn a_finished_frame_keeps_its_allocation() {
+        let body = vec![7u8; 100_000];
+        let at = body.as_ptr();
+        let frame = BytesMut::from(bytes::Bytes::from(body));
+        assert_eq!(frame.as_ptr(), at, "the frame was copied");
+        assert_eq!(frame.capacity(), 100_000);
     }
 
     #[tokio::test]

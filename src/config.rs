@@ -94,6 +94,13 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     pub admin_token: Option<String>,
     pub max_frame_bytes: usize,
+    /// Bytes of client request frames held at once, over all connections.
+    pub max_buffered_bytes: usize,
+    pub max_connections: usize,
+    pub connections_max_idle_ms: u64,
+    pub request_read_timeout_ms: u64,
+    pub tls_handshake_timeout_ms: u64,
+    pub shutdown_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub log_format: LogFormat,
     pub client_tls: Option<ClientTls>,
@@ -114,6 +121,12 @@ impl fmt::Debug for Config {
             .field("broker_port_base", &self.broker_port_base)
             .field("admin_listen", &self.admin_listen)
             .field("max_frame_bytes", &self.max_frame_bytes)
+            .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field("max_connections", &self.max_connections)
+            .field("connections_max_idle_ms", &self.connections_max_idle_ms)
+            .field("request_read_timeout_ms", &self.request_read_timeout_ms)
+            .field("tls_handshake_timeout_ms", &self.tls_handshake_timeout_ms)
+            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
             .field("client_tls", &self.client_tls.is_some())
             .field("upstream_tls", &self.upstream_tls.is_some())
             .field("upstream_sasl", &self.upstream_sasl)
@@ -128,10 +141,16 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("BOOTSTRAP_SERVERS", "(required)", "Comma-separated host:port of the destination brokers the proxy bootstraps from."),
     ("LISTEN", "0.0.0.0:9092", "Bootstrap listener address (host:port)."),
     ("ADVERTISED_HOST", "host of LISTEN", "Host name clients are told to connect to for every broker; required when LISTEN binds all interfaces."),
-    ("BROKER_PORT_BASE", "port of LISTEN", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n)."),
+    ("BROKER_PORT_BASE", "port of LISTEN + 1", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n). Must be above the LISTEN port, so that no node id maps onto the bootstrap listener."),
     ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
     ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
     ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
+    ("MAX_BUFFERED_BYTES", "536870912", "Memory for client request frames, in bytes, shared by all connections (frames are allocated as their bytes arrive). When it is used up, the proxy stops reading requests until forwarded frames free some. At least MAX_FRAME_BYTES."),
+    ("MAX_CONNECTIONS", "4096", "Client connections open at once; a connection over it is accepted and closed at once (WARN, at most one line per 10 s; counted). Each client connection also holds one broker connection, so the process needs about twice as many file descriptors."),
+    ("CONNECTIONS_MAX_IDLE_MS", "600000", "A client connection with no request in flight that sends nothing for this long is closed (like the broker's connections.max.idle.ms)."),
+    ("REQUEST_READ_TIMEOUT_MS", "30000", "Once the first byte of a request frame has arrived, the whole frame must arrive within this time, or the connection is closed."),
+    ("TLS_HANDSHAKE_TIMEOUT_MS", "10000", "Time a client has to complete the TLS handshake (with TLS_CERT set)."),
+    ("SHUTDOWN_TIMEOUT_MS", "30000", "On SIGTERM or SIGINT, how long requests in flight may take to be answered before the remaining connections are closed."),
     ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
     ("LOG_FORMAT", "text", "`text` or `json` (one JSON object per line). Filter with RUST_LOG (default info)."),
     ("TLS_CERT", "(none)", "PEM certificate chain served to clients; enables TLS on every client listener."),
@@ -329,13 +348,39 @@ impl Config {
             None => listen.ip().to_string(),
         };
 
-        let broker_port_base = env
-            .parse(
-                "BROKER_PORT_BASE",
-                "a port number (0-65535); node n is served at base + n",
-                |s| s.parse::<u16>().ok(),
-            )
-            .unwrap_or(listen.port());
+        // Node ids start at 0, so the node ports are base..=65535: the
+        // bootstrap port must lie below them or node (port - base) would be
+        // served on the bootstrap listener.
+        let broker_port_base = match env.parse(
+            "BROKER_PORT_BASE",
+            "a port number (1-65535); node n is served at base + n",
+            |s| s.parse::<u16>().ok().filter(|p| *p > 0),
+        ) {
+            Some(base) if listen.port() != 0 && listen.port() >= base => {
+                env.problem(
+                    "BROKER_PORT_BASE",
+                    Some(base.to_string()),
+                    format!(
+                        "a port above the MIRROR_PROXY_LISTEN port {}: node {} would be served on the bootstrap port",
+                        listen.port(),
+                        listen.port() - base
+                    ),
+                );
+                base
+            }
+            Some(base) => base,
+            None => match listen.port().checked_add(1) {
+                Some(base) => base,
+                None => {
+                    env.problem(
+                        "BROKER_PORT_BASE",
+                        None,
+                        "a port for node 0, because the MIRROR_PROXY_LISTEN port 65535 leaves none above it",
+                    );
+                    0
+                }
+            },
+        };
 
         let admin_token = env.raw("ADMIN_TOKEN");
         let admin_default: SocketAddr = ([127, 0, 0, 1], 9190).into();
@@ -366,13 +411,40 @@ impl Config {
             )
             .unwrap_or(100 * 1024 * 1024);
 
-        let connect_timeout_ms = env
+        let max_buffered_bytes = env
             .parse(
-                "CONNECT_TIMEOUT_MS",
-                "a whole number of milliseconds greater than 0",
-                |s| s.parse::<u64>().ok().filter(|n| *n > 0),
+                "MAX_BUFFERED_BYTES",
+                "a whole number of bytes from 1024 up",
+                |s| s.parse::<usize>().ok().filter(|n| *n >= 1024),
             )
-            .unwrap_or(10_000);
+            .unwrap_or(512 * 1024 * 1024);
+        if max_buffered_bytes < max_frame_bytes {
+            // A frame is held whole before it is forwarded: one larger than
+            // the budget could never be read.
+            env.problem(
+                "MAX_BUFFERED_BYTES",
+                Some(max_buffered_bytes.to_string()),
+                format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): a frame larger than the buffer budget could never be read"),
+            );
+        }
+        let max_connections = env
+            .parse(
+                "MAX_CONNECTIONS",
+                "a whole number of connections greater than 0",
+                |s| s.parse::<usize>().ok().filter(|n| *n > 0),
+            )
+            .unwrap_or(4096);
+        let mut ms = |name: &str, default: u64| {
+            env.parse(name, "a whole number of milliseconds greater than 0", |s| {
+                s.parse::<u64>().ok().filter(|n| *n > 0)
+            })
+            .unwrap_or(default)
+        };
+        let connect_timeout_ms = ms("CONNECT_TIMEOUT_MS", 10_000);
+        let connections_max_idle_ms = ms("CONNECTIONS_MAX_IDLE_MS", 600_000);
+        let request_read_timeout_ms = ms("REQUEST_READ_TIMEOUT_MS", 30_000);
+        let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
+        let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
 
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
@@ -396,6 +468,12 @@ impl Config {
                 admin_listen,
                 admin_token,
                 max_frame_bytes,
+                max_buffered_bytes,
+                max_connections,
+                connections_max_idle_ms,
+                request_read_timeout_ms,
+                tls_handshake_timeout_ms,
+                shutdown_timeout_ms,
                 connect_timeout_ms,
                 log_format,
                 client_tls,
@@ -684,9 +762,16 @@ mod tests {
         .expect("valid");
         assert_eq!(c.bootstrap_servers, vec!["127.0.0.1:9092"]);
         assert_eq!(c.advertised_host, "127.0.0.1");
-        assert_eq!(c.broker_port_base, 19092);
+        // Node 0 must not land on the bootstrap port.
+        assert_eq!(c.broker_port_base, 19093);
         assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
         assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
+        assert_eq!(c.max_connections, 4096);
+        assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(c.request_read_timeout_ms, 30_000);
+        assert_eq!(c.tls_handshake_timeout_ms, 10_000);
+        assert_eq!(c.shutdown_timeout_ms, 30_000);
         assert_eq!(c.log_format, LogFormat::Text);
         assert!(c.client_tls.is_none() && c.upstream_tls.is_none());
         assert!(c.links.is_empty());
@@ -847,6 +932,71 @@ mod tests {
         };
         assert_eq!(p.0.len(), 1);
         assert_eq!(p.0[0].variable, "MIRROR_PROXY_UPSTREAM_SASL_MECHANISM");
+    }
+
+    #[test]
+    fn the_bootstrap_port_may_not_fall_among_the_node_ports() {
+        for base in ["19092", "9000"] {
+            let p = problems(&[
+                ("BOOTSTRAP_SERVERS", "b:9092"),
+                ("LISTEN", "127.0.0.1:19092"),
+                ("BROKER_PORT_BASE", base),
+            ]);
+            assert_eq!(p.len(), 1, "{p:?}");
+            assert_eq!(p[0].variable, "MIRROR_PROXY_BROKER_PORT_BASE");
+            assert!(p[0].expected.contains("bootstrap port"), "{}", p[0]);
+        }
+        let ok = Config::from_vars(&vars(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("BROKER_PORT_BASE", "19100"),
+        ]))
+        .expect("valid");
+        assert_eq!(ok.broker_port_base, 19100);
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:65535"),
+        ]);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].variable, "MIRROR_PROXY_BROKER_PORT_BASE");
+    }
+
+    #[test]
+    fn limits_and_timeouts_are_validated_together() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("MAX_FRAME_BYTES", "2097152"),
+            ("MAX_BUFFERED_BYTES", "1048576"),
+            ("MAX_CONNECTIONS", "0"),
+            ("CONNECTIONS_MAX_IDLE_MS", "soon"),
+            ("REQUEST_READ_TIMEOUT_MS", "-1"),
+            ("TLS_HANDSHAKE_TIMEOUT_MS", "0"),
+            ("SHUTDOWN_TIMEOUT_MS", "1.5"),
+        ]);
+        let mut vars: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        vars.sort();
+        assert_eq!(
+            vars,
+            vec![
+                "MIRROR_PROXY_CONNECTIONS_MAX_IDLE_MS",
+                "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+                "MIRROR_PROXY_MAX_CONNECTIONS",
+                "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
+                "MIRROR_PROXY_SHUTDOWN_TIMEOUT_MS",
+                "MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS",
+            ]
+        );
+        let budget = p
+            .iter()
+            .find(|p| p.variable.ends_with("MAX_BUFFERED_BYTES"))
+            .expect("budget problem");
+        assert!(
+            budget
+                .expected
+                .contains("MIRROR_PROXY_MAX_FRAME_BYTES (2097152)"),
+            "{budget}"
+        );
     }
 
     #[test]

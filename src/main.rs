@@ -1,9 +1,12 @@
 //! The `kafka-mirror-proxy` binary: `run` (the default) starts the proxy from
-//! `MIRROR_PROXY_*` variables; `map` and `unmap` read producer ids the way
-//! the proxy writes them, for operators reading a log dump.
+//! `MIRROR_PROXY_*` variables and, on SIGTERM or SIGINT, drains it (no new
+//! connections or requests, responses in flight delivered, bounded by
+//! `SHUTDOWN_TIMEOUT_MS`) and exits 0; `map` and `unmap` read producer ids
+//! the way the proxy writes them, for operators reading a log dump.
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -110,7 +113,10 @@ fn run() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(serve(config))
+    let result = runtime.block_on(serve(config));
+    // Do not wait for a blocking task (a DNS lookup) past the drain.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 fn init_logging(format: LogFormat) {
@@ -149,7 +155,32 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         "proxy ready"
     );
     shutdown_signal().await;
-    tracing::info!("shutting down");
+    let timeout = Duration::from_millis(proxy.shared.config.shutdown_timeout_ms);
+    tracing::info!(
+        open_connections = proxy.shared.open_connections(),
+        timeout_ms = timeout.as_millis(),
+        "shutting down: stopped accepting connections and reading requests; waiting for the requests in flight to be answered"
+    );
+    let started = Instant::now();
+    tokio::select! {
+        left = proxy.shutdown(timeout) => match left {
+            0 => tracing::info!(
+                elapsed_ms = started.elapsed().as_millis(),
+                "every connection delivered its responses and closed; exiting"
+            ),
+            left => tracing::warn!(
+                open_connections = left,
+                timeout_ms = timeout.as_millis(),
+                "shutdown timeout (MIRROR_PROXY_SHUTDOWN_TIMEOUT_MS) reached: closing the connections still waiting for broker responses; exiting"
+            ),
+        },
+        // An operator who signals again does not want to wait.
+        _ = shutdown_signal() => tracing::warn!(
+            open_connections = proxy.shared.open_connections(),
+            "second signal: closing every connection now; exiting"
+        ),
+    }
+    // Returning drops the runtime, which closes every remaining socket.
     Ok(())
 }
 

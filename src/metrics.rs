@@ -94,6 +94,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RefusedConnectionLabels {
+    listener: Listener,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     api_key: ApiKeyLabel,
 }
@@ -123,6 +129,7 @@ pub struct Metrics {
     client_connections_active: Family<ListenerLabels, Gauge>,
     upstream_connections: Family<UpstreamLabels, Counter>,
     connections_closed: Family<ReasonLabels, Counter>,
+    connections_refused: Family<RefusedConnectionLabels, Counter>,
     requests: Family<RequestLabels, Counter>,
     /// Index: API key number; empty slots stand for gaps in the numbering
     /// and are never used (those numbers count as `unknown`).
@@ -182,6 +189,12 @@ impl Metrics {
             "Client connections closed, by reason",
             Family::clone(&connections_closed),
         );
+        let connections_refused = Family::default();
+        registry.register(
+            "connections_refused",
+            "Client connections refused, by listener and reason (max_connections)",
+            Family::clone(&connections_refused),
+        );
         let requests = Family::default();
         registry.register(
             "requests",
@@ -228,6 +241,7 @@ impl Metrics {
             client_connections_active,
             upstream_connections,
             connections_closed,
+            connections_refused,
             requests,
             requests_by_key: (0..slots).map(|_| OnceLock::new()).collect(),
             requests_unknown: OnceLock::new(),
@@ -259,6 +273,17 @@ impl Metrics {
     pub fn connection_closed(&self, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// A client connection to `target`'s listener was refused, for
+    /// `reason` (a fixed label).
+    pub fn connection_refused(&self, target: Target, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&RefusedConnectionLabels {
+                listener: Listener(target),
+                reason,
+            })
             .inc();
     }
 

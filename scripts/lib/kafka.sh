@@ -92,11 +92,11 @@ PROPS
 # sets NAME_PORT (bootstrap) and NAME_ADMIN.
 kmp_start_proxy() {
     local name=$1 broker_port=$2; shift 2
-    local listen admin base
-    listen=$(kmp_free_port); admin=$(kmp_free_port); base=$(( $(kmp_free_port) - 1 ))
+    local listen admin
+    # Default port layout: node n is served at the bootstrap port + 1 + n.
+    listen=$(kmp_free_port); admin=$(kmp_free_port)
     env MIRROR_PROXY_BOOTSTRAP_SERVERS="127.0.0.1:$broker_port" \
         MIRROR_PROXY_LISTEN="127.0.0.1:$listen" \
-        MIRROR_PROXY_BROKER_PORT_BASE="$base" \
         MIRROR_PROXY_ADMIN_LISTEN="127.0.0.1:$admin" \
         "$@" "$KMP_ROOT/target/release/kafka-mirror-proxy" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
     KMP_PIDS+=($!)

@@ -5,6 +5,9 @@
 //! listener per broker node forwards to that node. A node's listener is
 //! opened the first time a response names the node, before that response
 //! reaches the client.
+//!
+//! Listeners enforce `MAX_CONNECTIONS`; `Proxy::shutdown` stops them and
+//! waits for the connections to deliver what they owe.
 
 pub mod addresses;
 pub mod session;
@@ -14,14 +17,16 @@ pub mod upstream;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use uuid::Uuid;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::wire::frame::Budget;
 use addresses::{Advertised, Learnt};
 use upstream::Upstream;
 
@@ -38,6 +43,12 @@ pub enum StartError {
     Tls(#[from] tls::TlsSetupError),
     #[error(transparent)]
     NodePort(#[from] addresses::RewriteError),
+    #[error("broker node id {node} would be served at port {port}, which {taken_by} already uses: set MIRROR_PROXY_BROKER_PORT_BASE so that base + {node} is a free port")]
+    NodePortTaken {
+        node: i32,
+        port: u16,
+        taken_by: &'static str,
+    },
 }
 
 /// Which broker a listener stands for.
@@ -72,9 +83,64 @@ pub struct Shared {
     pub advertised: Advertised,
     pub upstream: Upstream,
     pub acceptor: Option<TlsAcceptor>,
+    /// Memory for client request frames, shared by every connection.
+    pub budget: Arc<Budget>,
     listen_ip: IpAddr,
     nodes: Mutex<HashMap<i32, NodeEntry>>,
     topic_names: RwLock<HashMap<Uuid, String>>,
+    /// Client connections open now.
+    connections: watch::Sender<usize>,
+    shutdown: watch::Sender<bool>,
+    refusals: Mutex<RefusalLog>,
+}
+
+/// Refused connections since the last WARN line about them.
+#[derive(Default)]
+struct RefusalLog {
+    last_warned: Option<Instant>,
+    unreported: u64,
+}
+
+/// At most one WARN line per this long about refused connections, so a
+/// connection flood does not become a log flood.
+const REFUSAL_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// One client connection's place under `MAX_CONNECTIONS`, given back on drop.
+struct ConnectionSlot(Arc<Shared>);
+
+impl ConnectionSlot {
+    fn take(shared: &Arc<Shared>) -> Option<ConnectionSlot> {
+        let max = shared.config.max_connections;
+        shared
+            .connections
+            .send_if_modified(|n| {
+                let room = *n < max;
+                if room {
+                    *n += 1;
+                }
+                room
+            })
+            .then(|| ConnectionSlot(Arc::clone(shared)))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.connections.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// Which of the proxy's own ports `port` is, if any: a node listener there
+/// could not bind, or would steal the port from the bootstrap or admin
+/// listener.
+fn own_port(config: &Config, port: u16) -> Option<&'static str> {
+    if port == config.listen.port() {
+        Some("the bootstrap listener (MIRROR_PROXY_LISTEN)")
+    } else if port == config.admin_listen.port() {
+        Some("the admin endpoint (MIRROR_PROXY_ADMIN_LISTEN)")
+    } else {
+        None
+    }
 }
 
 impl Shared {
@@ -85,6 +151,42 @@ impl Shared {
             .ok()?
             .get(&node)
             .map(|e| e.address.clone())
+    }
+
+    /// Resolves once shutdown has begun (at once if it already has).
+    pub async fn shutting_down(&self) {
+        let mut rx = self.shutdown.subscribe();
+        if rx.wait_for(|stop| *stop).await.is_err() {
+            // The sender lives as long as `self`: not reached.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> usize {
+        *self.connections.borrow()
+    }
+
+    fn refuse(&self, peer: SocketAddr, target: Target) {
+        self.metrics.connection_refused(target, "max_connections");
+        let Ok(mut log) = self.refusals.lock() else {
+            return;
+        };
+        log.unreported += 1;
+        if log
+            .last_warned
+            .is_none_or(|t| t.elapsed() >= REFUSAL_WARN_INTERVAL)
+        {
+            tracing::warn!(
+                %peer,
+                listener = %target.label(),
+                refused = log.unreported,
+                max = self.config.max_connections,
+                "refused client connection(s): MIRROR_PROXY_MAX_CONNECTIONS reached (at most one such line per 10 s)"
+            );
+            log.last_warned = Some(Instant::now());
+            log.unreported = 0;
+        }
     }
 
     /// The name of a topic id seen in a Metadata response.
@@ -127,6 +229,13 @@ impl Shared {
             return Ok(());
         }
         let port = self.advertised.port(node)?;
+        if let Some(taken_by) = own_port(&self.config, port) {
+            return Err(StartError::NodePortTaken {
+                node,
+                port,
+                taken_by,
+            });
+        }
         let addr = SocketAddr::new(self.listen_ip, port);
         let listener = bind_std(addr).map_err(|source| StartError::Bind {
             what: Target::Node(node).label(),
@@ -149,10 +258,25 @@ fn bind_std(addr: SocketAddr) -> std::io::Result<TcpListener> {
 fn spawn_accept_loop(shared: Arc<Shared>, listener: TcpListener, target: Target) {
     tokio::spawn(async move {
         loop {
-            match listener.accept().await {
+            let accepted = tokio::select! {
+                // Dropping the listener closes it: new clients are refused
+                // by the kernel while connections drain.
+                _ = shared.shutting_down() => break,
+                a = listener.accept() => a,
+            };
+            match accepted {
                 Ok((tcp, peer)) => {
+                    let Some(slot) = ConnectionSlot::take(&shared) else {
+                        shared.refuse(peer, target);
+                        drop(tcp);
+                        continue;
+                    };
                     let _ = tcp.set_nodelay(true);
-                    tokio::spawn(session::serve(Arc::clone(&shared), tcp, peer, target));
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        session::serve(shared, tcp, peer, target).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     // Usually out of file descriptors: back off instead of spinning.
@@ -161,6 +285,7 @@ fn spawn_accept_loop(shared: Arc<Shared>, listener: TcpListener, target: Target)
                 }
             }
         }
+        tracing::debug!(listener = %target.label(), "stopped accepting");
     });
 }
 
@@ -185,7 +310,12 @@ impl Proxy {
             addr: config.listen,
             source,
         })?;
+        let budget = Budget::new(config.max_buffered_bytes);
         let shared = Arc::new(Shared {
+            budget,
+            connections: watch::Sender::new(0),
+            shutdown: watch::Sender::new(false),
+            refusals: Mutex::new(RefusalLog::default()),
             advertised: Advertised {
                 host: config.advertised_host.clone(),
                 port_base: config.broker_port_base,
@@ -203,5 +333,52 @@ impl Proxy {
             shared,
             bootstrap_addr,
         })
+    }
+
+    /// Stop accepting connections and reading requests, and wait up to
+    /// `timeout` for every connection to deliver the responses it owes and
+    /// close. Returns how many connections were still open at the timeout.
+    pub async fn shutdown(&self, timeout: Duration) -> usize {
+        self.shared.shutdown.send_replace(true);
+        let mut open = self.shared.connections.subscribe();
+        let drained = tokio::time::timeout(timeout, open.wait_for(|n| *n == 0)).await;
+        match drained {
+            Ok(_) => 0,
+            Err(_) => self.shared.open_connections(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap as Vars;
+
+    #[test]
+    fn node_ports_may_not_take_the_proxys_own_ports() {
+        let vars: Vars<String, String> = [
+            ("MIRROR_PROXY_BOOTSTRAP_SERVERS", "b:9092"),
+            ("MIRROR_PROXY_LISTEN", "127.0.0.1:9092"),
+            ("MIRROR_PROXY_ADMIN_LISTEN", "127.0.0.1:9190"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = Config::from_vars(&vars).expect("valid");
+        // Default base 9093: node 97 lands on the admin port.
+        assert_eq!(config.broker_port_base, 9093);
+        assert!(own_port(&config, 9093 + 97).is_some_and(|w| w.contains("ADMIN_LISTEN")));
+        assert!(own_port(&config, 9092).is_some_and(|w| w.contains("MIRROR_PROXY_LISTEN")));
+        assert_eq!(own_port(&config, 9093), None);
+        let e = StartError::NodePortTaken {
+            node: 97,
+            port: 9190,
+            taken_by: "the admin endpoint (MIRROR_PROXY_ADMIN_LISTEN)",
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("node id 97") && text.contains("MIRROR_PROXY_BROKER_PORT_BASE"),
+            "{text}"
+        );
     }
 }

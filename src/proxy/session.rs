@@ -9,15 +9,23 @@
 //! the client in request order with their correlation ids, however many are
 //! in flight, and a request that gets no response (`acks=0`) leaves nothing
 //! behind.
+//!
+//! The request loop is also where a connection ends on its own: after
+//! `CONNECTIONS_MAX_IDLE_MS` with nothing in flight and nothing received,
+//! and at shutdown, when it stops reading and lets the response loop
+//! deliver what is owed before the connection closes.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::addresses::{self, RewriteError};
 use super::upstream::{BoxStream, ConnectError};
@@ -36,6 +44,10 @@ const MAX_IN_FLIGHT: usize = 512;
 pub enum SessionError {
     #[error("TLS handshake with client failed: {0}")]
     TlsHandshake(std::io::Error),
+    #[error("client did not complete the TLS handshake within {ms} ms (MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS)")]
+    TlsHandshakeTimeout { ms: u64 },
+    #[error("idle for {ms} ms with no request in flight (MIRROR_PROXY_CONNECTIONS_MAX_IDLE_MS)")]
+    Idle { ms: u64 },
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error("no known address for broker node {0} (no Metadata response named it yet)")]
@@ -71,8 +83,12 @@ impl SessionError {
     fn label(&self) -> &'static str {
         match self {
             SessionError::TlsHandshake(_) => "tls_handshake",
+            SessionError::TlsHandshakeTimeout { .. } => "tls_handshake_timeout",
+            SessionError::Idle { .. } => "idle_timeout",
             SessionError::Connect(_) | SessionError::UnknownNode(_) => "upstream_unreachable",
-            SessionError::ClientFrame(FrameError::TooLarge { .. }) => "frame_too_large",
+            SessionError::ClientFrame(FrameError::TooLarge { .. })
+            | SessionError::ClientFrame(FrameError::OverBudget { .. }) => "frame_too_large",
+            SessionError::ClientFrame(FrameError::Timeout { .. }) => "request_timeout",
             SessionError::ClientFrame(_) => "bad_client_frame",
             SessionError::Header(_) => "malformed_header",
             SessionError::Produce(_) => "malformed_produce",
@@ -118,14 +134,70 @@ enum Pending {
     Local(BytesMut),
 }
 
+/// How a session ended without an error.
+enum End {
+    ClientClosed,
+    Shutdown,
+}
+
+/// What the idle timeout needs from the response loop.
+struct Activity {
+    start: Instant,
+    /// A response is being prepared or written.
+    answering: AtomicBool,
+    /// When the last response was written, in ms after `start`.
+    last_answer_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            answering: AtomicBool::new(false),
+            last_answer_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn answered(&self) {
+        let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_answer_ms.store(ms, Ordering::Relaxed);
+        self.answering.store(false, Ordering::Relaxed);
+    }
+
+    /// When the connection stops being busy, so the idle clock starts: the
+    /// later of the last bytes from the client and the last response.
+    /// `None` while a request is in flight or partly read.
+    fn idle_since<R>(&self, client: &FrameReader<R>, tx: &mpsc::Sender<Pending>) -> Option<Instant>
+    where
+        R: tokio::io::AsyncRead + Unpin,
+    {
+        let queued = tx.max_capacity() - tx.capacity();
+        if queued > 0 || self.answering.load(Ordering::Relaxed) || client.mid_frame() {
+            return None;
+        }
+        let answered =
+            self.start + Duration::from_millis(self.last_answer_ms.load(Ordering::Relaxed));
+        Some(client.last_read().max(answered))
+    }
+}
+
 /// Serve one accepted client connection until either side closes.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
     let active = shared.metrics.connection_opened(target);
     tracing::debug!(%peer, listener = %target.label(), "client connected");
     let reason = match run(&shared, tcp, peer, target).await {
-        Ok(()) => {
+        Ok(End::ClientClosed) => {
             tracing::debug!(%peer, "client closed the connection");
             "client_closed"
+        }
+        Ok(End::Shutdown) => {
+            tracing::debug!(%peer, "closed for shutdown after delivering every response owed");
+            "shutdown"
+        }
+        // Routine: clients reconnect when they need to.
+        Err(e @ SessionError::Idle { .. }) => {
+            tracing::info!(%peer, listener = %target.label(), reason = %e, "closing idle client connection");
+            e.label()
         }
         // A client may hang up with responses still owed (librdkafka closes
         // its bootstrap connection as soon as it knows the brokers).
@@ -157,13 +229,51 @@ async fn run(
     tcp: TcpStream,
     peer: SocketAddr,
     target: Target,
-) -> Result<(), SessionError> {
+) -> Result<End, SessionError> {
+    // Nothing is owed yet: shutdown need not wait for a handshake or a
+    // broker connection.
+    let connected = tokio::select! {
+        c = connect(shared, tcp, peer, target) => c?,
+        _ = shared.shutting_down() => return Ok(End::Shutdown),
+    };
+    let (client, subject, upstream) = connected;
+    let max = shared.config.max_frame_bytes;
+    let (client_r, client_w) = split(client);
+    let (up_r, up_w) = split(upstream);
+    let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
+    let client_r = FrameReader::new(client_r, max)
+        .with_budget(Arc::clone(&shared.budget))
+        .with_frame_timeout(Duration::from_millis(shared.config.request_read_timeout_ms));
+    let activity = Activity::new();
+    let requests = requests(shared, subject, client_r, up_w, tx, &activity);
+    let responses = responses(shared, FrameReader::new(up_r, max), client_w, rx, &activity);
+    tokio::pin!(requests, responses);
+    tokio::select! {
+        // The client finished sending, or shutdown stopped reading: deliver
+        // what is still owed.
+        r = &mut requests => match r {
+            Ok(end) => responses.await.map(|()| end),
+            Err(e) => Err(e),
+        },
+        r = &mut responses => r.map(|()| End::ClientClosed),
+    }
+}
+
+/// The client's TLS handshake (bounded by `TLS_HANDSHAKE_TIMEOUT_MS`) and
+/// the connection to the broker.
+async fn connect(
+    shared: &Arc<Shared>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    target: Target,
+) -> Result<(BoxStream, Option<CertSubject>, BoxStream), SessionError> {
     let (client, subject): (BoxStream, Option<CertSubject>) = match &shared.acceptor {
         None => (Box::new(tcp), None),
         Some(acceptor) => {
-            let tls = acceptor
-                .accept(tcp)
+            let ms = shared.config.tls_handshake_timeout_ms;
+            let tls = tokio::time::timeout(Duration::from_millis(ms), acceptor.accept(tcp))
                 .await
+                .map_err(|_| SessionError::TlsHandshakeTimeout { ms })?
                 .map_err(SessionError::TlsHandshake)?;
             let subject = tls
                 .get_ref()
@@ -190,22 +300,7 @@ async fn run(
     };
     shared.metrics.upstream_connected(target, &broker);
     tracing::debug!(%peer, %broker, "connected upstream");
-
-    let max = shared.config.max_frame_bytes;
-    let (client_r, client_w) = split(client);
-    let (up_r, up_w) = split(upstream);
-    let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
-    let requests = requests(shared, subject, FrameReader::new(client_r, max), up_w, tx);
-    let responses = responses(shared, FrameReader::new(up_r, max), client_w, rx);
-    tokio::pin!(requests, responses);
-    tokio::select! {
-        // The client finished sending: deliver what it is still owed.
-        r = &mut requests => match r {
-            Ok(()) => responses.await,
-            Err(e) => Err(e),
-        },
-        r = &mut responses => r,
-    }
+    Ok((client, subject, upstream))
 }
 
 async fn requests(
@@ -214,12 +309,33 @@ async fn requests(
     mut client: FrameReader<ReadHalf<BoxStream>>,
     mut upstream: WriteHalf<BoxStream>,
     tx: mpsc::Sender<Pending>,
-) -> Result<(), SessionError> {
-    while let Some(frame) = client
-        .read_frame()
-        .await
-        .map_err(SessionError::ClientFrame)?
-    {
+    activity: &Activity,
+) -> Result<End, SessionError> {
+    let idle_ms = shared.config.connections_max_idle_ms;
+    let idle = Duration::from_millis(idle_ms);
+    loop {
+        // Frames are only ever taken whole: a frame cut short by shutdown
+        // was never forwarded, so nothing is left half-answered.
+        let wake = match activity.idle_since(&client, &tx) {
+            Some(since) => since + idle,
+            None => Instant::now() + idle,
+        };
+        let frame = tokio::select! {
+            biased;
+            _ = shared.shutting_down() => return Ok(End::Shutdown),
+            f = client.read_frame() => f.map_err(SessionError::ClientFrame)?,
+            _ = tokio::time::sleep_until(wake) => {
+                match activity.idle_since(&client, &tx) {
+                    Some(since) if since + idle <= Instant::now() => {
+                        return Err(SessionError::Idle { ms: idle_ms })
+                    }
+                    _ => continue,
+                }
+            }
+        };
+        let Some(frame) = frame else {
+            return Ok(End::ClientClosed);
+        };
         let h = RequestHeaderPeek::parse(&frame)?;
         shared.metrics.request(h.api_key);
         let Ok(api) = ApiKey::try_from(h.api_key) else {
@@ -282,7 +398,6 @@ async fn requests(
             }
         }
     }
-    Ok(())
 }
 
 async fn send(tx: &mpsc::Sender<Pending>, p: Pending) {
@@ -422,6 +537,7 @@ async fn responses(
     mut upstream: FrameReader<ReadHalf<BoxStream>>,
     mut client: WriteHalf<BoxStream>,
     mut rx: mpsc::Receiver<Pending>,
+    activity: &Activity,
 ) -> Result<(), SessionError> {
     loop {
         let pending = tokio::select! {
@@ -439,9 +555,11 @@ async fn responses(
                 Err(e) => SessionError::UpstreamFrame(e),
             }),
         };
+        activity.answering.store(true, Ordering::Relaxed);
         let (correlation_id, api, version, handling) = match pending {
             Pending::Local(frame) => {
                 write_to(&mut client, &frame).await?;
+                activity.answered();
                 continue;
             }
             Pending::BrokerUnknownApi { correlation_id } => {
@@ -484,6 +602,7 @@ async fn responses(
             (Some(_), Handling::Produce(local)) => produce_response(shared, version, frame, local)?,
         };
         write_to(&mut client, &out).await?;
+        activity.answered();
     }
 }
 

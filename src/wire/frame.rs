@@ -1,15 +1,40 @@
 //! Length-prefixed Kafka frames: a big-endian int32 size, then that many
 //! bytes.
 //!
-//! The reader checks the size against the configured maximum before
-//! allocating, gives every frame its own allocation (so a Produce frame can
-//! be patched in place and forwarded without a copy), and is cancel-safe: all
-//! progress lives in the reader, so it can sit in a `tokio::select!`.
+//! The reader checks the size against the configured maximum, then grows the
+//! frame's buffer only for bytes that have arrived (at most doubling it), so
+//! an announced size alone allocates nothing beyond an 8 KiB read buffer. Every frame gets its own allocation (so a Produce frame
+//! can be patched in place and forwarded without a copy). The reader is
+//! cancel-safe: all progress lives in the reader, so it can sit in a
+//! `tokio::select!`.
+//!
+//! Between frames a reader holds no heap memory: the next size prefix is read
+//! into a 4-byte array, and the small read-ahead buffer that lets pipelined
+//! small frames share one read is freed as soon as it is empty. Idle
+//! connections are the common case, and they cost only their sockets.
+//!
+//! Client readers also draw on a [`Budget`] shared by every connection: a
+//! frame's memory is charged before it is allocated, and when the budget is
+//! used up reading pauses (backpressure) until forwarded frames give theirs
+//! back.
 
 use std::io::IoSlice;
+use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use bytes::{Buf, BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
+use tokio::time::Instant;
+
+/// First allocation for a frame body; it at least doubles as bytes arrive,
+/// so a frame of n bytes costs O(log n) allocations and never more than
+/// twice the bytes received.
+const FIRST_CHUNK: usize = 16 * 1024;
+/// Read-ahead for frames smaller than this: pipelined small requests (and
+/// the size prefix after them) come in with one read instead of two each.
+/// Larger frames are read straight into their own buffer.
+const READ_AHEAD: usize = 8 * 1024;
 
 /// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -18,50 +43,140 @@ pub enum FrameError {
         "frame of {size} bytes exceeds the maximum of {max} bytes (MIRROR_PROXY_MAX_FRAME_BYTES)"
     )]
     TooLarge { size: usize, max: usize },
+    #[error("frame of {size} bytes can never fit the buffer budget of {budget} bytes (MIRROR_PROXY_MAX_BUFFERED_BYTES)")]
+    OverBudget { size: usize, budget: usize },
     #[error("frame size {0} is negative")]
     NegativeSize(i32),
     #[error("connection closed in the middle of a frame ({buffered} bytes read)")]
     Truncated { buffered: usize },
+    #[error("frame not complete {ms} ms after its first byte ({buffered} bytes read; MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS)")]
+    Timeout { ms: u128, buffered: usize },
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
 }
 
+/// Memory for frames, in bytes, shared by every reader that holds it.
+///
+/// A reader charges a frame's buffer before allocating it and gives the
+/// charge back once the frame has been handed on (at its next `read_frame`
+/// call). A new frame waits while the budget is used up; it holds nothing
+/// yet, so that wait is plain backpressure. A frame already partly read
+/// that needs more than is left could wait forever if every holder were in
+/// the same position, so one such frame at a time may finish on an
+/// overdraft: memory stays below the budget plus one maximal frame.
+pub struct Budget {
+    total: usize,
+    free: Semaphore,
+    overdraft: Arc<Mutex<()>>,
+}
+
+impl Budget {
+    pub fn new(total: usize) -> Arc<Budget> {
+        let total = total.min(Semaphore::MAX_PERMITS);
+        Arc::new(Budget {
+            total,
+            free: Semaphore::new(total),
+            overdraft: Arc::new(Mutex::new(())),
+        })
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Bytes charged now (frames on the overdraft not included).
+    pub fn in_use(&self) -> usize {
+        self.total.saturating_sub(self.free.available_permits())
+    }
+}
+
 /// Reads whole frames from one half of a connection.
 pub struct FrameReader<R> {
-    // Small frames come out of this buffer without a syscall each.
-    inner: BufReader<R>,
+    inner: R,
     max: usize,
-    size: [u8; 4],
-    size_read: usize,
-    body: Option<BytesMut>,
+    budget: Option<Arc<Budget>>,
+    frame_timeout: Option<Duration>,
+    /// The size prefix of the next frame, as far as it has arrived.
+    head: [u8; 4],
+    head_len: usize,
+    /// The frame being read, once its size is known (`size` bytes). A
+    /// `Vec` so that growing it can extend the allocation in place (large
+    /// blocks are remapped, not copied); it becomes a `BytesMut` without a
+    /// copy when complete.
+    size: usize,
+    body: Option<Vec<u8>>,
+    /// Bytes read past the frame being read; empty means unallocated.
+    ahead: BytesMut,
+    /// When the frame being read must be complete.
+    deadline: Option<Instant>,
+    last_read: Instant,
+    /// Budget charged for the frame being read.
+    charged: usize,
+    overdraft: Option<OwnedMutexGuard<()>>,
+    /// Budget of the frame returned last, held until the caller asks for
+    /// the next one (by then it has been forwarded).
+    returned: usize,
+    returned_overdraft: Option<OwnedMutexGuard<()>>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R, max: usize) -> Self {
         FrameReader {
-            inner: BufReader::with_capacity(64 * 1024, inner),
+            inner,
             max,
-            size: [0; 4],
-            size_read: 0,
+            budget: None,
+            frame_timeout: None,
+            head: [0; 4],
+            head_len: 0,
+            size: 0,
             body: None,
+            ahead: BytesMut::new(),
+            deadline: None,
+            last_read: Instant::now(),
+            charged: 0,
+            overdraft: None,
+            returned: 0,
+            returned_overdraft: None,
         }
+    }
+
+    /// Charge frame memory to `budget`.
+    pub fn with_budget(mut self, budget: Arc<Budget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Once a frame's first byte has arrived, the rest must arrive within
+    /// `timeout` (time paused on the budget does not count).
+    pub fn with_frame_timeout(mut self, timeout: Duration) -> Self {
+        self.frame_timeout = Some(timeout);
+        self
+    }
+
+    /// Whether part of a frame has arrived.
+    pub fn mid_frame(&self) -> bool {
+        self.head_len > 0 || self.body.is_some() || !self.ahead.is_empty()
+    }
+
+    /// When bytes last arrived (or the reader was made).
+    pub fn last_read(&self) -> Instant {
+        self.last_read
     }
 
     /// The next frame without its size prefix, or `None` on a clean close
     /// between frames.
     pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        while self.body.is_none() {
-            let n = self.inner.read(&mut self.size[self.size_read..]).await?;
-            if n == 0 {
-                return match self.size_read {
-                    0 => Ok(None),
-                    buffered => Err(FrameError::Truncated { buffered }),
-                };
-            }
-            self.size_read += n;
-            if self.size_read == 4 {
-                let size = i32::from_be_bytes(self.size);
-                self.size_read = 0;
+        self.release_returned();
+        loop {
+            if self.body.is_none() {
+                if self.head_len < 4 {
+                    self.read_head().await?;
+                    if self.head_len == 0 {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                let size = i32::from_be_bytes(self.head);
                 let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
                 if size > self.max {
                     return Err(FrameError::TooLarge {
@@ -69,28 +184,215 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                         max: self.max,
                     });
                 }
-                self.body = Some(BytesMut::with_capacity(size));
-                self.size = (size as u32).to_be_bytes();
+                if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
+                    return Err(FrameError::OverBudget {
+                        size,
+                        budget: budget.total,
+                    });
+                }
+                self.size = size;
+                self.body = Some(Vec::new());
             }
-        }
-        let size = u32::from_be_bytes(self.size) as usize;
-        loop {
-            let body = self
-                .body
-                .as_mut()
-                .ok_or(FrameError::Truncated { buffered: 0 })?;
-            let remaining = size - body.len();
+            let len = self.body.as_ref().map_or(0, Vec::len);
+            let remaining = self.size - len;
             if remaining == 0 {
-                self.size = [0; 4];
-                return Ok(self.body.take());
+                return Ok(self.finish());
             }
-            let n = self.inner.read_buf(&mut body.limit(remaining)).await?;
-            if n == 0 {
-                return Err(FrameError::Truncated {
-                    buffered: 4 + body.len(),
-                });
+            if !self.ahead.is_empty() {
+                let n = remaining.min(self.ahead.len());
+                self.reserve(n).await?;
+                if let Some(body) = self.body.as_mut() {
+                    body.extend_from_slice(&self.ahead[..n]);
+                }
+                self.consume_ahead(n);
+                continue;
+            }
+            // Straight into the frame while it has room; otherwise through
+            // the read-ahead, so the frame grows (and draws on the budget)
+            // only for bytes that have arrived, never for bytes announced.
+            let room = self
+                .body
+                .as_ref()
+                .map_or(0, |b| b.capacity() - b.len())
+                .min(remaining);
+            let n = if remaining >= READ_AHEAD && room > 0 {
+                let deadline = self.deadline;
+                let Some(body) = self.body.as_mut() else {
+                    continue;
+                };
+                timed(deadline, self.inner.read_buf(&mut body.limit(room))).await
+            } else {
+                if self.ahead.capacity() == 0 {
+                    self.ahead = BytesMut::with_capacity(READ_AHEAD);
+                }
+                timed(self.deadline, self.inner.read_buf(&mut self.ahead)).await
+            };
+            match n {
+                Ok(0) => {
+                    return Err(FrameError::Truncated {
+                        buffered: 4 + len + self.ahead.len(),
+                    })
+                }
+                Ok(_) => self.last_read = Instant::now(),
+                Err(e) => return Err(self.read_error(e)),
             }
         }
+    }
+
+    /// Read (part of) the size prefix, from the read-ahead or the stream.
+    /// Leaves `head_len == 0` on a clean close between frames.
+    async fn read_head(&mut self) -> Result<(), FrameError> {
+        let start = self.head_len;
+        if !self.ahead.is_empty() {
+            let n = (4 - start).min(self.ahead.len());
+            self.head[start..start + n].copy_from_slice(&self.ahead[..n]);
+            self.consume_ahead(n);
+            self.head_len += n;
+        } else {
+            // Idle between frames: no deadline and no buffer.
+            let deadline = if start == 0 { None } else { self.deadline };
+            let n = match timed(deadline, self.inner.read(&mut self.head[start..])).await {
+                Ok(0) if start == 0 => return Ok(()),
+                Ok(0) => return Err(FrameError::Truncated { buffered: start }),
+                Ok(n) => n,
+                Err(e) => return Err(self.read_error(e)),
+            };
+            self.last_read = Instant::now();
+            self.head_len += n;
+        }
+        if start == 0 {
+            self.deadline = self.frame_timeout.map(|t| Instant::now() + t);
+        }
+        Ok(())
+    }
+
+    fn read_error(&self, e: ReadError) -> FrameError {
+        match e {
+            ReadError::Io(e) => FrameError::Io(e),
+            ReadError::Timeout => FrameError::Timeout {
+                ms: self.frame_timeout.unwrap_or_default().as_millis(),
+                buffered: self.head_len + self.body.as_ref().map_or(0, Vec::len),
+            },
+        }
+    }
+
+    fn consume_ahead(&mut self, n: usize) {
+        self.ahead.advance(n);
+        if self.ahead.is_empty() {
+            self.ahead = BytesMut::new();
+        }
+    }
+
+    /// The frame is complete: hand it out, keep its budget until the next call.
+    fn finish(&mut self) -> Option<BytesMut> {
+        self.head_len = 0;
+        self.deadline = None;
+        self.returned = std::mem::take(&mut self.charged);
+        self.returned_overdraft = self.overdraft.take();
+        // Vec -> Bytes -> BytesMut keeps the allocation (it is unique).
+        self.body
+            .take()
+            .map(|body| BytesMut::from(bytes::Bytes::from(body)))
+    }
+
+    fn release_returned(&mut self) {
+        let returned = std::mem::take(&mut self.returned);
+        if let Some(budget) = &self.budget {
+            budget.free.add_permits(returned);
+        }
+        self.returned_overdraft = None;
+    }
+
+    /// Make room in the body for `n` more bytes, growing it geometrically
+    /// up to the frame size and charging the growth to the budget first.
+    async fn reserve(&mut self, n: usize) -> Result<(), FrameError> {
+        let (len, cap) = match &self.body {
+            Some(b) => (b.len(), b.capacity()),
+            None => return Ok(()),
+        };
+        if cap - len >= n {
+            return Ok(());
+        }
+        // len + n <= size, so this always makes enough room.
+        let want = (len + n).max(cap * 2).max(FIRST_CHUNK).min(self.size);
+        self.charge(want.saturating_sub(cap)).await?;
+        if let Some(body) = self.body.as_mut() {
+            body.reserve_exact(want - len);
+        }
+        Ok(())
+    }
+
+    async fn charge(&mut self, n: usize) -> Result<(), FrameError> {
+        let Some(budget) = self.budget.clone() else {
+            return Ok(());
+        };
+        if n == 0 || self.overdraft.is_some() {
+            return Ok(());
+        }
+        let over = || FrameError::OverBudget {
+            size: self.size,
+            budget: budget.total,
+        };
+        let permits = u32::try_from(n).map_err(|_| over())?;
+        if let Ok(p) = budget.free.try_acquire_many(permits) {
+            p.forget();
+            self.charged += n;
+            return Ok(());
+        }
+        let paused = Instant::now();
+        let closed = |_| FrameError::Io(std::io::Error::other("frame budget closed"));
+        if self.charged == 0 {
+            // A new frame holds nothing: waiting is plain backpressure.
+            budget
+                .free
+                .acquire_many(permits)
+                .await
+                .map_err(closed)?
+                .forget();
+            self.charged += n;
+        } else {
+            tokio::select! {
+                biased;
+                p = budget.free.acquire_many(permits) => {
+                    p.map_err(closed)?.forget();
+                    self.charged += n;
+                }
+                guard = Arc::clone(&budget.overdraft).lock_owned() => {
+                    self.overdraft = Some(guard);
+                }
+            }
+        }
+        // The pause is the proxy's doing, not the client's.
+        if let Some(deadline) = self.deadline.as_mut() {
+            *deadline += paused.elapsed();
+        }
+        Ok(())
+    }
+}
+
+impl<R> Drop for FrameReader<R> {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.free.add_permits(self.charged + self.returned);
+        }
+    }
+}
+
+enum ReadError {
+    Io(std::io::Error),
+    Timeout,
+}
+
+async fn timed(
+    deadline: Option<Instant>,
+    read: impl std::future::Future<Output = std::io::Result<usize>>,
+) -> Result<usize, ReadError> {
+    match deadline {
+        None => read.await.map_err(ReadError::Io),
+        Some(at) => match tokio::time::timeout_at(at, read).await {
+            Ok(r) => r.map_err(ReadError::Io),
+            Err(_) => Err(ReadError::Timeout),
+        },
     }
 }
 
@@ -197,6 +499,234 @@ mod tests {
             .await
             .expect("write");
         assert_eq!(out.0, vec![0, 0, 0, 5, 9, 8, 7, 6, 5]);
+    }
+
+    fn frame(body: &[u8]) -> Vec<u8> {
+        let mut f = (body.len() as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(body);
+        f
+    }
+
+    /// Poll `read_frame` for a moment; `None` when it is still waiting
+    /// (dropping the future there is what a `select!` does).
+    async fn try_read<R: AsyncRead + Unpin>(
+        r: &mut FrameReader<R>,
+    ) -> Option<Result<Option<BytesMut>, FrameError>> {
+        tokio::time::timeout(Duration::from_millis(100), r.read_frame())
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn an_announced_size_allocates_nothing_until_its_bytes_arrive() {
+        let budget = Budget::new(1 << 30);
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 100 * 1024 * 1024).with_budget(Arc::clone(&budget));
+        // 90 MB announced, nothing more.
+        tx.write_all(&(90_000_000u32).to_be_bytes())
+            .await
+            .expect("write");
+        assert!(try_read(&mut r).await.is_none(), "no frame yet");
+        assert!(r.mid_frame());
+        assert_eq!(r.body.as_ref().map(Vec::capacity), Some(0));
+        assert_eq!(budget.in_use(), 0, "an announcement is not charged");
+        // 10 bytes arrive.
+        tx.write_all(&[1; 10]).await.expect("write");
+        assert!(try_read(&mut r).await.is_none(), "no frame yet");
+        let cap = r.body.as_ref().map_or(0, Vec::capacity);
+        assert!(cap <= FIRST_CHUNK, "{cap} bytes allocated for 10 received");
+        assert_eq!(budget.in_use(), cap);
+    }
+
+    #[tokio::test]
+    async fn a_large_frame_grows_with_what_arrived_and_comes_out_whole() {
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 10 << 20);
+        let body: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let framed = frame(&body);
+        tx.write_all(&framed[..100_004]).await.expect("write");
+        assert!(try_read(&mut r).await.is_none());
+        let cap = r.body.as_ref().map_or(0, Vec::capacity);
+        assert!(
+            (100_000..=2 * 100_000).contains(&cap),
+            "capacity {cap} for 100000 bytes received"
+        );
+        let writer = tokio::spawn(async move {
+            tx.write_all(&framed[100_004..]).await.expect("write");
+            tx
+        });
+        let got = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(got.len(), body.len());
+        assert!(got[..] == body[..], "frame content differs");
+        assert_eq!(got.capacity(), body.len(), "exact final allocation");
+        drop(writer.await);
+    }
+
+    #[test]
+    fn a_finished_frame_keeps_its_allocation() {
+        let body = vec![7u8; 100_000];
+        let at = body.as_ptr();
+        let frame = BytesMut::from(bytes::Bytes::from(body));
+        assert_eq!(frame.as_ptr(), at, "the frame was copied");
+        assert_eq!(frame.capacity(), 100_000);
+    }
+
+    #[tokio::test]
+    async fn an_idle_reader_holds_no_buffer_after_pipelined_frames() {
+        let (mut tx, rx) = tokio::io::duplex(1 << 16);
+        let mut r = FrameReader::new(rx, 1024);
+        let mut input = Vec::new();
+        for i in 0..50u8 {
+            input.extend(frame(&[i; 30]));
+        }
+        tx.write_all(&input).await.expect("write");
+        for i in 0..50u8 {
+            let f = r.read_frame().await.expect("read").expect("frame");
+            assert_eq!(&f[..], &[i; 30][..]);
+            // Each frame is its own allocation, so it can be patched and
+            // frozen back into a unique buffer.
+            assert!(f.freeze().try_into_mut().is_ok(), "frame {i} shares memory");
+        }
+        assert!(try_read(&mut r).await.is_none(), "nothing more to read");
+        assert!(!r.mid_frame());
+        assert_eq!(r.ahead.capacity(), 0, "read-ahead kept while idle");
+        assert!(r.body.is_none());
+    }
+
+    #[tokio::test]
+    async fn cancelling_mid_frame_loses_nothing() {
+        let (mut tx, rx) = tokio::io::duplex(1 << 16);
+        let mut r = FrameReader::new(rx, 1 << 20);
+        let body: Vec<u8> = (0..40_000u32).map(|i| (i % 13) as u8).collect();
+        let mut input = frame(&body);
+        input.extend(frame(b"next"));
+        for chunk in input.chunks(3_001) {
+            tx.write_all(chunk).await.expect("write");
+            // Each poll reads what is there and then is dropped while waiting.
+            if let Some(done) = try_read(&mut r).await {
+                let f = done.expect("read").expect("frame");
+                assert_eq!(&f[..], &body[..]);
+            }
+        }
+        let next = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&next[..], b"next");
+    }
+
+    #[tokio::test]
+    async fn a_stalled_frame_times_out_but_an_idle_reader_does_not() {
+        let (mut tx, rx) = tokio::io::duplex(1024);
+        let mut r = FrameReader::new(rx, 1024).with_frame_timeout(Duration::from_millis(200));
+        // Idle: waiting longer than the frame timeout is fine.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(400), r.read_frame())
+                .await
+                .is_err(),
+            "an idle reader must keep waiting"
+        );
+        tx.write_all(&[0, 0, 0, 10, 1, 2]).await.expect("write");
+        let started = Instant::now();
+        let err = tokio::time::timeout(Duration::from_secs(5), r.read_frame())
+            .await
+            .expect("the frame timeout fires first");
+        assert!(
+            matches!(
+                err,
+                Err(FrameError::Timeout {
+                    ms: 200,
+                    buffered: 6
+                })
+            ),
+            "{err:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test]
+    async fn a_new_frame_waits_for_the_budget_and_goes_on_when_it_is_freed() {
+        let budget = Budget::new(32 * 1024);
+        let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
+        let (mut tx_c, rx_c) = tokio::io::duplex(1 << 16);
+        let mut a = FrameReader::new(rx_a, 1 << 20).with_budget(Arc::clone(&budget));
+        let mut c = FrameReader::new(rx_c, 1 << 20).with_budget(Arc::clone(&budget));
+        let big = frame(&[7; 32 * 1024]);
+        tx_a.write_all(&big[..20_004]).await.expect("write");
+        assert!(try_read(&mut a).await.is_none());
+        assert_eq!(budget.in_use(), 32 * 1024, "A's growth is charged");
+        tx_c.write_all(&frame(b"small")).await.expect("write");
+        assert!(try_read(&mut c).await.is_none(), "C must wait for memory");
+        tx_a.write_all(&big[20_004..]).await.expect("write");
+        let f = a.read_frame().await.expect("read").expect("frame");
+        assert_eq!(f.len(), 32 * 1024);
+        // Still held: A's frame is being forwarded until A reads again.
+        assert!(try_read(&mut c).await.is_none(), "C must still wait");
+        drop(f);
+        assert!(try_read(&mut a).await.is_none(), "A is idle");
+        assert_eq!(budget.in_use(), 0);
+        let small = c.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&small[..], b"small");
+        drop((a, c));
+        assert_eq!(budget.in_use(), 0, "everything given back");
+    }
+
+    #[tokio::test]
+    async fn a_partly_read_frame_finishes_on_the_overdraft_one_at_a_time() {
+        let budget = Budget::new(64 * 1024);
+        let reader = |rx| FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
+        let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
+        let (mut tx_b, rx_b) = tokio::io::duplex(1 << 16);
+        let (mut tx_d, rx_d) = tokio::io::duplex(1 << 16);
+        let (mut a, mut b, mut d) = (reader(rx_a), reader(rx_b), reader(rx_d));
+        // B and D each hold a first chunk of a 20 KiB frame; A holds the
+        // rest of the budget with all but the last byte of a 32 KiB frame.
+        let b_frame = frame(&[2; 20 * 1024]);
+        let d_frame = frame(&[4; 20 * 1024]);
+        let a_frame = frame(&[1; 32 * 1024]);
+        tx_b.write_all(&b_frame[..10_004]).await.expect("write");
+        assert!(try_read(&mut b).await.is_none());
+        tx_d.write_all(&d_frame[..10_004]).await.expect("write");
+        assert!(try_read(&mut d).await.is_none());
+        tx_a.write_all(&a_frame[..a_frame.len() - 1])
+            .await
+            .expect("write");
+        assert!(try_read(&mut a).await.is_none());
+        assert_eq!(budget.in_use(), 64 * 1024);
+        // B needs more than is left. If every partial frame waited for
+        // memory, none would ever finish; B finishes on the overdraft.
+        tx_b.write_all(&b_frame[10_004..]).await.expect("write");
+        let fb = b.read_frame().await.expect("read").expect("B finishes");
+        assert_eq!(fb.len(), 20 * 1024);
+        // One overdraft at a time: D waits while B's frame is still held.
+        tx_d.write_all(&d_frame[10_004..]).await.expect("write");
+        assert!(try_read(&mut d).await.is_none(), "D must wait");
+        drop(fb);
+        assert!(try_read(&mut b).await.is_none(), "B is idle again");
+        let fd = d.read_frame().await.expect("read").expect("D finishes");
+        assert_eq!(fd.len(), 20 * 1024);
+        tx_a.write_all(&a_frame[a_frame.len() - 1..])
+            .await
+            .expect("write");
+        let fa = a.read_frame().await.expect("read").expect("A finishes");
+        assert_eq!(fa.len(), 32 * 1024);
+        drop((fa, fd, a, b, d));
+        assert_eq!(budget.in_use(), 0, "everything given back");
+    }
+
+    #[tokio::test]
+    async fn a_frame_larger_than_the_budget_is_refused() {
+        let budget = Budget::new(4096);
+        let input = [0, 0, 0x10, 0x01];
+        let mut r = FrameReader::new(&input[..], 1 << 20).with_budget(budget);
+        let err = r.read_frame().await;
+        assert!(
+            matches!(
+                err,
+                Err(FrameError::OverBudget {
+                    size: 4097,
+                    budget: 4096
+                })
+            ),
+            "{err:?}"
+        );
     }
 
     #[tokio::test]

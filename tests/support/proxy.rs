@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,42 @@ use anyhow::{bail, Context, Result};
 /// A free loopback port (racy by nature, but ports are not reused quickly).
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The proxy binary under test: this build, or `PROXY_TEST_BIN` (to run the
+/// tests against another build, e.g. an older one).
+pub fn proxy_bin() -> String {
+    std::env::var("PROXY_TEST_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_kafka-mirror-proxy").to_string())
+}
+
+/// A free loopback port above `min` (the proxy requires node ports above
+/// the bootstrap port).
+pub fn free_port_above(min: u16) -> Result<u16> {
+    for _ in 0..500 {
+        let port = free_port()?;
+        if port > min {
+            return Ok(port);
+        }
+    }
+    bail!("no free port above {min}")
+}
+
+/// A free loopback port p with p+1..=p+n free as well.
+pub fn free_port_run(n: u16) -> Result<u16> {
+    for _ in 0..500 {
+        let port = free_port()?;
+        if port.checked_add(n).is_none() {
+            continue;
+        }
+        let held: Vec<_> = (0..=n)
+            .map_while(|i| TcpListener::bind(("127.0.0.1", port + i)).ok())
+            .collect();
+        if held.len() == usize::from(n) + 1 {
+            return Ok(port);
+        }
+    }
+    bail!("no run of {} free ports", n + 1)
 }
 
 /// A running proxy process; killed on drop.
@@ -29,19 +65,38 @@ impl ProxyProcess {
     /// variables (names without the prefix).
     pub fn start(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
         let listen = free_port()?;
+        // Node 1 (the harness's broker) is served at base + 1, a free port
+        // above the bootstrap port.
+        let port_base = free_port_above(listen + 1)? - 1;
+        Self::spawn(upstream, extra, listen, Some(port_base))
+    }
+
+    /// Start a proxy that leaves `MIRROR_PROXY_BROKER_PORT_BASE` at its
+    /// default (node n at the bootstrap port + 1 + n; nodes 0 and 1 free).
+    pub fn start_default_ports(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
+        let listen = free_port_run(2)?;
+        Self::spawn(upstream, extra, listen, None)
+    }
+
+    fn spawn(
+        upstream: &str,
+        extra: &[(&str, &str)],
+        listen: u16,
+        port_base: Option<u16>,
+    ) -> Result<ProxyProcess> {
         let admin = free_port()?;
-        // Node 1 (the harness's broker) is served at base + 1.
-        let port_base = free_port()? - 1;
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
+        let mut cmd = Command::new(proxy_bin());
         cmd.arg("run")
             .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", upstream)
             .env("MIRROR_PROXY_LISTEN", format!("127.0.0.1:{listen}"))
             .env("MIRROR_PROXY_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
-            .env("MIRROR_PROXY_BROKER_PORT_BASE", port_base.to_string())
             .env("RUST_LOG", "info,kafka_mirror_proxy=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if let Some(base) = port_base {
+            cmd.env("MIRROR_PROXY_BROKER_PORT_BASE", base.to_string());
+        }
         for (k, v) in extra {
             cmd.env(format!("MIRROR_PROXY_{k}"), v);
         }
@@ -63,7 +118,7 @@ impl ProxyProcess {
             child,
             bootstrap: format!("127.0.0.1:{listen}"),
             admin: format!("127.0.0.1:{admin}"),
-            port_base,
+            port_base: port_base.unwrap_or(listen + 1),
             logs,
         };
         proxy.wait_for_log("proxy ready", Duration::from_secs(30))?;
@@ -77,6 +132,41 @@ impl ProxyProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Send a signal (`TERM`, `INT`, ...) to the process.
+    pub fn signal(&self, name: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        if !status.success() {
+            bail!("kill -{name} {} failed: {status}", self.child.id());
+        }
+        Ok(())
+    }
+
+    /// The exit status, once the process has exited within `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(Some(status));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A line of /proc/PID/status in kB (`VmRSS`, `VmData`, ...).
+    pub fn status_kb(&self, field: &str) -> Result<u64> {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("no {field} in /proc/{}/status", self.child.id()))
     }
 
     pub fn logs(&self) -> String {

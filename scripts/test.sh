@@ -10,7 +10,7 @@ scripts/kafka-jars.sh >/dev/null
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test "$@" 2>&1 | tee "$log"
+cargo test --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 awk '/^test result:/ {

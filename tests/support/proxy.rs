@@ -15,6 +15,30 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A port base such that `base + n` is a free loopback port for every node
+/// id `n` in `nodes` (checked by binding them all at once, then released).
+fn free_port_base(nodes: &[i32]) -> Result<u16> {
+    let (Some(&low), Some(&high)) = (nodes.iter().min(), nodes.iter().max()) else {
+        bail!("no node ids");
+    };
+    for _ in 0..50 {
+        // Anchor the lowest node at a port the kernel says is free.
+        let first = i32::from(free_port()?);
+        let base = first - low;
+        if base < 1024 || base + high > i32::from(u16::MAX) {
+            continue;
+        }
+        let held: std::io::Result<Vec<TcpListener>> = nodes
+            .iter()
+            .map(|n| TcpListener::bind(("127.0.0.1", (base + n) as u16)))
+            .collect();
+        if held.is_ok() {
+            return u16::try_from(base).context("port base");
+        }
+    }
+    bail!("found no port base with free ports for nodes {nodes:?}")
+}
+
 /// A running proxy process; killed on drop.
 pub struct ProxyProcess {
     child: Child,
@@ -26,12 +50,23 @@ pub struct ProxyProcess {
 
 impl ProxyProcess {
     /// Start a proxy in front of `upstream`, with extra `MIRROR_PROXY_*`
-    /// variables (names without the prefix).
+    /// variables (names without the prefix). Node 1 (the harness's broker)
+    /// gets a free proxy port.
     pub fn start(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
+        ProxyProcess::start_for_nodes(upstream, &[1], extra)
+    }
+
+    /// [`ProxyProcess::start`] for brokers with the node ids `nodes`: the
+    /// port base is chosen so that every one of them gets a free proxy port
+    /// (`upstream` may list several brokers, comma-separated).
+    pub fn start_for_nodes(
+        upstream: &str,
+        nodes: &[i32],
+        extra: &[(&str, &str)],
+    ) -> Result<ProxyProcess> {
         let listen = free_port()?;
         let admin = free_port()?;
-        // Node 1 (the harness's broker) is served at base + 1.
-        let port_base = free_port()? - 1;
+        let port_base = free_port_base(nodes)?;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
         cmd.arg("run")
             .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", upstream)

@@ -1,0 +1,561 @@
+//! A peer client's own test suite through the proxy: franz-go's `pkg/kgo`
+//! integration tests (the version pinned in `tests/peer/go.mod`), run once
+//! straight against a three-node KRaft cluster and once through the proxy
+//! fronting all three nodes, with one broker killed and restarted at the same
+//! point of each run. Every kgo test that passes direct must pass through the
+//! proxy; the tests that do not pass direct must be the documented ones
+//! ([`NOT_PASSING_DIRECT`], the README's table), so a broken direct run cannot
+//! make the comparison pass vacuously. Needs the Go toolchain; the module
+//! comes through the Go module proxy on first use.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use support::kafka::{KafkaMultiCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+use support::tools;
+
+const KGO_PACKAGE: &str = "github.com/twmb/franz-go/pkg/kgo";
+/// Node ids of the cluster; the proxy serves node n at its port base + n.
+const NODES: [u32; 3] = [1, 2, 3];
+/// The node killed (SIGKILL) and restarted during each run.
+const VICTIM: u32 = 2;
+/// When, after a run starts, the victim is killed: by then the
+/// group and transaction ETL tests are consuming and committing.
+const KILL_AFTER: Duration = Duration::from_secs(40);
+/// `KGO_TEST_RECORDS`: records per ETL chain (kgo's default is 500000).
+const RECORDS: &str = "1000";
+/// Tests run at once (`-test.parallel`); kgo also caps its ETL subtests at 4.
+const PARALLEL: &str = "4";
+/// Go's own limit for one run (`-test.timeout`: panics with every stack).
+const GO_TIMEOUT: Duration = Duration::from_secs(7 * 60);
+
+/// kgo tests that do not pass against this cluster in either mode, and why.
+/// The README's peer suite table says the same. Any other test that does not
+/// pass direct fails this test: the cluster or this list is wrong.
+const NOT_PASSING_DIRECT: &[(&str, &str)] = &[
+    (
+        "TestIssueProduceBrokerTooOldFailsRecords",
+        "skips itself: it needs a broker that refuses Produce v2, and Kafka 4.4 \
+         still advertises Produce from v0 (KAFKA-18659)",
+    ),
+    (
+        "TestSCRAMAuth",
+        "skips itself: needs a SASL/SCRAM listener and user (KGO_TEST_SCRAM_SEEDS, \
+         KGO_TEST_SCRAM); the cluster's listeners are PLAINTEXT",
+    ),
+    (
+        "TestSCRAMAuthBadCredentials",
+        "skips itself: needs a SASL/SCRAM listener (KGO_TEST_SCRAM_SEEDS); the \
+         cluster's listeners are PLAINTEXT",
+    ),
+    (
+        "TestOAuthAuth",
+        "skips itself: needs a SASL/OAUTHBEARER listener (KGO_TEST_OAUTH_SEEDS); \
+         the cluster's listeners are PLAINTEXT",
+    ),
+];
+
+/// kgo tests not run at all (`-test.skip`), in either mode, and why.
+const EXCLUDED: &[(&str, &str)] = &[(
+    "Test848RegexBrokerResolves",
+    "races against real brokers: its poll loop stops once as many topics have \
+     records as it expects, counting __consumer_offsets (which its regex also \
+     subscribes to), so it can stop before it reads orders-v2; fails direct too \
+     (\"did not consume from ...-orders-v2\", 1 of 12 concurrent runs)",
+)];
+
+/// kgo environment knobs a developer's shell could set that would change
+/// what runs; the suite sets its own or none.
+const KGO_KNOBS: &[&str] = &[
+    "KGO_SEEDS",
+    "KGO_TEST_RF",
+    "KGO_TEST_RECORDS",
+    "KGO_TEST_UNSAFE",
+    "KGO_TEST_TLS",
+    "KGO_TEST_SCRAM",
+    "KGO_TEST_SCRAM_SEEDS",
+    "KGO_TEST_OAUTH_SEEDS",
+    "KGO_TEST_MAX_TOPIC_PARTS",
+    "KGO_TEST_CHAOS",
+];
+
+#[test]
+fn kgo_suite_passes_through_the_proxy_as_it_does_direct() -> Result<()> {
+    let started = Instant::now();
+    // Compile the kgo tests while the brokers start (a cold module cache and
+    // build cache take minutes; a warm one seconds).
+    let (suite, kafka) = thread::scope(|s| {
+        let suite = s.spawn(KgoSuite::build);
+        let kafka = KafkaMultiCluster::start(KafkaOptions::default(), &NODES);
+        let suite = suite
+            .join()
+            .unwrap_or_else(|_| Err(anyhow!("building the kgo tests panicked")));
+        (suite, kafka)
+    });
+    let suite = suite?;
+    let mut kafka = kafka?;
+    eprintln!(
+        "peer suite: kgo tests built and {} nodes ready in {:.0} s",
+        NODES.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let direct = suite.run("direct", &kafka.bootstrap(), &mut kafka)?;
+    let node_ids: Vec<i32> = NODES.iter().map(|&n| n as i32).collect();
+    let proxy = ProxyProcess::start_for_nodes(&kafka.bootstrap(), &node_ids, &[])?;
+    let proxied = suite.run("proxy", &proxy.bootstrap, &mut kafka)?;
+
+    let report = compare(&direct, &proxied);
+    eprintln!("{}", report.text);
+    eprintln!(
+        "peer suite: {:.0} s in all",
+        started.elapsed().as_secs_f64()
+    );
+    if !report.problems.is_empty() {
+        let warnings: Vec<String> = proxy
+            .logs()
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .map(String::from)
+            .collect();
+        bail!(
+            "{}\n\nproxy WARN/ERROR lines ({} in all, last 40):\n{}",
+            report.problems.join("\n\n"),
+            warnings.len(),
+            tools::tail_str(&warnings.join("\n"), 40)
+        );
+    }
+    Ok(())
+}
+
+/// The compiled kgo test binary and the package source folder it runs in
+/// (as `go test` does: some tests read files beside them).
+struct KgoSuite {
+    _dir: tempfile::TempDir,
+    binary: PathBuf,
+    package_dir: PathBuf,
+}
+
+impl KgoSuite {
+    fn build() -> Result<KgoSuite> {
+        let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peer");
+        let version = Command::new("go").arg("version").output().map_err(|e| {
+            anyhow!(
+                "the peer suite needs the Go toolchain (`go` on PATH, Go 1.26 or \
+                 newer for franz-go): running `go version` failed: {e}"
+            )
+        })?;
+        ensure!(
+            version.status.success(),
+            "`go version` failed ({}): {}",
+            version.status,
+            String::from_utf8_lossy(&version.stderr)
+        );
+        eprintln!(
+            "peer suite: {}",
+            String::from_utf8_lossy(&version.stdout).trim()
+        );
+        let go = |args: &[&str], what: &str| -> Result<String> {
+            let mut cmd = Command::new("go");
+            cmd.args(args).current_dir(&module);
+            let out = tools::run_with_timeout(cmd, None, Duration::from_secs(15 * 60))
+                .with_context(|| format!("{what} (go {})", args.join(" ")))?;
+            ensure!(
+                out.status.success(),
+                "{what} failed: `go {}` in {} ({}):\n{}{}",
+                args.join(" "),
+                module.display(),
+                out.status,
+                tools::tail_str(&String::from_utf8_lossy(&out.stdout), 20),
+                tools::tail_str(&String::from_utf8_lossy(&out.stderr), 40),
+            );
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        };
+        // Fetches the pinned module (checked against go.sum) if not cached.
+        let package_dir = PathBuf::from(go(
+            &["list", "-f", "{{.Dir}}", KGO_PACKAGE],
+            "finding franz-go's kgo package",
+        )?);
+        ensure!(
+            package_dir.join("helpers_test.go").is_file(),
+            "`go list` named {}, which holds no kgo tests",
+            package_dir.display()
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("kgo-peer-")
+            .tempdir()
+            .context("temp dir for the kgo test binary")?;
+        let binary = dir.path().join("kgo.test");
+        let out = binary.display().to_string();
+        go(
+            &["test", "-c", "-o", &out, KGO_PACKAGE],
+            "compiling franz-go's kgo tests",
+        )?;
+        Ok(KgoSuite {
+            _dir: dir,
+            binary,
+            package_dir,
+        })
+    }
+
+    /// Runs every kgo test (but [`EXCLUDED`]) against `seeds`, kills node
+    /// [`VICTIM`] [`KILL_AFTER`] into the run and restarts it at once, and
+    /// collects each test's result and output from `go tool test2json`.
+    fn run(&self, label: &str, seeds: &str, kafka: &mut KafkaMultiCluster) -> Result<SuiteRun> {
+        eprintln!("peer suite ({label}): kgo tests against {seeds}");
+        let (pipe_out, pipe_in) = std::io::pipe().context("pipe for the kgo test output")?;
+        let skip: Vec<String> = EXCLUDED.iter().map(|(t, _)| format!("^{t}$")).collect();
+        let mut cmd = Command::new(&self.binary);
+        cmd.args([
+            "-test.v=test2json",
+            &format!("-test.parallel={PARALLEL}"),
+            &format!("-test.timeout={}s", GO_TIMEOUT.as_secs()),
+            &format!("-test.skip={}", skip.join("|")),
+        ])
+        .current_dir(&self.package_dir)
+        .stdin(Stdio::null())
+        .stdout(pipe_in.try_clone()?)
+        .stderr(pipe_in);
+        for knob in KGO_KNOBS {
+            cmd.env_remove(knob);
+        }
+        cmd.env("KGO_SEEDS", seeds)
+            .env("KGO_TEST_RF", NODES.len().to_string())
+            .env("KGO_TEST_RECORDS", RECORDS);
+        // The clients' own logs: none unless asked for (the tests' own
+        // t.Log/t.Error lines are kept either way).
+        if std::env::var_os("KGO_LOG_LEVEL").is_none() {
+            cmd.env("KGO_LOG_LEVEL", "none");
+        }
+        let start = Instant::now();
+        let mut test = Reaped(cmd.spawn().context("starting the kgo test binary")?);
+        // The Command holds the pipe's write ends: drop it, so that only the
+        // child does and test2json sees EOF when the child exits.
+        drop(cmd);
+        let mut json = Reaped(
+            Command::new("go")
+                .args(["tool", "test2json", "-t", "-p", KGO_PACKAGE])
+                .stdin(pipe_out)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .context("starting `go tool test2json`")?,
+        );
+        let events = Arc::new(Mutex::new(Events::default()));
+        let stdout = json.0.stdout.take().context("test2json stdout")?;
+        let reader = {
+            let events = Arc::clone(&events);
+            let label = label.to_string();
+            thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if let Ok(mut e) = events.lock() {
+                        e.add(&label, &line);
+                    }
+                }
+            })
+        };
+
+        // The broker crash, at the same point of both runs.
+        while start.elapsed() < KILL_AFTER {
+            if let Some(status) = test.0.try_wait()? {
+                bail!(
+                    "peer suite ({label}): the kgo tests ended ({status}) after {:.0} s, \
+                     before the broker kill at {} s",
+                    start.elapsed().as_secs_f64(),
+                    KILL_AFTER.as_secs()
+                );
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        let node = kafka.node_mut(VICTIM)?;
+        node.kill();
+        let killed_at = start.elapsed();
+        node.restart()
+            .with_context(|| format!("restarting node {VICTIM} during the {label} run"))?;
+        eprintln!(
+            "peer suite ({label}): node {VICTIM} killed at {:.1} s, ready again at {:.1} s",
+            killed_at.as_secs_f64(),
+            start.elapsed().as_secs_f64()
+        );
+
+        let deadline = start + GO_TIMEOUT + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = test.0.try_wait()? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "peer suite ({label}): the kgo tests did not end within {:?}",
+                    deadline - start
+                );
+            }
+            thread::sleep(Duration::from_millis(200));
+        };
+        json.0.wait().context("waiting for test2json")?;
+        reader
+            .join()
+            .map_err(|_| anyhow!("test2json reader panicked"))?;
+        let events = std::mem::take(&mut *events.lock().map_err(|_| anyhow!("poisoned"))?);
+        let run = SuiteRun::new(label, events, start.elapsed(), status);
+        eprintln!("peer suite ({label}): {}", run.summary());
+        ensure!(
+            !run.top_level().is_empty(),
+            "peer suite ({label}): the kgo test binary reported no tests ({status}):\n{}",
+            tools::tail_str(&run.events.package_output.join(""), 40)
+        );
+        Ok(run)
+    }
+}
+
+/// A child process killed and reaped when dropped (on an early return).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Pass,
+    Fail,
+    Skip,
+}
+
+/// What `go tool test2json` reported, per test (subtests included, as
+/// `Parent/sub`).
+#[derive(Default)]
+struct Events {
+    results: BTreeMap<String, Outcome>,
+    output: BTreeMap<String, Vec<String>>,
+    started: BTreeSet<String>,
+    /// Output outside any test (the final PASS/FAIL, a panic, a timeout).
+    package_output: Vec<String>,
+}
+
+impl Events {
+    fn add(&mut self, label: &str, line: &str) {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            self.package_output.push(format!("{line}\n"));
+            return;
+        };
+        let action = event["Action"].as_str().unwrap_or_default();
+        let output = event["Output"].as_str().unwrap_or_default();
+        let Some(test) = event["Test"].as_str() else {
+            if action == "output" {
+                self.package_output.push(output.to_string());
+            }
+            return;
+        };
+        let outcome = match action {
+            "run" => {
+                self.started.insert(test.to_string());
+                return;
+            }
+            "output" => {
+                self.output
+                    .entry(test.to_string())
+                    .or_default()
+                    .push(output.to_string());
+                return;
+            }
+            "pass" => Outcome::Pass,
+            "fail" => Outcome::Fail,
+            "skip" => Outcome::Skip,
+            _ => return,
+        };
+        if outcome == Outcome::Fail && !test.contains('/') {
+            eprintln!("peer suite ({label}): --- FAIL: {test}");
+        }
+        self.results.insert(test.to_string(), outcome);
+    }
+}
+
+struct SuiteRun {
+    label: String,
+    events: Events,
+    wall: Duration,
+    status: ExitStatus,
+}
+
+impl SuiteRun {
+    fn new(label: &str, mut events: Events, wall: Duration, status: ExitStatus) -> SuiteRun {
+        // A test that started but never ended (the binary panicked or timed
+        // out) has not passed.
+        for test in std::mem::take(&mut events.started) {
+            events.results.entry(test).or_insert(Outcome::Fail);
+        }
+        SuiteRun {
+            label: label.to_string(),
+            events,
+            wall,
+            status,
+        }
+    }
+
+    /// Results of the top-level tests (a failing subtest fails its parent).
+    fn top_level(&self) -> BTreeMap<&str, Outcome> {
+        self.events
+            .results
+            .iter()
+            .filter(|(t, _)| !t.contains('/'))
+            .map(|(t, o)| (t.as_str(), *o))
+            .collect()
+    }
+
+    fn count(&self, outcome: Outcome) -> usize {
+        self.top_level().values().filter(|&&o| o == outcome).count()
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{} passed, {} failed, {} skipped (top-level kgo tests) in {:.0} s, {}",
+            self.count(Outcome::Pass),
+            self.count(Outcome::Fail),
+            self.count(Outcome::Skip),
+            self.wall.as_secs_f64(),
+            self.status
+        )
+    }
+
+    fn outcome(&self, test: &str) -> Option<Outcome> {
+        self.events.results.get(test).copied()
+    }
+
+    /// The output of `test` and its subtests, last `n` lines.
+    fn output(&self, test: &str, n: usize) -> String {
+        let prefix = format!("{test}/");
+        let text: String = self
+            .events
+            .output
+            .iter()
+            .filter(|(t, _)| *t == test || t.starts_with(&prefix))
+            .flat_map(|(_, lines)| lines.iter().map(String::as_str))
+            .collect();
+        tools::tail_str(&text, n)
+    }
+
+    /// The first line a test logged itself (`file.go:123: ...`), e.g. why it
+    /// skipped.
+    fn first_message(&self, test: &str) -> String {
+        self.events
+            .output
+            .get(test)
+            .and_then(|lines| {
+                lines.iter().find(|l| {
+                    let l = l.trim_start();
+                    l.split_once(": ")
+                        .is_some_and(|(loc, _)| loc.contains(".go:"))
+                })
+            })
+            .map(|l| l.trim().to_string())
+            .unwrap_or_default()
+    }
+}
+
+struct Report {
+    text: String,
+    problems: Vec<String>,
+}
+
+/// The comparison: every test that passed direct passed through the proxy,
+/// and what did not pass direct is exactly what is documented.
+fn compare(direct: &SuiteRun, proxied: &SuiteRun) -> Report {
+    let mut text = String::new();
+    let mut problems = Vec::new();
+    let documented: BTreeMap<&str, &str> = NOT_PASSING_DIRECT.iter().copied().collect();
+    let _ = writeln!(text, "\n==== peer suite: franz-go {KGO_PACKAGE} ====");
+    for run in [direct, proxied] {
+        let _ = writeln!(text, "{:>6}: {}", run.label, run.summary());
+    }
+    let _ = writeln!(text, "not run (excluded in both runs):");
+    for (test, why) in EXCLUDED {
+        let _ = writeln!(text, "  {test}: {why}");
+    }
+
+    let _ = writeln!(text, "not passing direct:");
+    for (test, outcome) in direct.top_level() {
+        if outcome == Outcome::Pass {
+            continue;
+        }
+        let said = direct.first_message(test);
+        match documented.get(test) {
+            Some(why) => {
+                let _ = writeln!(text, "  {test} ({outcome:?}): {why}\n      it said: {said}");
+            }
+            None => {
+                let _ = writeln!(
+                    text,
+                    "  {test} ({outcome:?}): NOT DOCUMENTED\n      it said: {said}"
+                );
+                problems.push(format!(
+                    "{test} did not pass direct ({outcome:?}) and is not in NOT_PASSING_DIRECT \
+                     (the cluster, or the list and the README's table, is wrong); its output:\n{}",
+                    direct.output(test, 40)
+                ));
+            }
+        }
+    }
+    for test in documented.keys() {
+        if direct.outcome(test) == Some(Outcome::Pass) {
+            let _ = writeln!(
+                text,
+                "  note: {test} is documented as not passing direct but passed; update the list"
+            );
+        }
+    }
+
+    let passed_direct: Vec<&str> = direct
+        .top_level()
+        .into_iter()
+        .filter(|(_, o)| *o == Outcome::Pass)
+        .map(|(t, _)| t)
+        .collect();
+    let mut proxy_only = Vec::new();
+    for test in &passed_direct {
+        match proxied.outcome(test) {
+            Some(Outcome::Pass) => {}
+            other => {
+                let what = match other {
+                    Some(o) => format!("{o:?}"),
+                    None => "did not run".to_string(),
+                };
+                proxy_only.push(format!(
+                    "{test}: passed direct, {what} through the proxy; its output:\n{}",
+                    proxied.output(test, 40)
+                ));
+            }
+        }
+    }
+    let _ = writeln!(
+        text,
+        "passed direct: {}; of these, through the proxy: {} passed, {} did not",
+        passed_direct.len(),
+        passed_direct.len() - proxy_only.len(),
+        proxy_only.len()
+    );
+    // A direct run that hardly ran (no brokers reached) must not make the
+    // comparison pass: the documented list above already catches that, and
+    // the broker-heavy tests must be among the passes.
+    for must in ["TestGroupETL", "TestTxnEtl", "TestClient_Produce"] {
+        if !passed_direct.contains(&must) {
+            problems.push(format!("{must} did not pass direct"));
+        }
+    }
+    problems.extend(proxy_only);
+    Report { text, problems }
+}

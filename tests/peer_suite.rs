@@ -359,7 +359,13 @@ impl KgoSuite {
                 );
             }
         }
-        let run = SuiteRun::new(label, events, start.elapsed(), status);
+        let mut run = SuiteRun::new(label, events, start.elapsed(), status);
+        run.kill = format!(
+            "node {VICTIM} killed at {:.1} s ({} s into {kill_test}), ready again at {:.1} s",
+            killed_at.as_secs_f64(),
+            kill_after.as_secs(),
+            back_at.as_secs_f64()
+        );
         eprintln!(
             "peer suite ({label}): {} (events: {})",
             run.summary(),
@@ -453,6 +459,8 @@ impl Events {
 
 struct SuiteRun {
     label: String,
+    /// When the broker was killed and back, for the report.
+    kill: String,
     events: Events,
     wall: Duration,
     status: ExitStatus,
@@ -467,6 +475,7 @@ impl SuiteRun {
         }
         SuiteRun {
             label: label.to_string(),
+            kill: String::new(),
             events,
             wall,
             status,
@@ -548,7 +557,18 @@ fn compare(direct: &SuiteRun, proxied: &SuiteRun) -> Report {
     let documented: BTreeMap<&str, &str> = NOT_PASSING_DIRECT.iter().copied().collect();
     let _ = writeln!(text, "\n==== peer suite: franz-go {KGO_PACKAGE} ====");
     for run in [direct, proxied] {
-        let _ = writeln!(text, "{:>6}: {}", run.label, run.summary());
+        let _ = writeln!(text, "{:>6}: {}; {}", run.label, run.summary(), run.kill);
+        // A timeout or a panic ends the binary: its tests that were running
+        // count as failed, and the reason is only in the package's output.
+        let package = run.events.package_output.concat();
+        if package.contains("panic:") {
+            let _ = writeln!(
+                text,
+                "{:>6}: the kgo test binary panicked:\n{}",
+                run.label,
+                indent(&tools::tail_str(&package, 30))
+            );
+        }
     }
     let _ = writeln!(text, "not run (excluded in both runs):");
     for (test, why) in EXCLUDED {

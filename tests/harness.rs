@@ -1,16 +1,17 @@
 //! Smoke tests of the real-Kafka test harness itself (tests/support): local
 //! KRaft brokers with chosen cluster ids, PLAINTEXT, SASL/PLAIN and TLS client
-//! listeners, restart, start failures, and Kafka's Java tools with their
-//! output parsers.
+//! listeners, restart, a three-node cluster losing and regaining a node,
+//! start failures, and Kafka's Java tools with their output parsers.
 
 mod support;
 
+use std::net::TcpStream;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use support::kafka::{KafkaCluster, KafkaOptions, Security};
+use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions, Security};
 use support::tools::{self, props_ref};
 
 const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
@@ -120,6 +121,72 @@ fn two_clusters_produce_consume_dump_restart() -> Result<()> {
     assert!(first.iter().all(|b| b.records.is_empty()), "not deep");
     b.stop()?;
     assert!(!b.is_running());
+    Ok(())
+}
+
+/// Three nodes with ids chosen here: all of them in the cluster, a
+/// replicated topic that stays writable and readable with one node killed,
+/// and the node back after a restart, caught up with what it missed.
+#[test]
+fn three_nodes_survive_a_kill_and_restart() -> Result<()> {
+    let ids = [4, 7, 9];
+    let mut kafka = KafkaMultiCluster::start(KafkaOptions::default().cluster_id(ID_A), &ids)?;
+    assert_eq!(kafka.node_ids(), ids);
+    let each: Vec<String> = kafka.nodes().iter().map(|n| n.bootstrap()).collect();
+    assert_eq!(kafka.bootstrap(), each.join(","));
+    assert_eq!(tools::cluster_id(&kafka.bootstrap(), &[])?, ID_A);
+    let versions = tools::broker_api_versions(&kafka.bootstrap())?;
+    for id in ids {
+        ensure!(versions.contains(&format!("(id: {id} ")), "{versions}");
+    }
+
+    let topic = "replicated";
+    tools::create_topic_replicated(&kafka.bootstrap(), topic, 3, 3, &[], &[])?;
+    let acks = [("acks", "all"), ("enable.idempotence", "true")];
+    let sent = records(200);
+    tools::console_produce_kv(&kafka.bootstrap(), topic, &sent[..100], &acks)?;
+
+    // A crash: the port refuses, the other two carry on (data and quorum).
+    let victim = kafka.node_mut(7)?;
+    let victim_port = victim.port();
+    victim.kill();
+    assert!(!victim.is_running());
+    assert!(TcpStream::connect(("127.0.0.1", victim_port)).is_err());
+    tools::console_produce_kv(&kafka.bootstrap(), topic, &sent[100..], &acks)?;
+    tools::create_topic_replicated(&kafka.bootstrap(), "created-while-down", 1, 2, &[], &[])?;
+    let got = tools::console_consume(&kafka.bootstrap(), topic, 200, &[], Duration::from_secs(30))?;
+    assert_eq!(got.len(), 200, "{got:?}");
+
+    // Back on the same port and data; it sees the others and catches up.
+    let victim = kafka.node_mut(7)?;
+    victim.restart()?;
+    assert!(victim.is_running());
+    assert_eq!(victim.port(), victim_port);
+    let versions = tools::broker_api_versions(&victim.bootstrap())?;
+    for id in ids {
+        ensure!(versions.contains(&format!("(id: {id} ")), "{versions}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut count = 0;
+        for partition in 0..3 {
+            for segment in victim.segment_files(topic, partition)? {
+                count += tools::dump_log_segments(&segment, false)?
+                    .iter()
+                    .map(|b| b.count)
+                    .sum::<i64>();
+            }
+        }
+        if count == 200 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "node 7 holds {count} of 200 records a minute after its restart"
+        );
+        thread::sleep(Duration::from_secs(1));
+    }
+    ensure!(kafka.node_mut(5).is_err(), "node 5 was never started");
     Ok(())
 }
 

@@ -1,9 +1,12 @@
-//! Real single-node Apache Kafka 4.4 brokers (KRaft, combined broker and
-//! controller) run as local `java` processes from the jars that
-//! `scripts/kafka-jars.sh` fetches, for integration tests.
+//! Real Apache Kafka 4.4 brokers (KRaft, combined broker and controller
+//! nodes) run as local `java` processes from the jars that
+//! `scripts/kafka-jars.sh` fetches, for integration tests: a single-node
+//! [`KafkaCluster`], or a [`KafkaMultiCluster`] of several nodes with a static
+//! controller quorum whose nodes can be stopped, killed and restarted one by
+//! one.
 //!
-//! Each [`KafkaCluster`] has its own free ports, temp dir (config, data, log)
-//! and cluster id, so several can run at once. The broker runs under a small
+//! Each cluster has its own free ports, temp dirs (config, data, log) and
+//! cluster id, so several can run at once. Every broker runs under a small
 //! `sh` watchdog that kills it if the test process dies, so even an aborted
 //! test run leaves no broker behind.
 //!
@@ -258,13 +261,22 @@ fn base64url_nopad(bytes: &[u8]) -> String {
     out
 }
 
-/// One single-node KRaft Kafka cluster.
-/// Dropping it kills the broker (SIGKILL) and deletes its temp dir.
-pub struct KafkaCluster {
+/// One broker+controller node (KRaft, combined roles): its ports, temp dir
+/// (config, data, log) and process. A [`KafkaCluster`] is one such node; a
+/// [`KafkaMultiCluster`] is several sharing a cluster id and a static
+/// controller quorum. Dropping a node kills it (SIGKILL) and deletes its
+/// temp dir.
+pub struct KafkaNode {
+    /// This node's options; `opts.node_id` is its node id.
     opts: KafkaOptions,
     cluster_id: String,
     bootstrap: String,
     port: u16,
+    /// Nodes in the cluster: replicas of the internal topics.
+    cluster_size: usize,
+    /// `controller.quorum.voters` of a multi-node cluster, set once every
+    /// node has its ports; empty for a node of its own.
+    voters: String,
     local: LocalBroker,
 }
 
@@ -281,55 +293,120 @@ struct BrokerProcess {
     java_pid: u32,
 }
 
-impl KafkaCluster {
-    /// Starts a broker and waits until it is ready (log says started, the
-    /// client port accepts TCP and answers ApiVersions), or fails with the
-    /// tail of the broker log once the process exits or `start_timeout` passes.
-    pub fn start(opts: KafkaOptions) -> Result<KafkaCluster> {
-        let cluster_id = match &opts.cluster_id {
-            Some(id) => {
-                validate_cluster_id(id)?;
-                id.clone()
+/// What [`KafkaNode::wait_ready`] needs from [`KafkaNode::launch`].
+struct Launch {
+    /// Length of the broker log before this start.
+    start_offset: u64,
+    deadline: Instant,
+}
+
+/// The cluster id from the options, checked, or a random one.
+fn chosen_cluster_id(opts: &KafkaOptions) -> Result<String> {
+    match &opts.cluster_id {
+        Some(id) => {
+            validate_cluster_id(id)?;
+            Ok(id.clone())
+        }
+        None => Ok(random_cluster_id()),
+    }
+}
+
+/// Picks ports for every node, writes their configurations (each naming all
+/// the controllers), formats their storage (once) and starts them all at
+/// once, then waits until every one is ready. On any failure every node of
+/// `nodes` is killed.
+fn start_nodes(nodes: &mut [KafkaNode]) -> Result<()> {
+    let libs = jars_dir()?;
+    // Ports are found by binding port 0 and releasing it, so another
+    // process can grab one before the broker binds it: retry on that.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let result = start_nodes_once(nodes, &libs, attempt == 1);
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                for node in nodes.iter_mut() {
+                    node.kill();
+                }
+                if attempt < 3 && format!("{e:#}").contains("Address already in use") {
+                    eprintln!("kafka: port clash on start, retrying with new ports");
+                } else {
+                    return Err(e);
+                }
             }
-            None => random_cluster_id(),
-        };
-        let libs = jars_dir()?;
+        }
+    }
+}
+
+fn start_nodes_once(nodes: &mut [KafkaNode], libs: &Path, format: bool) -> Result<()> {
+    for node in nodes.iter_mut() {
+        node.pick_ports()?;
+    }
+    if nodes.len() > 1 {
+        let voters: Vec<String> = nodes.iter().map(KafkaNode::voter).collect();
+        let voters = voters.join(",");
+        for node in nodes.iter_mut() {
+            node.voters = voters.clone();
+        }
+    }
+    for node in nodes.iter() {
+        node.write_server_properties()?;
+    }
+    if format {
+        // One JVM each: in parallel, so three nodes format in the time of one.
+        thread::scope(|s| {
+            let runs: Vec<_> = nodes
+                .iter()
+                .map(|node| s.spawn(move || node.format(libs)))
+                .collect();
+            runs.into_iter()
+                .map(|run| {
+                    run.join()
+                        .unwrap_or_else(|_| bail!("storage format thread panicked"))
+                })
+                .collect::<Result<Vec<()>>>()
+        })?;
+    }
+    // Launch every node before waiting for any: a node of a multi-node
+    // cluster is ready only once a majority of the controllers runs.
+    let mut launches = Vec::with_capacity(nodes.len());
+    for node in nodes.iter_mut() {
+        launches.push(node.launch(libs)?);
+    }
+    for (node, launch) in nodes.iter_mut().zip(launches) {
+        node.wait_ready(launch)?;
+    }
+    Ok(())
+}
+
+impl KafkaNode {
+    /// A node that is not started yet, with its own temp dir.
+    fn new(opts: KafkaOptions, cluster_id: String, cluster_size: usize) -> Result<KafkaNode> {
         let dir = tempfile::Builder::new()
-            .prefix("kafka-test-")
+            .prefix(&format!("kafka-test-n{}-", opts.node_id))
             .disable_cleanup(std::env::var_os("KAFKA_TEST_KEEP_DIRS").is_some())
             .tempdir()
             .context("creating broker temp dir")?;
         fs::write(dir.path().join("log4j2.properties"), BROKER_LOG4J2)?;
-        let mut cluster = KafkaCluster {
+        Ok(KafkaNode {
             opts,
             cluster_id,
             bootstrap: String::new(),
             port: 0,
+            cluster_size,
+            voters: String::new(),
             local: LocalBroker {
                 dir,
                 controller_port: 0,
                 internal_port: None,
                 process: None,
             },
-        };
-        // Ports are found by binding port 0 and releasing it, so another
-        // process can grab one before the broker binds it: retry on that.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            cluster.pick_ports()?;
-            cluster.write_server_properties()?;
-            if attempt == 1 {
-                cluster.format(&libs)?;
-            }
-            match cluster.launch_and_wait(&libs) {
-                Ok(()) => return Ok(cluster),
-                Err(e) if attempt < 3 && format!("{e:#}").contains("Address already in use") => {
-                    eprintln!("kafka: port clash on start, retrying with new ports");
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        })
+    }
+
+    pub fn node_id(&self) -> u32 {
+        self.opts.node_id
     }
 
     /// "127.0.0.1:port" of the client listener.
@@ -404,12 +481,21 @@ impl KafkaCluster {
         Ok(())
     }
 
+    /// SIGKILL, as a crash would: no clean shutdown, no leadership handed
+    /// over. Returns once the process is gone; a no-op if it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.local.process.take() {
+            p.kill();
+        }
+    }
+
     /// Stops the broker (if running) and starts it again on the same ports
-    /// and data, waiting for readiness as [`KafkaCluster::start`] does.
+    /// and data, waiting for readiness as the first start did.
     pub fn restart(&mut self) -> Result<()> {
         self.stop()?;
         let libs = jars_dir()?;
-        self.launch_and_wait(&libs)
+        let launch = self.launch(&libs)?;
+        self.wait_ready(launch)
     }
 
     /// True while the local broker process runs.
@@ -418,6 +504,14 @@ impl KafkaCluster {
             Some(p) => matches!(p.shell.try_wait(), Ok(None)),
             None => false,
         }
+    }
+
+    /// This node's entry in `controller.quorum.voters`.
+    fn voter(&self) -> String {
+        format!(
+            "{}@127.0.0.1:{}",
+            self.opts.node_id, self.local.controller_port
+        )
     }
 
     fn pick_ports(&mut self) -> Result<()> {
@@ -435,6 +529,19 @@ impl KafkaCluster {
         let local = &self.local;
         let dir = local.dir.path();
         let (node, cport, port) = (self.opts.node_id, local.controller_port, self.port);
+        // A node of its own forms a quorum of one; in a multi-node cluster
+        // `voters` names every node's controller listener.
+        let voters = if self.voters.is_empty() {
+            self.voter()
+        } else {
+            self.voters.clone()
+        };
+        // Internal topics: one replica and one partition on a single node
+        // (creating 50 slows the first group or transaction by seconds); on
+        // several nodes, a replica and a partition on each, so coordinators
+        // are spread and survive one node going down.
+        let n = self.cluster_size.max(1).to_string();
+        let min_isr = if self.cluster_size > 1 { "2" } else { "1" };
         let client = self.opts.security.listener();
         let mut listeners = format!("{client}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}");
         let mut advertised = format!("{client}://127.0.0.1:{port}");
@@ -451,30 +558,25 @@ impl KafkaCluster {
         let mut props: Vec<(String, String)> = [
             ("process.roles", "broker,controller".to_string()),
             ("node.id", node.to_string()),
-            (
-                "controller.quorum.voters",
-                format!("{node}@127.0.0.1:{cport}"),
-            ),
+            ("controller.quorum.voters", voters),
             ("controller.listener.names", "CONTROLLER".into()),
             ("listeners", listeners),
             ("advertised.listeners", advertised),
             ("listener.security.protocol.map", protocol_map),
             ("inter.broker.listener.name", inter_broker),
             ("log.dirs", dir.join("data").display().to_string()),
-            // Single node: every internal topic has one replica, and one
-            // partition, since creating 50 slows the first group or
-            // transaction by seconds.
-            ("offsets.topic.replication.factor", "1".into()),
-            ("offsets.topic.num.partitions", "1".into()),
-            ("transaction.state.log.replication.factor", "1".into()),
-            ("transaction.state.log.min.isr", "1".into()),
-            ("transaction.state.log.num.partitions", "1".into()),
+            ("default.replication.factor", n.clone()),
+            ("offsets.topic.replication.factor", n.clone()),
+            ("offsets.topic.num.partitions", n.clone()),
+            ("transaction.state.log.replication.factor", n.clone()),
+            ("transaction.state.log.min.isr", min_isr.into()),
+            ("transaction.state.log.num.partitions", n.clone()),
             (
                 "share.coordinator.state.topic.replication.factor",
-                "1".into(),
+                n.clone(),
             ),
-            ("share.coordinator.state.topic.min.isr", "1".into()),
-            ("share.coordinator.state.topic.num.partitions", "1".into()),
+            ("share.coordinator.state.topic.min.isr", min_isr.into()),
+            ("share.coordinator.state.topic.num.partitions", n),
             ("group.initial.rebalance.delay.ms", "0".into()),
         ]
         .into_iter()
@@ -555,8 +657,9 @@ impl KafkaCluster {
         Ok(())
     }
 
-    /// Launches java under the watchdog and waits for readiness.
-    fn launch_and_wait(&mut self, libs: &Path) -> Result<()> {
+    /// Launches java under the watchdog; returns the broker log's length
+    /// before this start, for [`KafkaNode::wait_ready`].
+    fn launch(&mut self, libs: &Path) -> Result<Launch> {
         let log = self.log_path();
         let start_offset = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         let dir = self.dir().to_path_buf();
@@ -624,11 +727,26 @@ exit $rc"#;
             thread::sleep(Duration::from_millis(20));
         };
         self.local.process = Some(BrokerProcess { shell, java_pid });
+        Ok(Launch {
+            start_offset,
+            deadline,
+        })
+    }
 
+    /// Waits until the broker just launched is ready, or fails with its log
+    /// once it exits or the start deadline passes (and then kills it).
+    fn wait_ready(&mut self, launch: Launch) -> Result<()> {
+        let Launch {
+            start_offset,
+            deadline,
+        } = launch;
+        let log = self.log_path();
         let started = Instant::now();
         loop {
             thread::sleep(Duration::from_millis(100));
-            let process = self.local.process.as_mut().expect("process just set");
+            let Some(process) = self.local.process.as_mut() else {
+                bail!("broker {} has no process to wait for", self.opts.node_id);
+            };
             if let Some(status) = process.shell.try_wait()? {
                 self.local.process = None;
                 bail!(
@@ -648,7 +766,8 @@ exit $rc"#;
             }
             if log_contains(&log, start_offset, STARTED_MARKER) && self.probe() {
                 eprintln!(
-                    "kafka: broker {} (cluster {}) ready in {:.1} s",
+                    "kafka: broker {} at {} (cluster {}) ready in {:.1} s",
+                    self.opts.node_id,
                     self.bootstrap,
                     self.cluster_id,
                     started.elapsed().as_secs_f64()
@@ -685,11 +804,177 @@ exit $rc"#;
     }
 }
 
-impl Drop for KafkaCluster {
+impl Drop for KafkaNode {
     fn drop(&mut self) {
-        if let Some(mut p) = self.local.process.take() {
-            p.kill();
+        self.kill();
+    }
+}
+
+/// One single-node KRaft Kafka cluster: one [`KafkaNode`], which its methods
+/// address. Dropping it kills the broker (SIGKILL) and deletes its temp dir.
+pub struct KafkaCluster {
+    node: KafkaNode,
+}
+
+impl KafkaCluster {
+    /// Starts a broker and waits until it is ready (log says started, the
+    /// client port accepts TCP and answers ApiVersions), or fails with the
+    /// tail of the broker log once the process exits or `start_timeout` passes.
+    pub fn start(opts: KafkaOptions) -> Result<KafkaCluster> {
+        let cluster_id = chosen_cluster_id(&opts)?;
+        let mut node = KafkaNode::new(opts, cluster_id, 1)?;
+        start_nodes(std::slice::from_mut(&mut node))?;
+        Ok(KafkaCluster { node })
+    }
+
+    /// The one node.
+    pub fn node(&mut self) -> &mut KafkaNode {
+        &mut self.node
+    }
+
+    /// "127.0.0.1:port" of the client listener.
+    pub fn bootstrap(&self) -> String {
+        self.node.bootstrap()
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        self.node.cluster_id()
+    }
+
+    /// Port of the client listener.
+    pub fn port(&self) -> u16 {
+        self.node.port()
+    }
+
+    /// Port of the (PLAINTEXT) KRaft controller listener.
+    pub fn controller_port(&self) -> u16 {
+        self.node.controller_port()
+    }
+
+    pub fn options(&self) -> &KafkaOptions {
+        self.node.options()
+    }
+
+    /// Client properties needed to connect (see [`Security::client_properties`]).
+    pub fn client_properties(&self) -> Vec<(String, String)> {
+        self.node.client_properties()
+    }
+
+    /// The broker's temp dir (server.properties, broker.log, data/).
+    pub fn dir(&self) -> &Path {
+        self.node.dir()
+    }
+
+    /// The Kafka `log.dirs` folder.
+    pub fn log_dirs(&self) -> PathBuf {
+        self.node.log_dirs()
+    }
+
+    /// The broker's stdout+stderr log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.node.log_path()
+    }
+
+    /// Sorted `*.log` segment files of one partition.
+    pub fn segment_files(&self, topic: &str, partition: i32) -> Result<Vec<PathBuf>> {
+        self.node.segment_files(topic, partition)
+    }
+
+    /// The last `n` lines of the broker log (all starts appended).
+    pub fn log_excerpt(&self, n: usize) -> String {
+        self.node.log_excerpt(n)
+    }
+
+    /// SIGTERM, then wait up to 30 s for a clean exit, then SIGKILL.
+    pub fn stop(&mut self) -> Result<()> {
+        self.node.stop()
+    }
+
+    /// Stops the broker (if running) and starts it again on the same ports
+    /// and data, waiting for readiness as [`KafkaCluster::start`] does.
+    pub fn restart(&mut self) -> Result<()> {
+        self.node.restart()
+    }
+
+    /// True while the local broker process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.node.is_running()
+    }
+}
+
+/// A KRaft cluster of several combined broker+controller nodes with a static
+/// quorum of all of them (three nodes survive one down), each node with its
+/// own ports and temp dir. Internal topics get a replica on every node.
+/// Dropping it kills every node (SIGKILL) and deletes their temp dirs; the
+/// same watchdog as for one node kills them if the test process dies.
+pub struct KafkaMultiCluster {
+    cluster_id: String,
+    nodes: Vec<KafkaNode>,
+}
+
+impl KafkaMultiCluster {
+    /// Starts one node per id in `node_ids` (distinct, at least one; the
+    /// ids are the Kafka node ids), all at once, and waits until every node
+    /// is ready. `opts.node_id` is ignored; every other option applies to
+    /// every node.
+    pub fn start(opts: KafkaOptions, node_ids: &[u32]) -> Result<KafkaMultiCluster> {
+        let mut ids = node_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() || ids.len() != node_ids.len() {
+            bail!("node ids must be distinct and at least one: {node_ids:?}");
         }
+        let cluster_id = chosen_cluster_id(&opts)?;
+        let mut nodes = node_ids
+            .iter()
+            .map(|&id| {
+                let opts = opts.clone().node_id(id);
+                KafkaNode::new(opts, cluster_id.clone(), node_ids.len())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let started = Instant::now();
+        start_nodes(&mut nodes)?;
+        eprintln!(
+            "kafka: {} nodes {node_ids:?} (cluster {cluster_id}) ready in {:.1} s",
+            nodes.len(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(KafkaMultiCluster { cluster_id, nodes })
+    }
+
+    /// Every node's client listener, comma-separated, in node id order given.
+    pub fn bootstrap(&self) -> String {
+        let all: Vec<String> = self.nodes.iter().map(KafkaNode::bootstrap).collect();
+        all.join(",")
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// The node ids, in the order given to [`KafkaMultiCluster::start`].
+    pub fn node_ids(&self) -> Vec<u32> {
+        self.nodes.iter().map(KafkaNode::node_id).collect()
+    }
+
+    pub fn nodes(&self) -> &[KafkaNode] {
+        &self.nodes
+    }
+
+    pub fn node(&self, id: u32) -> Result<&KafkaNode> {
+        self.nodes
+            .iter()
+            .find(|n| n.node_id() == id)
+            .with_context(|| format!("no node {id} in {:?}", self.node_ids()))
+    }
+
+    /// One node, to stop, kill or restart it.
+    pub fn node_mut(&mut self, id: u32) -> Result<&mut KafkaNode> {
+        let ids = self.node_ids();
+        self.nodes
+            .iter_mut()
+            .find(|n| n.node_id() == id)
+            .with_context(|| format!("no node {id} in {ids:?}"))
     }
 }
 

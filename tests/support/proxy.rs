@@ -22,18 +22,6 @@ pub fn proxy_bin() -> String {
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_kafka-mirror-proxy").to_string())
 }
 
-/// A free loopback port above `min` (the proxy requires node ports above
-/// the bootstrap port).
-pub fn free_port_above(min: u16) -> Result<u16> {
-    for _ in 0..500 {
-        let port = free_port()?;
-        if port > min {
-            return Ok(port);
-        }
-    }
-    bail!("no free port above {min}")
-}
-
 /// A free loopback port p with p+1..=p+n free as well.
 pub fn free_port_run(n: u16) -> Result<u16> {
     for _ in 0..500 {
@@ -51,6 +39,31 @@ pub fn free_port_run(n: u16) -> Result<u16> {
     bail!("no run of {} free ports", n + 1)
 }
 
+/// A port base above `above` such that `base + n` is a free loopback port
+/// for every node id `n` in `nodes` (checked by binding them all at once,
+/// then released). The proxy requires the base above its bootstrap port.
+fn free_port_base(nodes: &[i32], above: u16) -> Result<u16> {
+    let (Some(&low), Some(&high)) = (nodes.iter().min(), nodes.iter().max()) else {
+        bail!("no node ids");
+    };
+    for _ in 0..500 {
+        // Anchor the lowest node at a port the kernel says is free.
+        let first = i32::from(free_port()?);
+        let base = first - low;
+        if base <= i32::from(above) || base + high > i32::from(u16::MAX) {
+            continue;
+        }
+        let held: std::io::Result<Vec<TcpListener>> = nodes
+            .iter()
+            .map(|n| TcpListener::bind(("127.0.0.1", (base + n) as u16)))
+            .collect();
+        if held.is_ok() {
+            return u16::try_from(base).context("port base");
+        }
+    }
+    bail!("found no port base with free ports for nodes {nodes:?}")
+}
+
 /// A running proxy process; killed on drop.
 pub struct ProxyProcess {
     child: Child,
@@ -62,12 +75,22 @@ pub struct ProxyProcess {
 
 impl ProxyProcess {
     /// Start a proxy in front of `upstream`, with extra `MIRROR_PROXY_*`
-    /// variables (names without the prefix).
+    /// variables (names without the prefix). Node 1 (the harness's broker)
+    /// gets a free proxy port.
     pub fn start(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
+        ProxyProcess::start_for_nodes(upstream, &[1], extra)
+    }
+
+    /// [`ProxyProcess::start`] for brokers with the node ids `nodes`: the
+    /// port base is chosen so that every one of them gets a free proxy port
+    /// (`upstream` may list several brokers, comma-separated).
+    pub fn start_for_nodes(
+        upstream: &str,
+        nodes: &[i32],
+        extra: &[(&str, &str)],
+    ) -> Result<ProxyProcess> {
         let listen = free_port()?;
-        // Node 1 (the harness's broker) is served at base + 1, a free port
-        // above the bootstrap port.
-        let port_base = free_port_above(listen + 1)? - 1;
+        let port_base = free_port_base(nodes, listen)?;
         Self::spawn(upstream, extra, listen, Some(port_base))
     }
 

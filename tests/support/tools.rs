@@ -303,6 +303,18 @@ pub fn create_topic(
     configs: &[(&str, &str)],
     client: &[(&str, &str)],
 ) -> Result<()> {
+    create_topic_replicated(bootstrap, topic, partitions, 1, configs, client)
+}
+
+/// [`create_topic`] with `replication_factor` replicas of each partition.
+pub fn create_topic_replicated(
+    bootstrap: &str,
+    topic: &str,
+    partitions: u32,
+    replication_factor: u32,
+    configs: &[(&str, &str)],
+    client: &[(&str, &str)],
+) -> Result<()> {
     let (_file, mut args) = command_config(client)?;
     args.extend(
         [
@@ -314,7 +326,7 @@ pub fn create_topic(
             "--partitions",
             &partitions.to_string(),
             "--replication-factor",
-            "1",
+            &replication_factor.to_string(),
         ]
         .map(String::from),
     );

@@ -130,6 +130,8 @@ pub struct Metrics {
     upstream_connections: Family<UpstreamLabels, Counter>,
     connections_closed: Family<ReasonLabels, Counter>,
     connections_refused: Family<RefusedConnectionLabels, Counter>,
+    broker_unreachable: Family<ListenerLabels, Gauge>,
+    broker_outages: Family<ListenerLabels, Counter>,
     requests: Family<RequestLabels, Counter>,
     /// Index: API key number; empty slots stand for gaps in the numbering
     /// and are never used (those numbers count as `unknown`).
@@ -195,6 +197,18 @@ impl Metrics {
             "Client connections refused, by listener and reason (max_connections)",
             Family::clone(&connections_refused),
         );
+        let broker_unreachable = Family::default();
+        registry.register(
+            "broker_unreachable",
+            "1 while the broker behind a listener is unreachable and its port is closed, by listener",
+            Family::clone(&broker_unreachable),
+        );
+        let broker_outages = Family::default();
+        registry.register(
+            "broker_outages",
+            "Times a listener's port was closed because its broker became unreachable",
+            Family::clone(&broker_outages),
+        );
         let requests = Family::default();
         registry.register(
             "requests",
@@ -242,6 +256,8 @@ impl Metrics {
             upstream_connections,
             connections_closed,
             connections_refused,
+            broker_unreachable,
+            broker_outages,
             requests,
             requests_by_key: (0..slots).map(|_| OnceLock::new()).collect(),
             requests_unknown: OnceLock::new(),
@@ -285,6 +301,24 @@ impl Metrics {
                 reason,
             })
             .inc();
+    }
+
+    /// `target`'s broker became unreachable: its port is closed.
+    pub fn broker_down(&self, target: Target) {
+        let labels = ListenerLabels {
+            listener: Listener(target),
+        };
+        self.broker_unreachable.get_or_create(&labels).set(1);
+        self.broker_outages.get_or_create(&labels).inc();
+    }
+
+    /// `target`'s broker answers again: its port is open.
+    pub fn broker_up(&self, target: Target) {
+        self.broker_unreachable
+            .get_or_create(&ListenerLabels {
+                listener: Listener(target),
+            })
+            .set(0);
     }
 
     /// The proxy connected to `broker` for a client of `target`'s listener.

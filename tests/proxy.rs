@@ -771,3 +771,116 @@ fn producer_recovers_through_the_proxy_when_the_broker_restarts() -> Result<()> 
     );
     Ok(())
 }
+
+/// What a client sees when it dials `addr` and asks for ApiVersions.
+#[derive(Debug, PartialEq)]
+enum Dial {
+    Refused,
+    /// Accepted, then closed without an answer.
+    Dropped,
+    Served,
+}
+
+fn dial(addr: &str) -> Dial {
+    use kafka_protocol::messages::{ApiKey, ApiVersionsRequest};
+    let mut client = match RawClient::connect(addr) {
+        Ok(c) => c,
+        Err(e) => {
+            let refused = e
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+            return if refused {
+                Dial::Refused
+            } else {
+                Dial::Dropped
+            };
+        }
+    };
+    let sent = client.send(
+        ApiKey::ApiVersions,
+        3,
+        "dial",
+        &ApiVersionsRequest::default(),
+    );
+    match (sent, client.recv_frame()) {
+        (Ok(_), Ok(Some(_))) => Dial::Served,
+        _ => Dial::Dropped,
+    }
+}
+
+#[test]
+fn a_dead_brokers_ports_refuse_connections_until_it_is_back() -> Result<()> {
+    let mut broker = KafkaCluster::start(KafkaOptions::default())?;
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &[])?;
+    // Opens node 1's listener.
+    tools::create_topic(&proxy.bootstrap, "dead", 1, &[], &[])?;
+    let node = proxy.node_address(1);
+    ensure!(
+        dial(&node) == Dial::Served,
+        "node port not serving at first"
+    );
+
+    broker.node().kill();
+    // The first dial finds the broker gone (accepted, then closed, as the
+    // proxy learns it only then); every later one is refused by the kernel.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.last() != Some(&Dial::Refused) && Instant::now() < deadline {
+        seen.push(dial(&node));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    ensure!(
+        seen.last() == Some(&Dial::Refused),
+        "node port never refused while its broker was down: {seen:?}"
+    );
+    ensure!(
+        seen.len() <= 2,
+        "more than one client was accepted and dropped before the port closed: {seen:?}"
+    );
+    for _ in 0..5 {
+        let d = dial(&node);
+        ensure!(
+            d == Dial::Refused,
+            "node port not refused while down: {d:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The bootstrap port follows the only bootstrap broker.
+    let mut bootstrap = Vec::new();
+    while bootstrap.last() != Some(&Dial::Refused) && bootstrap.len() < 3 {
+        bootstrap.push(dial(&proxy.bootstrap));
+    }
+    ensure!(
+        bootstrap.last() == Some(&Dial::Refused),
+        "bootstrap port not refused while its only broker is down: {bootstrap:?}"
+    );
+    ensure!(
+        proxy.metric("kafka_mirror_proxy_broker_unreachable{listener=\"node-1\"}")? == 1,
+        "metrics do not show node 1 unreachable"
+    );
+
+    broker.restart()?;
+    // Probes back off to 5 s at most: both ports serve again soon after.
+    for addr in [&node, &proxy.bootstrap] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = dial(addr);
+        while last != Dial::Served && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(250));
+            last = dial(addr);
+        }
+        ensure!(
+            last == Dial::Served,
+            "{addr} not served after the broker came back: {last:?}"
+        );
+    }
+    ensure!(
+        proxy.metric("kafka_mirror_proxy_broker_unreachable{listener=\"node-1\"}")? == 0,
+        "metrics still show node 1 unreachable"
+    );
+    let logs = proxy.logs();
+    ensure!(
+        logs.contains("closing its proxy port") && logs.contains("reopening its proxy port"),
+        "the proxy did not log the outage and the recovery"
+    );
+    Ok(())
+}

@@ -436,9 +436,13 @@ impl Client {
         let mut seen = std::collections::HashSet::new();
         candidates.retain(|a| seen.insert(a.clone()));
         let mut tried = Vec::new();
+        let mut all_unreachable = true;
         for addr in candidates {
             match self.call(&addr, Duration::ZERO, &build).await {
-                Err(ClientError::Connect(e)) => tried.push(e.to_string()),
+                Err(ClientError::Connect(e)) => {
+                    all_unreachable &= e.is_unreachable();
+                    tried.push(e.to_string());
+                }
                 Err(e) => return Err(e),
                 Ok(answer) => {
                     *lock(&self.inner.last_good) = Some(addr);
@@ -451,6 +455,7 @@ impl Client {
         }
         Err(ClientError::Connect(ConnectError::NoneReachable {
             tried: tried.join("; "),
+            all_unreachable,
         }))
     }
 

@@ -7,9 +7,11 @@
 //! reaches the client.
 //!
 //! Listeners enforce `MAX_CONNECTIONS`; `Proxy::shutdown` stops them and
-//! waits for the connections to deliver what they owe.
+//! waits for the connections to deliver what they owe. A listener is closed
+//! while the proxy cannot reach its broker (see [`health`]).
 
 pub mod addresses;
+pub mod health;
 pub mod session;
 pub mod tls;
 pub mod upstream;
@@ -28,6 +30,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::wire::frame::Budget;
 use addresses::{Advertised, Learnt};
+use health::Health;
 use upstream::Upstream;
 
 /// Why the proxy could not start.
@@ -74,6 +77,7 @@ struct NodeEntry {
     /// The broker's real address, as its own responses name it.
     address: String,
     listening: bool,
+    health: Arc<Health>,
 }
 
 /// State shared by every listener and connection.
@@ -87,6 +91,8 @@ pub struct Shared {
     pub budget: Arc<Budget>,
     listen_ip: IpAddr,
     nodes: Mutex<HashMap<i32, NodeEntry>>,
+    /// Whether any bootstrap broker is reachable.
+    bootstrap_health: Arc<Health>,
     topic_names: RwLock<HashMap<Uuid, String>>,
     /// Client connections open now.
     connections: watch::Sender<usize>,
@@ -153,6 +159,87 @@ impl Shared {
             .map(|e| e.address.clone())
     }
 
+    /// Reachability of the broker(s) behind `target`.
+    pub fn health(&self, target: Target) -> Option<Arc<Health>> {
+        match target {
+            Target::Bootstrap => Some(Arc::clone(&self.bootstrap_health)),
+            Target::Node(n) => self
+                .nodes
+                .lock()
+                .ok()?
+                .get(&n)
+                .map(|e| Arc::clone(&e.health)),
+        }
+    }
+
+    /// The broker addresses behind `target`.
+    fn target_addresses(&self, target: Target) -> Vec<String> {
+        match target {
+            Target::Bootstrap => self.config.bootstrap_servers.clone(),
+            Target::Node(n) => self.node_address(n).into_iter().collect(),
+        }
+    }
+
+    /// A connect to `target`'s broker failed: its port closes until a probe
+    /// reaches the broker again.
+    pub fn upstream_unreachable(self: &Arc<Self>, target: Target, error: &dyn std::fmt::Display) {
+        let Some(health) = self.health(target) else {
+            return;
+        };
+        if health.mark_down() {
+            tracing::warn!(listener = %target.label(), %error, "broker unreachable: closing its proxy port until it answers again");
+            self.metrics.broker_down(target);
+        }
+        self.spawn_probe(target, health);
+    }
+
+    /// An upstream connection to `target` ended unexpectedly: check at once
+    /// whether the broker is still there, so the next client is refused
+    /// rather than accepted and dropped.
+    pub fn upstream_lost(self: &Arc<Self>, target: Target) {
+        if let Some(health) = self.health(target) {
+            self.spawn_probe(target, health);
+        }
+    }
+
+    /// One probe task per target: checks now, then with backoff while the
+    /// broker stays unreachable; reopens the port when it answers.
+    fn spawn_probe(self: &Arc<Self>, target: Target, health: Arc<Health>) {
+        if !health.start_probing() {
+            return;
+        }
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            let timeout = shared.upstream.timeout;
+            let mut delay = health::PROBE_MIN;
+            loop {
+                if health::reachable(&shared.target_addresses(target), timeout).await {
+                    if health.mark_up() {
+                        tracing::info!(listener = %target.label(), "broker reachable again: reopening its proxy port");
+                        shared.metrics.broker_up(target);
+                    }
+                    health.stop_probing();
+                    // A failure reported while this task was finishing
+                    // found the flag still set: take it over.
+                    if health.is_up() || !health.start_probing() {
+                        return;
+                    }
+                } else if health.mark_down() {
+                    tracing::warn!(listener = %target.label(), "broker unreachable: closing its proxy port until it answers again");
+                    shared.metrics.broker_down(target);
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shared.shutting_down() => {
+                        health.stop_probing();
+                        return;
+                    }
+                }
+                delay = health::next_delay(delay);
+            }
+        });
+    }
+
     /// Resolves once shutdown has begun (at once if it already has).
     pub async fn shutting_down(&self) {
         let mut rx = self.shutdown.subscribe();
@@ -217,9 +304,10 @@ impl Shared {
         let Ok(mut nodes) = self.nodes.lock() else {
             return Ok(());
         };
-        let entry = nodes.entry(node).or_insert(NodeEntry {
+        let entry = nodes.entry(node).or_insert_with(|| NodeEntry {
             address: address.clone(),
             listening: false,
+            health: Health::new(),
         });
         if entry.address != address {
             tracing::info!(node, old = %entry.address, new = %address, "broker address changed");
@@ -244,7 +332,8 @@ impl Shared {
         })?;
         tracing::info!(node, %addr, broker = %entry.address, "listening for broker node");
         entry.listening = true;
-        spawn_accept_loop(Arc::clone(self), listener, Target::Node(node));
+        let health = Arc::clone(&entry.health);
+        spawn_accept_loop(Arc::clone(self), listener, addr, Target::Node(node), health);
         Ok(())
     }
 }
@@ -255,38 +344,74 @@ fn bind_std(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(std)
 }
 
-fn spawn_accept_loop(shared: Arc<Shared>, listener: TcpListener, target: Target) {
+/// Accepts on `listener` while the target's broker is reachable; closes the
+/// port while it is not and binds `addr` again when it is back.
+fn spawn_accept_loop(
+    shared: Arc<Shared>,
+    mut listener: TcpListener,
+    addr: SocketAddr,
+    target: Target,
+    health: Arc<Health>,
+) {
     tokio::spawn(async move {
         loop {
-            let accepted = tokio::select! {
-                // Dropping the listener closes it: new clients are refused
-                // by the kernel while connections drain.
+            // Dropping the listener closes it: new clients are refused by
+            // the kernel, at shutdown while connections drain, and while
+            // the broker is down.
+            tokio::select! {
+                biased;
                 _ = shared.shutting_down() => break,
-                a = listener.accept() => a,
-            };
-            match accepted {
-                Ok((tcp, peer)) => {
-                    let Some(slot) = ConnectionSlot::take(&shared) else {
-                        shared.refuse(peer, target);
-                        drop(tcp);
-                        continue;
-                    };
-                    let _ = tcp.set_nodelay(true);
-                    let shared = Arc::clone(&shared);
-                    tokio::spawn(async move {
-                        session::serve(shared, tcp, peer, target).await;
-                        drop(slot);
-                    });
-                }
-                Err(e) => {
-                    // Usually out of file descriptors: back off instead of spinning.
-                    tracing::warn!(listener = %target.label(), error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                _ = health.down() => {}
+                _ = accept_while_open(&shared, &listener, target) => {}
             }
+            drop(listener);
+            tracing::info!(listener = %target.label(), %addr, "port closed while its broker is unreachable");
+            tokio::select! {
+                _ = shared.shutting_down() => break,
+                _ = health.up() => {}
+            }
+            listener = loop {
+                match bind_std(addr) {
+                    Ok(l) => break l,
+                    Err(e) => {
+                        tracing::warn!(listener = %target.label(), %addr, error = %e, "cannot reopen the port for a reachable broker; retrying in 1 s");
+                        tokio::select! {
+                            _ = shared.shutting_down() => return,
+                            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                }
+            };
+            tracing::info!(listener = %target.label(), %addr, "port open again");
         }
         tracing::debug!(listener = %target.label(), "stopped accepting");
     });
+}
+
+/// Accepts connections until the task is cancelled.
+async fn accept_while_open(shared: &Arc<Shared>, listener: &TcpListener, target: Target) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                let Some(slot) = ConnectionSlot::take(shared) else {
+                    shared.refuse(peer, target);
+                    drop(tcp);
+                    continue;
+                };
+                let _ = tcp.set_nodelay(true);
+                let shared = Arc::clone(shared);
+                tokio::spawn(async move {
+                    session::serve(shared, tcp, peer, target).await;
+                    drop(slot);
+                });
+            }
+            Err(e) => {
+                // Usually out of file descriptors: back off instead of spinning.
+                tracing::warn!(listener = %target.label(), error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 /// A running proxy.
@@ -326,9 +451,17 @@ impl Proxy {
             upstream,
             acceptor,
             nodes: Mutex::new(HashMap::new()),
+            bootstrap_health: Health::new(),
             topic_names: RwLock::new(HashMap::new()),
         });
-        spawn_accept_loop(Arc::clone(&shared), listener, Target::Bootstrap);
+        let health = Arc::clone(&shared.bootstrap_health);
+        spawn_accept_loop(
+            Arc::clone(&shared),
+            listener,
+            bootstrap_addr,
+            Target::Bootstrap,
+            health,
+        );
         Ok(Proxy {
             shared,
             bootstrap_addr,

@@ -52,6 +52,8 @@ pub enum SessionError {
     Connect(#[from] ConnectError),
     #[error("no known address for broker node {0} (no Metadata response named it yet)")]
     UnknownNode(i32),
+    #[error("the broker is unreachable (found by another connection); its port is closed until it answers again")]
+    BrokerDown,
     #[error("bad frame from client: {0}")]
     ClientFrame(FrameError),
     #[error("malformed request header: {0}")]
@@ -85,7 +87,9 @@ impl SessionError {
             SessionError::TlsHandshake(_) => "tls_handshake",
             SessionError::TlsHandshakeTimeout { .. } => "tls_handshake_timeout",
             SessionError::Idle { .. } => "idle_timeout",
-            SessionError::Connect(_) | SessionError::UnknownNode(_) => "upstream_unreachable",
+            SessionError::Connect(_) | SessionError::UnknownNode(_) | SessionError::BrokerDown => {
+                "upstream_unreachable"
+            }
             SessionError::ClientFrame(FrameError::TooLarge { .. })
             | SessionError::ClientFrame(FrameError::OverBudget { .. }) => "frame_too_large",
             SessionError::ClientFrame(FrameError::Timeout { .. }) => "request_timeout",
@@ -208,6 +212,14 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
             "client_closed"
         }
         Err(e) => {
+            if matches!(
+                e,
+                SessionError::UpstreamClosed { .. }
+                    | SessionError::UpstreamFrame(FrameError::Io(_))
+                    | SessionError::UpstreamWrite(_)
+            ) {
+                shared.upstream_lost(target);
+            }
             tracing::warn!(%peer, listener = %target.label(), reason = %e, "closing client connection");
             e.label()
         }
@@ -284,18 +296,38 @@ async fn connect(
             (Box::new(tls), subject)
         }
     };
-    let (upstream, broker) = match target {
-        Target::Bootstrap => {
-            shared
+    let dial = async {
+        match target {
+            Target::Bootstrap => Ok(shared
                 .upstream
                 .connect_any(&shared.config.bootstrap_servers)
-                .await?
+                .await?),
+            Target::Node(node) => {
+                let addr = shared
+                    .node_address(node)
+                    .ok_or(SessionError::UnknownNode(node))?;
+                Ok((shared.upstream.connect(&addr).await?, addr))
+            }
         }
-        Target::Node(node) => {
-            let addr = shared
-                .node_address(node)
-                .ok_or(SessionError::UnknownNode(node))?;
-            (shared.upstream.connect(&addr).await?, addr)
+    };
+    // A connect still waiting when another found the broker unreachable
+    // fails at once instead of holding the client for the whole timeout.
+    let health = shared.health(target);
+    let dialled: Result<_, SessionError> = tokio::select! {
+        d = dial => d,
+        _ = async { match &health { Some(h) => h.down().await, None => std::future::pending().await } } => {
+            Err(SessionError::BrokerDown)
+        }
+    };
+    let (upstream, broker) = match dialled {
+        Ok(connected) => connected,
+        Err(e) => {
+            if let SessionError::Connect(c) = &e {
+                if c.is_unreachable() {
+                    shared.upstream_unreachable(target, c);
+                }
+            }
+            return Err(e);
         }
     };
     shared.metrics.upstream_connected(target, &broker);

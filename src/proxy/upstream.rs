@@ -23,12 +23,35 @@ pub enum ConnectError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("TLS handshake with broker {addr}: {source}")]
+    Tls {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("connecting to broker {addr}: timed out after {ms} ms")]
     Timeout { addr: String, ms: u64 },
     #[error("broker address {addr} has no valid TLS server name")]
     ServerName { addr: String },
     #[error("no broker reachable (tried {tried})")]
-    NoneReachable { tried: String },
+    NoneReachable {
+        tried: String,
+        /// Every attempt failed to reach its broker.
+        all_unreachable: bool,
+    },
+}
+
+impl ConnectError {
+    /// The broker could not be reached at all (as opposed to reached and
+    /// failing a TLS handshake, which a closed port would not explain).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ConnectError::Io { .. } | ConnectError::Timeout { .. } => true,
+            ConnectError::Tls { .. } | ConnectError::ServerName { .. } => false,
+            ConnectError::NoneReachable {
+                all_unreachable, ..
+            } => *all_unreachable,
+        }
+    }
 }
 
 /// How to reach brokers.
@@ -84,7 +107,7 @@ impl Upstream {
             let stream = tls
                 .connect(name, tcp)
                 .await
-                .map_err(|source| ConnectError::Io {
+                .map_err(|source| ConnectError::Tls {
                     addr: addr.to_string(),
                     source,
                 })?;
@@ -101,14 +124,19 @@ impl Upstream {
     /// Connect to the first reachable of `addrs`, in order.
     pub async fn connect_any(&self, addrs: &[String]) -> Result<(BoxStream, String), ConnectError> {
         let mut errors = Vec::new();
+        let mut all_unreachable = true;
         for addr in addrs {
             match self.connect(addr).await {
                 Ok(s) => return Ok((s, addr.clone())),
-                Err(e) => errors.push(e.to_string()),
+                Err(e) => {
+                    all_unreachable &= e.is_unreachable();
+                    errors.push(e.to_string());
+                }
             }
         }
         Err(ConnectError::NoneReachable {
             tried: errors.join("; "),
+            all_unreachable,
         })
     }
 }

@@ -33,32 +33,7 @@ use support::capture::{CaptureRelay, Exchange};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::tools;
 
-/// The APIs whose responses the proxy walks, in the order the `responses`
-/// fuzz target numbers them.
-const RESPONSE_APIS: [ApiKey; 8] = [
-    ApiKey::Metadata,
-    ApiKey::FindCoordinator,
-    ApiKey::DescribeCluster,
-    ApiKey::ApiVersions,
-    ApiKey::Produce,
-    ApiKey::Fetch,
-    ApiKey::ShareFetch,
-    ApiKey::ShareAcknowledge,
-];
-
-fn response_schema(api: ApiKey) -> Option<&'static str> {
-    Some(match api {
-        ApiKey::Metadata => "MetadataResponse",
-        ApiKey::FindCoordinator => "FindCoordinatorResponse",
-        ApiKey::DescribeCluster => "DescribeClusterResponse",
-        ApiKey::ApiVersions => "ApiVersionsResponse",
-        ApiKey::Produce => "ProduceResponse",
-        ApiKey::Fetch => "FetchResponse",
-        ApiKey::ShareFetch => "ShareFetchResponse",
-        ApiKey::ShareAcknowledge => "ShareAcknowledgeResponse",
-        _ => return None,
-    })
-}
+use kafka_mirror_proxy::proxy::addresses::{response_schema, WALKED_RESPONSES as RESPONSE_APIS};
 
 /// The APIs whose responses the proxy's own client reads, in the order the
 /// `client_responses` fuzz target numbers them (the same as `RESPONSE_APIS`

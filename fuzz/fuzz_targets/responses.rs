@@ -1,6 +1,7 @@
-//! Every response rewrite: Metadata, FindCoordinator, DescribeCluster,
-//! ApiVersions, Produce, Fetch, ShareFetch, ShareAcknowledge. Input: one
-//! byte picking the API, one the version, then the response frame.
+//! Every response rewrite (`addresses::WALKED_RESPONSES`: Metadata,
+//! FindCoordinator, DescribeCluster, ApiVersions, Produce, Fetch, ShareFetch,
+//! ShareAcknowledge, DescribeQuorum). Input: one byte picking the API, one
+//! the version, then the response frame.
 //! Invariants: no panic; a rewritten frame walks again and needs no change.
 #![no_main]
 
@@ -8,22 +9,12 @@ use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
 use kafka_protocol::messages::ApiKey;
 use libfuzzer_sys::fuzz_target;
 
-const APIS: [ApiKey; 8] = [
-    ApiKey::Metadata,
-    ApiKey::FindCoordinator,
-    ApiKey::DescribeCluster,
-    ApiKey::ApiVersions,
-    ApiKey::Produce,
-    ApiKey::Fetch,
-    ApiKey::ShareFetch,
-    ApiKey::ShareAcknowledge,
-];
-
 fuzz_target!(|data: &[u8]| {
     let [pick, version, frame @ ..] = data else {
         return;
     };
-    let api = APIS[usize::from(*pick) % APIS.len()];
+    let apis = addresses::WALKED_RESPONSES;
+    let api = apis[usize::from(*pick) % apis.len()];
     let version = i16::from(*version % 20);
     let adv = Advertised {
         host: "proxy.example".into(),

@@ -109,6 +109,28 @@ fn endpoints(api: ApiKey) -> Option<Endpoints> {
     })
 }
 
+/// Every API whose responses the proxy walks. The fuzz targets number them
+/// by position (their seeds depend on it): append only.
+pub const WALKED_RESPONSES: [ApiKey; 9] = [
+    ApiKey::Metadata,
+    ApiKey::FindCoordinator,
+    ApiKey::DescribeCluster,
+    ApiKey::ApiVersions,
+    ApiKey::Produce,
+    ApiKey::Fetch,
+    ApiKey::ShareFetch,
+    ApiKey::ShareAcknowledge,
+    ApiKey::DescribeQuorum,
+];
+
+/// The schema the proxy walks responses of `api` with, if it walks them.
+pub fn response_schema(api: ApiKey) -> Option<&'static str> {
+    match api {
+        ApiKey::ApiVersions => Some("ApiVersionsResponse"),
+        _ => endpoints(api).map(|e| e.schema),
+    }
+}
+
 /// Whether responses of this API and version can carry broker addresses.
 pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
     match api {
@@ -122,11 +144,7 @@ pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
 /// The version range the proxy can walk for an API whose messages it
 /// interprets; `None` for APIs it passes through untouched.
 pub fn parseable_versions(api: ApiKey) -> Option<(i16, i16)> {
-    let name = match api {
-        ApiKey::ApiVersions => "ApiVersionsResponse",
-        _ => endpoints(api)?.schema,
-    };
-    let m = schema::message(name).ok()?;
+    let m = schema::message(response_schema(api)?).ok()?;
     Some((m.valid.min, m.valid.max))
 }
 
@@ -380,6 +398,21 @@ pub fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, Rewrite
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_walked_response_has_a_schema() {
+        for api in super::WALKED_RESPONSES {
+            let name = super::response_schema(api).unwrap_or_default();
+            assert!(
+                super::schema::message(name).is_ok(),
+                "{api:?}: no schema {name:?}"
+            );
+        }
+        assert_eq!(
+            super::response_schema(kafka_protocol::messages::ApiKey::Heartbeat),
+            None
+        );
+    }
+
     use super::*;
     use bytes::Bytes;
     use kafka_protocol::messages::api_versions_response::ApiVersion;

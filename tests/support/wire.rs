@@ -14,9 +14,6 @@ use kafka_protocol::messages::{
     ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
 
 pub trait Io: Read + Write + Send {}
 impl<T: Read + Write + Send> Io for T {}
@@ -177,36 +174,31 @@ pub fn partition_result(r: &ProduceResponse) -> (i16, Option<String>) {
     )
 }
 
-/// A magic-2 record batch with `values`, as a producer with `pid` writes it.
+/// A magic-2 record batch with `values`, as a producer with `pid` writes it
+/// (keys `key-0`, `key-1`, …).
 pub fn record_batch(pid: i64, values: &[&str]) -> Bytes {
-    let records: Vec<Record> = values
+    use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
+    let keys: Vec<String> = (0..values.len()).map(|i| format!("key-{i}")).collect();
+    let records: Vec<NewRecord<'_>> = values
         .iter()
+        .zip(&keys)
         .enumerate()
-        .map(|(i, v)| Record {
-            transactional: false,
-            control: false,
-            partition_leader_epoch: 0,
-            producer_id: pid,
-            producer_epoch: if pid >= 0 { 0 } else { -1 },
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: if pid >= 0 { i as i32 } else { -1 },
+        .map(|(i, (v, k))| NewRecord {
+            key: Some(k.as_bytes()),
+            value: Some(v.as_bytes()),
+            headers: &[],
             timestamp: 1_700_000_000_000 + i as i64,
-            key: Some(Bytes::from(format!("key-{i}"))),
-            value: Some(Bytes::from(v.to_string())),
-            headers: Default::default(),
-            delete_horizon: false,
         })
         .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
+    let batch = match pid {
+        -1 => NewBatch::NO_PRODUCER,
+        _ => NewBatch {
+            producer_id: pid,
+            producer_epoch: if pid >= 0 { 0 } else { -1 },
+            base_sequence: if pid >= 0 { 0 } else { -1 },
+            transactional: false,
+            control: false,
         },
-    )
-    .expect("encoding a record batch in memory");
-    buf.freeze()
+    };
+    Bytes::from(build(&batch, &records).expect("a record batch of at least one record"))
 }

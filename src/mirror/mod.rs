@@ -1,6 +1,7 @@
 //! The mirror side of the proxy: the producer-id mapping, mirror links and
 //! the Produce filter that applies them. All pure.
 
+pub mod barrier;
 pub mod link;
 pub mod pid;
 pub mod produce;

@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
-# End-to-end throughput, in one run against one broker: Kafka's
-# ProducerPerformance (1 KiB records, acks=all, idempotent) writing
+# End-to-end cost and throughput, in one run against one broker: Kafka's
+# ProducerPerformance (acks=all, idempotent) writing
 #   direct       straight to the broker,
-#   local        through the proxy as an ordinary client,
+#   local        through the proxy as an ordinary client (passthrough),
 #   link         through the proxy as a mirror link (client.id of the link, so
 #                every batch is remapped and its CRC patched),
-# ROUNDS times in turn after a warm-up, then the mean of each and its ratio
-# to direct.
+# in rotation, ROUNDS times after a warm-up; each figure is the median of
+# the rounds. Per path and case: records/s, MB/s, p50 and p99 latency, the
+# ratio to direct, and the proxy's own CPU time per GB moved (utime + stime
+# from /proc/PID/stat across the run, divided by the bytes written) and its
+# peak RSS (VmHWM).
 #
-#   scripts/perf.sh                 # RECORDS=300000 SIZE=1024 ROUNDS=3
+# Cases (CASES, space-separated):
+#   1k      1 KiB records, as fast as possible (the producer's defaults)
+#   small   100-byte records, linger.ms=0 (many small batches)
+#   fixed   1 KiB records at a fixed 5,000 records/s (cost when not saturated)
+#
+#   scripts/perf.sh                          # CASES=1k RECORDS=300000 ROUNDS=3
+#   CASES="1k small fixed" ROUNDS=5 scripts/perf.sh
+#
+# On a noisy machine (broker, producer and proxy share the cores), trust
+# CPU s/GB and RSS first: they measure the proxy alone. Throughput and
+# latency move with everything else running; compare them only within one
+# run, as ratios.
 set -euo pipefail
 . "$(dirname "$0")/lib/kafka.sh"
 
 RECORDS=${RECORDS:-300000}
-SIZE=${SIZE:-1024}
 ROUNDS=${ROUNDS:-3}
+CASES=${CASES:-1k}
+FIXED_RATE=${FIXED_RATE:-5000}
 
 (cd "$KMP_ROOT" && cargo build --release --quiet)
 kmp_init
@@ -29,42 +44,87 @@ for t in perf-direct perf-local perf-link; do
         --create --topic "$t" --partitions 1 --replication-factor 1 >/dev/null
 done
 
-# run LABEL BOOTSTRAP TOPIC CLIENT_ID RECORDS -> "records/s MB/s p99"
+ticks=$(getconf CLK_TCK)
+# The proxy's CPU time so far, in clock ticks (utime + stime; the fields
+# after the parenthesised command name, which may hold spaces).
+proxy_ticks() { sed 's/^.*) //' "/proc/$P_PID/stat" | awk '{ print $12 + $13 }'; }
+proxy_hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$P_PID/status"; }
+
+# case_args CASE -> "SIZE THROUGHPUT EXTRA_PROPERTIES..."
+case_args() {
+    case $1 in
+        1k) echo "1024 -1" ;;
+        small) echo "100 -1 linger.ms=0" ;;
+        fixed) echo "1024 $FIXED_RATE" ;;
+        *) echo "unknown case $1 (1k, small, fixed)" >&2; return 1 ;;
+    esac
+}
+
+# run CASE LABEL BOOTSTRAP TOPIC CLIENT_ID RECORDS
+#   -> "CASE LABEL records/s MB/s p50 p99 cpu_s_per_gb"
 run() {
-    local line
-    line=$(kmp_java org.apache.kafka.tools.ProducerPerformance --topic "$3" \
-        --num-records "$5" --record-size "$SIZE" --throughput -1 \
-        --bootstrap-server "$2" \
-        --command-property acks=all enable.idempotence=true client.id="$4" 2>/dev/null | tail -1)
-    # "N records sent, R records/sec (M MB/sec), A ms avg latency, X ms max latency, ... P ms 99th, ..."
-    awk -v l="$1" '{ gsub(/[(),]/, " "); for (i = 1; i <= NF; i++) { if ($(i+1) == "records/sec") r = $i; if ($(i+1) == "MB/sec") m = $i; if ($(i+2) == "99th") p = $i } printf "%s %s %s %s\n", l, r, m, p }' <<<"$line"
+    local args size rate extra line before after records=$6
+    args=$(case_args "$1"); read -r size rate extra <<<"$args"
+    if [ "$rate" != -1 ] && [ "$records" -gt $((rate * 30)) ]; then
+        records=$((rate * 30)) # at most 30 s per fixed-rate run
+    fi
+    before=$(proxy_ticks)
+    # shellcheck disable=SC2086
+    line=$(kmp_java org.apache.kafka.tools.ProducerPerformance --topic "$4" \
+        --num-records "$records" --record-size "$size" --throughput "$rate" \
+        --bootstrap-server "$3" \
+        --command-property acks=all enable.idempotence=true client.id="$5" $extra 2>/dev/null | tail -1)
+    after=$(proxy_ticks)
+    # "N records sent, R records/sec (M MB/sec), A ms avg latency, X ms max latency, P ms 50th, Q ms 95th, S ms 99th, ..."
+    awk -v c="$1" -v l="$2" -v cpu=$((after - before)) -v hz="$ticks" -v bytes=$((records * size)) '{
+        gsub(/[(),]/, " ")
+        for (i = 1; i <= NF; i++) {
+            if ($(i+1) == "records/sec") r = $i; if ($(i+1) == "MB/sec") m = $i
+            if ($(i+2) == "50th") p50 = $i; if ($(i+2) == "99th") p99 = $i
+        }
+        gb = cpu / hz / (bytes / 1e9)
+        if (l == "direct") gb = -1
+        printf "%s %s %s %s %s %s %.3f\n", c, l, r, m, p50, p99, gb
+    }' <<<"$line"
 }
 
 echo "warm-up..." >&2
-run warmup "127.0.0.1:$B_PORT" perf-direct perf-client 50000 >/dev/null
-run warmup "127.0.0.1:$P_PORT" perf-local perf-client 50000 >/dev/null
+run 1k warmup "127.0.0.1:$B_PORT" perf-direct perf-client 50000 >/dev/null
+run 1k warmup "127.0.0.1:$P_PORT" perf-local perf-client 50000 >/dev/null
+run 1k warmup "127.0.0.1:$P_PORT" perf-link mirror-perf 50000 >/dev/null
 
 results=$(mktemp)
 for round in $(seq 1 "$ROUNDS"); do
-    echo "round $round of $ROUNDS..." >&2
-    run direct "127.0.0.1:$B_PORT" perf-direct perf-client "$RECORDS" | tee -a "$results" >&2
-    run local "127.0.0.1:$P_PORT" perf-local perf-client "$RECORDS" | tee -a "$results" >&2
-    run link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" | tee -a "$results" >&2
+    for c in $CASES; do
+        echo "round $round of $ROUNDS, case $c..." >&2
+        run "$c" direct "127.0.0.1:$B_PORT" perf-direct perf-client "$RECORDS" | tee -a "$results" >&2
+        run "$c" local "127.0.0.1:$P_PORT" perf-local perf-client "$RECORDS" | tee -a "$results" >&2
+        run "$c" link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" | tee -a "$results" >&2
+    done
 done
 
 remapped=$(curl -s "http://127.0.0.1:$P_ADMIN/metrics" 2>/dev/null | awk '/^kafka_mirror_proxy_mirror_batches_remapped_total\{link="perf"\}/ { print $2 }' || true)
+rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$P_PID/status")
 
 echo
-echo "ProducerPerformance, $RECORDS records of $SIZE bytes, acks=all, idempotent, mean of $ROUNDS rounds"
-awk '
-    { n[$1]++; r[$1] += $2; m[$1] += $3; p[$1] += $4 }
+echo "ProducerPerformance, acks=all, idempotent, $RECORDS records per run (fixed: at most 30 s), median of $ROUNDS rounds"
+sort -k1,1 -k2,2 "$results" | awk -v cases="$CASES" '
+    function median(list,   n, a, i, j, t) {
+        n = split(list, a, " ")
+        for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+        return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    { k = $1 " " $2; r[k] = r[k] " " $3; m[k] = m[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $7 }
     END {
-        printf "%-8s %12s %8s %10s %10s\n", "path", "records/s", "MB/s", "p99 ms", "vs direct"
+        printf "%-6s %-7s %10s %8s %8s %8s %10s %12s\n", "case", "path", "records/s", "MB/s", "p50 ms", "p99 ms", "vs direct", "proxy CPU s/GB"
+        nc = split(cases, cs, " ")
         split("direct local link", order, " ")
-        for (i = 1; i <= 3; i++) {
-            k = order[i]
-            printf "%-8s %12.0f %8.2f %10.0f %9.2fx\n", k, r[k]/n[k], m[k]/n[k], p[k]/n[k], (r[k]/n[k]) / (r["direct"]/n["direct"])
+        for (c = 1; c <= nc; c++) for (i = 1; i <= 3; i++) {
+            k = cs[c] " " order[i]; d = cs[c] " direct"
+            g = median(cpu[k])
+            printf "%-6s %-7s %10.0f %8.2f %8.0f %8.0f %9.3fx %12s\n", cs[c], order[i], median(r[k]), median(m[k]), median(p50[k]), median(p99[k]), median(r[k]) / median(r[d]), (g < 0 ? "-" : sprintf("%.2f", g))
         }
-    }' "$results"
+    }'
+echo "proxy peak RSS (VmHWM): $(proxy_hwm_kib) KiB; RSS now: ${rss} KiB"
 echo "batches remapped by the proxy on link 'perf': ${remapped:-unknown}"
 rm -f "$results"

@@ -2,5 +2,6 @@
 //! the Produce filter that applies them. All pure.
 
 pub mod link;
+pub mod origins;
 pub mod pid;
 pub mod produce;

@@ -1,0 +1,3 @@
+//! The `__mirror_state` topic.
+
+pub mod records;

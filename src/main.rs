@@ -16,6 +16,7 @@ use kafka_mirror_proxy::config::{Config, LogFormat};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
 use kafka_mirror_proxy::proxy::Proxy;
+use kafka_mirror_proxy::state::StateStore;
 
 #[derive(Parser)]
 #[command(
@@ -141,7 +142,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             format!("binding the admin listener on {admin_addr} (MIRROR_PROXY_ADMIN_LISTEN)")
         })?;
     let admin_addr = admin.local_addr().unwrap_or(admin_addr);
-    let proxy = Proxy::start(config, metrics).await?;
+    let state = if config.links.is_empty() {
+        None
+    } else {
+        let state = StateStore::new(&config, Arc::clone(&metrics))
+            .context("configuring the state topic client")?;
+        state.start();
+        Some(state)
+    };
+    let proxy = Proxy::start(config, metrics, state.clone()).await?;
     let shared = Arc::clone(&proxy.shared);
     tokio::spawn(async move {
         if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
@@ -154,7 +163,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         links = ?proxy.shared.config.links.names(),
         "proxy ready"
     );
-    shutdown_signal().await;
+    let fatal = async {
+        match &state {
+            Some(s) => s.fatal().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        why = fatal => anyhow::bail!("{why}"),
+    }
     let timeout = Duration::from_millis(proxy.shared.config.shutdown_timeout_ms);
     tracing::info!(
         open_connections = proxy.shared.open_connections(),

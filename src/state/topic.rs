@@ -228,10 +228,7 @@ mod tests {
         assert_eq!(
             seen,
             vec![
-                (
-                    0,
-                    Err(SkipReason::Record(RecordError::Truncated { what: "key" }))
-                ),
+                (0, Err(SkipReason::Record(RecordError::UnknownType(9)))),
                 (1, Ok(origin(1, true)))
             ]
         );

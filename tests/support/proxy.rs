@@ -122,6 +122,10 @@ impl ProxyProcess {
             logs,
         };
         proxy.wait_for_log("proxy ready", Duration::from_secs(30))?;
+        if extra.iter().any(|(k, _)| *k == "LINKS") {
+            // Link Produce requests get a retriable error until then.
+            proxy.wait_for_log("state topic loaded", Duration::from_secs(60))?;
+        }
         Ok(proxy)
     }
 

@@ -369,6 +369,14 @@ fn two_instances_racing_never_share_a_mapped_pid() -> Result<()> {
             bail!("mapped PID {pid} used by {other} and {value}");
         }
     }
+    // Every pair (x i, y i) wanted the same natural slot: exactly one of
+    // each holds it, the other is salted.
+    let h = cluster_hash(&x);
+    let natural = log.iter().filter(|(_, p)| region(*p) == h).count();
+    assert_eq!(natural, N as usize, "{log:?}");
+    let lost =
+        px.logs().matches("lost the race").count() + py.logs().matches("lost the race").count();
+    eprintln!("races lost and re-resolved: {lost}");
     Ok(())
 }
 

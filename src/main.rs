@@ -47,6 +47,14 @@ enum Command {
     Unmap {
         #[arg(long, allow_hyphen_values = true)]
         pid: i64,
+        /// Destination brokers (host:port,...): also read the state topic,
+        /// so a salted mapped id resolves to its origin (plain TCP; TLS and
+        /// SASL from MIRROR_PROXY_UPSTREAM_* when set).
+        #[arg(long)]
+        bootstrap_server: Option<String>,
+        /// The state topic to read with --bootstrap-server.
+        #[arg(long, default_value = "__mirror_state")]
+        state_topic: String,
     },
 }
 
@@ -58,7 +66,14 @@ fn main() -> ExitCode {
             source_cluster_id,
             pid,
         } => map(&source_cluster_id, pid),
-        Command::Unmap { pid } => unmap(pid),
+        Command::Unmap {
+            pid,
+            bootstrap_server,
+            state_topic,
+        } => unmap(pid).and_then(|()| match bootstrap_server {
+            Some(b) => unmap_from_state(pid, &b, &state_topic),
+            None => Ok(()),
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -103,6 +118,65 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
             "link     none of the configured links ({})",
             links.names().join(", ")
         ),
+    }
+    Ok(())
+}
+
+/// The origins of `pid` recorded in the state topic.
+fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()> {
+    use kafka_mirror_proxy::client::{Client, ClientConfig};
+    use kafka_mirror_proxy::proxy::upstream::Upstream;
+    let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
+    // The upstream settings when the MIRROR_PROXY_* variables describe them.
+    let config = {
+        let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+        vars.insert("MIRROR_PROXY_BOOTSTRAP_SERVERS".into(), bootstrap.join(","));
+        Config::from_vars(&vars).ok()
+    };
+    let client_config = match config {
+        Some(c) => ClientConfig::from_config(&c).context("upstream TLS settings")?,
+        None => ClientConfig::new(
+            bootstrap,
+            Upstream {
+                tls: None,
+                server_name: None,
+                timeout: Duration::from_secs(10),
+            },
+        ),
+    };
+    let client = Client::new(client_config);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let (view, names) = runtime
+        .block_on(async {
+            let view = kafka_mirror_proxy::state::read_view(&client, topic).await?;
+            let names: std::collections::HashMap<_, _> = client
+                .metadata(None)
+                .await
+                .map(|m| m.topics.into_iter().map(|t| (t.topic_id, t.name)).collect())
+                .unwrap_or_default();
+            anyhow::Ok((view, names))
+        })
+        .with_context(|| format!("reading the state topic {topic}"))?;
+    let origins = view.origins_of(pid);
+    if origins.is_empty() {
+        println!("origin   none recorded in {topic}");
+    }
+    for (p, o, salt) in origins {
+        let topic_name = names
+            .get(&p.topic_id)
+            .cloned()
+            .unwrap_or_else(|| p.topic_id.to_string());
+        let salt = match salt {
+            0 => "natural region".to_string(),
+            s => format!("salt {s}"),
+        };
+        println!(
+            "origin   {topic_name}-{}: source cluster {} producer id {} ({salt})",
+            p.partition, o.source, o.pid
+        );
     }
     Ok(())
 }

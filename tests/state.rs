@@ -305,6 +305,30 @@ fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
         proxy.metric("kafka_mirror_proxy_state_collisions_resolved_total{cause=\"hash\"}")?;
     assert_eq!(collisions, 2, "y0 and the chain");
 
+    // `unmap` traces a salted PID back to its origin through the state topic.
+    let mut cmd = Command::new(proxy_bin());
+    cmd.args([
+        "unmap",
+        "--pid",
+        &y0.to_string(),
+        "--bootstrap-server",
+        &broker.bootstrap(),
+    ]);
+    let out = tools::run_with_timeout(cmd, None, Duration::from_secs(60))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "unmap: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "origin   m-0: source cluster {y} producer id 0 (salt {})",
+            cy.salt
+        )),
+        "unmap output:\n{stdout}"
+    );
+
     // d) Restart: the same batches again map to the same PIDs.
     proxy.signal("TERM")?;
     proxy.wait_exit(Duration::from_secs(30))?;

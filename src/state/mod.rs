@@ -568,3 +568,33 @@ impl StateStore {
         }
     }
 }
+
+/// Read a state topic whole into a view (for `kafka-mirror-proxy unmap`):
+/// corrupt or unknown records are skipped, as when the proxy loads it.
+pub async fn read_view(client: &Client, topic: &str) -> Result<Origins, ClientError> {
+    let mut view = Origins::default();
+    let start = client
+        .list_offset(topic, 0, OffsetSpec::Earliest)
+        .await?
+        .offset;
+    let end = client
+        .list_offset(topic, 0, OffsetSpec::Latest)
+        .await?
+        .offset;
+    let mut next = start;
+    while next < end {
+        let f = client
+            .fetch(topic, 0, next, FETCH_BYTES, Duration::ZERO)
+            .await?;
+        let after = topic::read_batches(&f.records, next, |offset, r| {
+            if let Ok(record) = r {
+                view.apply(offset, &record);
+            }
+        });
+        if after == next {
+            break;
+        }
+        next = after;
+    }
+    Ok(view)
+}

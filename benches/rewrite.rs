@@ -17,9 +17,12 @@ use kafka_protocol::records::{
 use regex::Regex;
 
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
+use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::produce;
+use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
 use kafka_mirror_proxy::wire::crc32c;
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
+use uuid::Uuid;
 
 const VERSION: i16 = 9;
 
@@ -128,6 +131,56 @@ fn bench(c: &mut Criterion) {
                     |f| {
                         let plan =
                             produce::plan(f, body_offset, VERSION, &link, &|_| None).expect("plan");
+                        let mut m = BytesMut::from(std::mem::take(f));
+                        plan.apply(&mut m).expect("apply");
+                        m
+                    },
+                    BatchSize::LargeInput,
+                )
+            },
+        );
+        // The state-backed path: every origin known (lookup in the origins
+        // view, last-seen touch, patch), as for a link in steady state.
+        let topic_id = Uuid::from_u128(0x5eed);
+        let mut view = Origins::new([*link.source_cluster_id()]);
+        for i in 0..partitions as i32 {
+            let at = PartitionId {
+                topic_id,
+                partition: i,
+            };
+            let origin = OriginId {
+                source: *link.source_cluster_id(),
+                pid: 5,
+            };
+            let value = OriginValue {
+                mapped_pid: compose(link.region(), 5),
+                salt: 0,
+                claim_offset: -1,
+                last_seen_ms: 0,
+            };
+            view.apply(
+                i64::from(i),
+                &StateRecord::Origin(origin.key(at), Some(value)),
+            );
+        }
+        group.bench_with_input(
+            BenchmarkId::new("known_origin_plan_and_patch", name),
+            &frame,
+            |b, frame| {
+                b.iter_batched_ref(
+                    || BytesMut::from(&frame[..]).freeze(),
+                    |f| {
+                        let plan = produce::plan_with(
+                            f,
+                            body_offset,
+                            VERSION,
+                            &link,
+                            &|_| None,
+                            &|_| Some(topic_id),
+                            &produce::AtTime(&view, 1_000_000),
+                        )
+                        .expect("plan");
+                        assert!(plan.unresolved.is_empty());
                         let mut m = BytesMut::from(std::mem::take(f));
                         plan.apply(&mut m).expect("apply");
                         m

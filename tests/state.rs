@@ -480,3 +480,80 @@ fn a_state_topic_that_is_not_compacted_stops_the_proxy() -> Result<()> {
     );
     Ok(())
 }
+
+/// The state topic cannot be read (the proxy's own connections fail SASL
+/// against a plaintext broker): local traffic flows, link Produce gets a
+/// retriable error, /readyz says why. A state topic that cannot be written
+/// (max.message.bytes too small for any batch): the new origin's partition
+/// gets a retriable error and nothing of it is forwarded.
+#[test]
+fn an_unusable_state_topic_refuses_only_link_traffic_with_retriable_errors() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let rt = runtime()?;
+    let c = client(&broker);
+    let (x, _) = colliding_ids();
+    create(&rt, &c, "m", &[])?;
+    let links = [("x", x.to_string(), "m")];
+
+    let unreadable: Vec<(String, String)> = link_env(
+        "x",
+        &links,
+        &[
+            ("UPSTREAM_SASL_MECHANISM", "PLAIN"),
+            ("UPSTREAM_SASL_USERNAME", "proxy"),
+            ("UPSTREAM_SASL_PASSWORD", "secret"),
+        ],
+    );
+    let env: Vec<(&str, &str)> = unreadable
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let mut proxy = ProxyProcess::start_unloaded(&broker.bootstrap(), &env)?;
+    proxy.wait_for_log(
+        "loading the state topic failed; retrying",
+        Duration::from_secs(60),
+    )?;
+    let (status, body) = proxy.admin_get("/readyz")?;
+    assert!(
+        status.contains("503") && body.contains("state topic"),
+        "{status} {body}"
+    );
+    let mut raw = RawClient::connect(&proxy.bootstrap)?;
+    let (code, message) =
+        partition_result(&raw.produce("local", "m", 0, record_batch(3, &["local"]))?);
+    assert_eq!(code, 0, "local traffic flows: {message:?}");
+    let (code, message) =
+        partition_result(&raw.produce("mirror-x", "m", 0, record_batch(3, &["link"]))?);
+    assert_eq!(code, 19, "NOT_ENOUGH_REPLICAS (retriable): {message:?}");
+    assert!(message.unwrap_or_default().contains("not loaded"));
+    drop(raw);
+    proxy.signal("TERM")?;
+    proxy.wait_exit(Duration::from_secs(30))?;
+
+    create(
+        &rt,
+        &c,
+        "stuck-state",
+        &[("cleanup.policy", "compact"), ("max.message.bytes", "16")],
+    )?;
+    let unwritable = link_env("x", &links, &[("STATE_TOPIC", "stuck-state")]);
+    let proxy = start_proxy(&broker, &unwritable)?;
+    let mut raw = RawClient::connect(&proxy.bootstrap)?;
+    let (code, message) =
+        partition_result(&raw.produce("mirror-x", "m", 0, record_batch(4, &["new origin"]))?);
+    assert_eq!(
+        code, 20,
+        "NOT_ENOUGH_REPLICAS_AFTER_APPEND (retriable): {message:?}"
+    );
+    let log: Vec<String> = log_pids(&broker, "m")?
+        .into_iter()
+        .map(|(v, _)| v)
+        .collect();
+    assert_eq!(
+        log,
+        ["local"],
+        "nothing of the refused partition is forwarded"
+    );
+    assert!(proxy.metric("kafka_mirror_proxy_state_write_failures_total")? >= 1);
+    Ok(())
+}

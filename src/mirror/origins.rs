@@ -229,6 +229,9 @@ impl Origins {
                 return;
             }
         }
+        if !refresh {
+            self.tombstones.remove(&key);
+        }
         let previous = self.unclaim(key);
         let (p, o) = key;
         self.claims.insert(

@@ -57,6 +57,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How long a writer waits for the tailer to apply its write.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one state-topic operation (a write with its retries) may take.
+const STATE_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proposals per origin before a resolve gives up (each lost race costs one).
 const RESOLVE_ROUNDS: usize = 5;
 
@@ -133,6 +135,9 @@ impl StateStore {
     pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<StateStore>, TlsSetupError> {
         let mut client = ClientConfig::from_config(config)?;
         client.client_id = "kafka-mirror-proxy-state".into();
+        // A Produce waits on state writes: give up (retriable error to the
+        // replicator) well before its own request timeout (30 s by default).
+        client.operation_timeout = STATE_OPERATION_TIMEOUT;
         let clusters = config
             .links
             .iter()

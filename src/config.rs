@@ -1031,4 +1031,36 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].variable, "MIRROR_PROXY_ADVERTISED_HOST");
     }
+
+    #[test]
+    fn state_topic_and_producer_expiration() {
+        let base = [
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+        ];
+        let c = Config::from_vars(&vars(&base)).expect("valid");
+        assert_eq!(c.state_topic, "__mirror_state");
+        assert_eq!(c.producer_expiration_ms, 86_400_000);
+        let mut set = base.to_vec();
+        set.extend([
+            ("STATE_TOPIC", "mirror.state-2"),
+            ("PRODUCER_EXPIRATION_MS", "5000"),
+        ]);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
+        assert_eq!(c.state_topic, "mirror.state-2");
+        assert_eq!(c.producer_expiration_ms, 5000);
+        for bad in ["has space", "..", "a/b", &"x".repeat(250)] {
+            let mut set = base.to_vec();
+            set.push(("STATE_TOPIC", bad));
+            let p = problems(&set);
+            assert_eq!(p.len(), 1, "{bad}");
+            assert_eq!(p[0].variable, "MIRROR_PROXY_STATE_TOPIC");
+        }
+        let mut set = base.to_vec();
+        set.push(("PRODUCER_EXPIRATION_MS", "0"));
+        assert_eq!(
+            problems(&set)[0].variable,
+            "MIRROR_PROXY_PRODUCER_EXPIRATION_MS"
+        );
+    }
 }

@@ -5,9 +5,8 @@
 #   local        through the proxy as an ordinary client,
 #   link         through the proxy as a mirror link (client.id of the link, so
 #                every batch is remapped and its CRC patched),
-# ROUNDS times in turn after a warm-up, then the mean of each, its ratio
-# to direct, and the proxy's CPU time per GB moved (utime + stime from
-# /proc/PID/stat around each run, over RECORDS * SIZE bytes; ~0 for direct).
+# ROUNDS times in turn after a warm-up, then the mean of each and its ratio
+# to direct.
 #
 #   scripts/perf.sh                 # RECORDS=300000 SIZE=1024 ROUNDS=3
 set -euo pipefail
@@ -30,20 +29,8 @@ for t in perf-direct perf-local perf-link; do
         --create --topic "$t" --partitions 1 --replication-factor 1 >/dev/null
 done
 
-TCK=$(getconf CLK_TCK)
-proxy_ticks() { awk '{ print $14 + $15 }' "/proc/$P_PID/stat"; }
-
-# run LABEL BOOTSTRAP TOPIC CLIENT_ID RECORDS -> "records/s MB/s p99 proxy-cpu-s/GB"
+# run LABEL BOOTSTRAP TOPIC CLIENT_ID RECORDS -> "records/s MB/s p99"
 run() {
-    local t0 t1 out
-    t0=$(proxy_ticks)
-    out=$(run_once "$@")
-    t1=$(proxy_ticks)
-    awk -v o="$out" -v d=$((t1 - t0)) -v tck="$TCK" -v bytes=$(($5 * SIZE)) \
-        'BEGIN { printf "%s %.3f\n", o, (d / tck) / (bytes / 1e9) }'
-}
-
-run_once() {
     local line
     line=$(kmp_java org.apache.kafka.tools.ProducerPerformance --topic "$3" \
         --num-records "$5" --record-size "$SIZE" --throughput -1 \
@@ -56,8 +43,6 @@ run_once() {
 echo "warm-up..." >&2
 run warmup "127.0.0.1:$B_PORT" perf-direct perf-client 50000 >/dev/null
 run warmup "127.0.0.1:$P_PORT" perf-local perf-client 50000 >/dev/null
-# (also waits out the state topic's first load: link Produce is refused, retriably, until then)
-run warmup "127.0.0.1:$P_PORT" perf-link mirror-perf 50000 >/dev/null
 
 results=$(mktemp)
 for round in $(seq 1 "$ROUNDS"); do
@@ -72,13 +57,13 @@ remapped=$(curl -s "http://127.0.0.1:$P_ADMIN/metrics" 2>/dev/null | awk '/^kafk
 echo
 echo "ProducerPerformance, $RECORDS records of $SIZE bytes, acks=all, idempotent, mean of $ROUNDS rounds"
 awk '
-    { n[$1]++; r[$1] += $2; m[$1] += $3; p[$1] += $4; c[$1] += $5 }
+    { n[$1]++; r[$1] += $2; m[$1] += $3; p[$1] += $4 }
     END {
-        printf "%-8s %12s %8s %10s %10s %18s\n", "path", "records/s", "MB/s", "p99 ms", "vs direct", "proxy CPU s/GB"
+        printf "%-8s %12s %8s %10s %10s\n", "path", "records/s", "MB/s", "p99 ms", "vs direct"
         split("direct local link", order, " ")
         for (i = 1; i <= 3; i++) {
             k = order[i]
-            printf "%-8s %12.0f %8.2f %10.0f %9.2fx %18.2f\n", k, r[k]/n[k], m[k]/n[k], p[k]/n[k], (r[k]/n[k]) / (r["direct"]/n["direct"]), c[k]/n[k]
+            printf "%-8s %12.0f %8.2f %10.0f %9.2fx\n", k, r[k]/n[k], m[k]/n[k], p[k]/n[k], (r[k]/n[k]) / (r["direct"]/n["direct"])
         }
     }' "$results"
 echo "batches remapped by the proxy on link 'perf': ${remapped:-unknown}"

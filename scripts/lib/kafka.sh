@@ -89,7 +89,7 @@ PROPS
 }
 
 # kmp_start_proxy NAME BROKER_PORT [VAR=VALUE...]: runs the release binary;
-# sets NAME_PORT (bootstrap), NAME_ADMIN and NAME_PID.
+# sets NAME_PORT (bootstrap) and NAME_ADMIN.
 kmp_start_proxy() {
     local name=$1 broker_port=$2; shift 2
     local listen admin
@@ -100,7 +100,6 @@ kmp_start_proxy() {
         MIRROR_PROXY_ADMIN_LISTEN="127.0.0.1:$admin" \
         "$@" "$KMP_ROOT/target/release/kafka-mirror-proxy" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
     KMP_PIDS+=($!)
-    printf -v "${name}_PID" '%s' "$!"
     local i
     for i in $(seq 1 100); do
         if grep -q "proxy ready" "$KMP_WORK/proxy-$name.log"; then

@@ -73,10 +73,10 @@ impl ProxyProcess {
 
     /// Like [`ProxyProcess::start`], but with links does not wait for the
     /// state topic to load (for tests of an unloaded state topic).
+    /// Default port layout (node n at the bootstrap port + 1 + n).
     pub fn start_unloaded(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
-        let listen = free_port()?;
-        let port_base = free_port_above(listen + 1)? - 1;
-        Self::spawn_with(upstream, extra, listen, Some(port_base), false)
+        let listen = free_port_run(2)?;
+        Self::spawn_with(upstream, extra, listen, None, false)
     }
 
     /// Start a proxy that leaves `MIRROR_PROXY_BROKER_PORT_BASE` at its

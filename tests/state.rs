@@ -297,7 +297,10 @@ fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
     let text = proxy.logs();
     assert!(
         text.contains("producer id collision resolved with a salt")
-            && text.contains("oversized_pid"),
+            && text.contains("oversized_pid")
+            && text.contains(&format!(
+                "source_cluster={y} pid=0 colliding_cluster={x} colliding_pid=Some(0)"
+            )),
         "INFO lines for collisions:\n{}",
         tools::tail_str(&text, 30)
     );

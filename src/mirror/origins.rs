@@ -107,6 +107,9 @@ pub struct Proposal {
     /// A new collision (a salt record must be written), with the cluster
     /// that held the slot (the source itself for oversized/-1).
     pub collision: Option<(Cause, ClusterId)>,
+    /// For a hash collision: the origin that owns the natural slot (none
+    /// when another origin of the same write proposed it).
+    pub held_by: Option<OriginId>,
 }
 
 /// No salt found a free slot in [`SALT_ATTEMPTS`] tries.
@@ -329,15 +332,21 @@ impl Origins {
                     mapped,
                     salt: s.salt,
                     collision: None,
+                    held_by: None,
                 });
             }
         }
+        let held_by = match natural {
+            Mapping::Mapped(m) => self.owner(p, m).filter(|&w| w != o),
+            _ => None,
+        };
         let cause = match natural {
             Mapping::Mapped(m) if self.free_for(p, m, o, taken) => {
                 return Ok(Proposal {
                     mapped: m,
                     salt: 0,
                     collision: None,
+                    held_by: None,
                 })
             }
             Mapping::Mapped(m) => (Cause::Hash, self.owner(p, m).map_or(o.source, |w| w.source)),
@@ -365,6 +374,7 @@ impl Origins {
                 mapped,
                 salt,
                 collision: Some(cause),
+                held_by,
             });
         }
         Err(NoSlot {

@@ -504,6 +504,7 @@ impl StateStore {
                             source_cluster = %o.source,
                             pid = o.pid,
                             colliding_cluster = %colliding,
+                            colliding_pid = ?proposal.held_by.map(|w| w.pid),
                             cause = cause.label(),
                             salt = proposal.salt,
                             mapped_pid = proposal.mapped,

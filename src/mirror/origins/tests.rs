@@ -69,7 +69,8 @@ fn natural_claim_is_looked_up() {
         Proposal {
             mapped: compose(1, 5),
             salt: 0,
-            collision: None
+            collision: None,
+            held_by: None
         }
     );
     assert_eq!(v.lookup(P, o, 0), None);
@@ -112,6 +113,7 @@ fn hash_collision_is_salted_out_of_every_natural_region() {
     assert_eq!(p.salt, 2);
     assert_eq!(p.mapped, compose(1 ^ 2, 0));
     assert_eq!(p.collision, Some((Cause::Hash, a())));
+    assert_eq!(p.held_by, Some(oa));
     v.apply(2, &claim(ob, p.mapped, p.salt, -1, 0));
     assert_eq!(v.lookup(P, oa, 0), Some(compose(1, 0)));
     assert_eq!(v.lookup(P, ob, 0), Some(compose(3, 0)));
@@ -149,7 +151,8 @@ fn a_known_salt_is_applied_directly() {
         Proposal {
             mapped: compose(1 ^ 0x77, 0),
             salt: 0x77,
-            collision: None
+            collision: None,
+            held_by: None
         }
     );
     // Tombstoned salt: back to the natural slot.

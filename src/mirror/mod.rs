@@ -4,3 +4,4 @@
 pub mod link;
 pub mod pid;
 pub mod produce;
+pub mod producer_state;

@@ -40,7 +40,7 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::wire::batch::BatchHeader;
+use crate::wire::batch::{BatchHeader, Batches};
 
 /// Batches kept per producer, as Kafka does (`NUM_BATCHES_TO_RETAIN`).
 pub const RETAINED_BATCHES: usize = 5;
@@ -321,6 +321,19 @@ impl ProducerStateEntry {
     }
 }
 
+/// What [`ProducerStates::replay_records`] walked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Whole batches read.
+    pub batches: usize,
+    /// Of those, batches of mapped producers taken into the state.
+    pub taken: usize,
+    /// The offset after the last whole batch.
+    pub next_offset: Option<i64>,
+    /// The records ended in a partial or malformed batch.
+    pub truncated: bool,
+}
+
 /// Producer state of every mirrored partition, bounded in entries.
 ///
 /// `P` names a destination partition (e.g. topic id and partition index).
@@ -534,6 +547,31 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
             header.max_timestamp(),
         );
         true
+    }
+
+    /// Rebuilding from a Fetch of a partition's tail: every whole batch of
+    /// `records` (as the broker returned them, baseOffsets set) replayed in
+    /// order. A trailing partial batch (the Fetch size bound cuts one) or a
+    /// malformed one ends the walk.
+    pub fn replay_records(&mut self, partition: &P, records: &[u8]) -> Replayed {
+        let mut out = Replayed::default();
+        for batch in Batches::new(records) {
+            let Ok(b) = batch else {
+                out.truncated = true;
+                break;
+            };
+            let Ok(header) = BatchHeader::parse(&records[b.range()]) else {
+                out.truncated = true;
+                break;
+            };
+            out.batches += 1;
+            if self.replay(partition, &header) {
+                out.taken += 1;
+            }
+            out.next_offset =
+                Some(header.base_offset() + i64::from(header.last_offset_delta()) + 1);
+        }
+        out
     }
 
     /// Forgets every producer of a partition (e.g. at the failover

@@ -409,3 +409,37 @@ fn batch_id_from_a_header() {
         }
     );
 }
+
+#[test]
+fn rebuilt_from_fetched_records_up_to_a_partial_batch() {
+    let mut records = Vec::new();
+    records.extend(log_batch(10, PID, 2, 7, 3, false));
+    records.extend(log_batch(13, 8, 0, 0, 1, false));
+    records.extend(log_batch(14, PID, 2, 10, 2, false));
+    let cut = log_batch(16, PID, 2, 12, 2, false);
+    records.extend_from_slice(&cut[..cut.len() - 1]);
+    let mut s = states();
+    assert_eq!(
+        s.replay_records(&P0, &records),
+        Replayed {
+            batches: 3,
+            taken: 2,
+            next_offset: Some(16),
+            truncated: true
+        }
+    );
+    assert_eq!(
+        s.check(&P0, &id(2, 10, 11)),
+        Check::Duplicate { base_offset: 14 }
+    );
+    assert_eq!(
+        s.check(&P0, &id(2, 12, 13)),
+        Check::Append,
+        "the cut batch is not known"
+    );
+    assert_eq!(
+        s.replay_records(&P0, &[]),
+        Replayed::default(),
+        "an empty tail"
+    );
+}

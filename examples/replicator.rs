@@ -37,12 +37,14 @@
 //! `replicate` directly; only `main` touches process arguments and exit codes.
 //!
 //! Protocol versions are the client's: the highest both sides know (Fetch
-//! and Produce by topic id against Kafka 4). Produce v12+ lets a broker with
-//! transaction version 2 add a partition to a transaction implicitly when a
-//! batch has a producer id (`>= 0`); through the proxy every copied batch has
-//! a mapped, negative producer id, which a broker treats as "no producer", so
-//! this never happens there. Copying transactional batches straight into a
-//! broker, without the proxy, is only for experiments.
+//! and Produce by topic id against Kafka 4). A broker verifies a
+//! transactional batch against the transaction coordinator (KIP-890) only
+//! when it has a producer id (`>= 0`); through the proxy every copied batch
+//! has a mapped, negative producer id, which a broker treats as "no
+//! producer", so none of that applies. Straight into a Kafka 4.4 broker,
+//! without the proxy, a copied transactional batch is refused
+//! (`NOT_ENOUGH_REPLICAS`, "Unable to verify the partition has been added
+//! to the transaction"; see the README, "Transactions").
 
 // The file is also compiled as a module of integration tests, which use only
 // part of it.

@@ -448,12 +448,16 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     }
 
     /// What to do with `batch` (see [`Check`]). Counts as a use of the
-    /// producer; changes nothing else.
+    /// producer; changes nothing else. A batch without a sequence
+    /// (`NO_SEQUENCE`: not idempotent) is not tracked and always appends.
     pub fn check<Q>(&mut self, partition: &Q, batch: &BatchId) -> Check
     where
         P: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        if batch.first_seq < 0 {
+            return Check::Append;
+        }
         match self.touch(partition, batch.producer_id) {
             Some(e) => e.check(batch),
             None => Check::Append,
@@ -465,7 +469,7 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     /// refused as out of order.
     pub fn begin(&mut self, partition: &P, batch: &BatchId) -> Check {
         let verdict = self.check(partition, batch);
-        if verdict == Check::Append {
+        if verdict == Check::Append && batch.first_seq >= 0 {
             if let Err(message) = self.mark_in_flight(partition, batch) {
                 return Check::Refuse {
                     kind: RefusalKind::OutOfOrderSequence,
@@ -480,6 +484,9 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     /// ([`Check::InFlight`]). Err when the producer has
     /// [`MAX_IN_FLIGHT`] batches in flight already.
     pub fn mark_in_flight(&mut self, partition: &P, batch: &BatchId) -> Result<(), String> {
+        if batch.first_seq < 0 {
+            return Ok(());
+        }
         let e = self.entry_mut(partition, batch.producer_id);
         if e.in_flight_slot(batch).is_some() {
             return Ok(());
@@ -504,7 +511,8 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
 
     /// The broker appended `batch` at `base_offset`: remember it (as one of
     /// the last five) and end its flight. An epoch higher than the
-    /// producer's resets its batches; a lower one is ignored.
+    /// producer's resets its batches; a lower one, and a batch without a
+    /// sequence, are ignored.
     pub fn appended(
         &mut self,
         partition: &P,
@@ -512,6 +520,9 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
         base_offset: i64,
         append_time_ms: i64,
     ) {
+        if batch.first_seq < 0 {
+            return;
+        }
         let e = self.entry_mut(partition, batch.producer_id);
         e.clear_in_flight(batch);
         e.record(batch, base_offset, append_time_ms);

@@ -443,3 +443,17 @@ fn rebuilt_from_fetched_records_up_to_a_partial_batch() {
         "an empty tail"
     );
 }
+
+#[test]
+fn a_batch_without_a_sequence_is_not_tracked() {
+    let mut s = states();
+    append(&mut s, id(0, 0, 9), 0);
+    let plain = id(0, NO_SEQUENCE, NO_SEQUENCE);
+    assert_eq!(s.begin(&P0, &plain), Check::Append);
+    assert_eq!(s.begin(&P0, &plain), Check::Append, "never in flight");
+    s.appended(&P0, &plain, 10, 0);
+    s.failed(&P0, &plain);
+    let e = s.entry(&P0, PID).expect("entry");
+    assert_eq!((e.batches().len(), e.in_flight_count()), (1, 0));
+    assert_eq!(s.check(&P0, &id(0, 10, 19)), Check::Append);
+}

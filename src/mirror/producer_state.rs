@@ -36,7 +36,6 @@
 //! a known producer does not allocate (the retained and in-flight batches are
 //! fixed arrays); only a refusal builds its message.
 
-use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -336,23 +335,23 @@ pub struct Replayed {
 
 /// Producer state of every mirrored partition, bounded in entries.
 ///
-/// `P` names a destination partition (e.g. topic id and partition index).
+/// `P` names a destination partition: a small `Copy` key (e.g. topic id and
+/// partition index), so that a lookup builds its key without allocating.
+/// One map over (partition, producer id): one hash lookup per access.
 #[derive(Debug)]
 pub struct ProducerStates<P> {
-    partitions: HashMap<P, HashMap<i64, ProducerStateEntry>>,
+    entries: HashMap<(P, i64), ProducerStateEntry>,
     max_entries: usize,
-    entries: usize,
     evictions: u64,
     clock: u64,
 }
 
-impl<P: Hash + Eq + Clone> ProducerStates<P> {
+impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// At most `max_entries` producers (at least 1) over all partitions.
     pub fn new(max_entries: usize) -> ProducerStates<P> {
         ProducerStates {
-            partitions: HashMap::new(),
+            entries: HashMap::new(),
             max_entries: max_entries.max(1),
-            entries: 0,
             evictions: 0,
             clock: 0,
         }
@@ -360,11 +359,11 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
 
     /// Producers held.
     pub fn len(&self) -> usize {
-        self.entries
+        self.entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries == 0
+        self.entries.is_empty()
     }
 
     /// Producers evicted to stay within the bound, since creation.
@@ -373,12 +372,8 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     }
 
     /// The state of one producer, if held (does not count as a use).
-    pub fn entry<Q>(&self, partition: &Q, producer_id: i64) -> Option<&ProducerStateEntry>
-    where
-        P: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        self.partitions.get(partition)?.get(&producer_id)
+    pub fn entry(&self, partition: &P, producer_id: i64) -> Option<&ProducerStateEntry> {
+        self.entries.get(&(*partition, producer_id))
     }
 
     fn tick(&mut self) -> u64 {
@@ -386,13 +381,9 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
         self.clock
     }
 
-    fn touch<Q>(&mut self, partition: &Q, producer_id: i64) -> Option<&mut ProducerStateEntry>
-    where
-        P: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
+    fn touch(&mut self, partition: &P, producer_id: i64) -> Option<&mut ProducerStateEntry> {
         let now = self.tick();
-        let e = self.partitions.get_mut(partition)?.get_mut(&producer_id)?;
+        let e = self.entries.get_mut(&(*partition, producer_id))?;
         e.last_used = now;
         Some(e)
     }
@@ -401,21 +392,13 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     /// full) if new.
     fn entry_mut(&mut self, partition: &P, producer_id: i64) -> &mut ProducerStateEntry {
         let now = self.tick();
-        let known = self
-            .partitions
-            .get(partition)
-            .is_some_and(|m| m.contains_key(&producer_id));
-        if !known {
-            if self.entries >= self.max_entries {
-                self.evict_one();
-            }
-            self.entries += 1;
+        let key = (*partition, producer_id);
+        if self.entries.len() >= self.max_entries && !self.entries.contains_key(&key) {
+            self.evict_one();
         }
         let e = self
-            .partitions
-            .entry(partition.clone())
-            .or_default()
-            .entry(producer_id)
+            .entries
+            .entry(key)
             .or_insert_with(|| ProducerStateEntry::new(now));
         e.last_used = now;
         e
@@ -425,36 +408,24 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     /// when a new producer arrives at the bound).
     fn evict_one(&mut self) {
         let oldest = self
-            .partitions
+            .entries
             .iter()
-            .flat_map(|(p, m)| m.iter().map(move |(pid, e)| (e.last_used, p, *pid)))
-            .min_by_key(|(used, _, _)| *used)
-            .map(|(_, p, pid)| (p.clone(), pid));
-        if let Some((p, pid)) = oldest {
-            self.remove(&p, pid);
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(k, _)| *k);
+        if let Some(key) = oldest {
+            self.entries.remove(&key);
             self.evictions += 1;
         }
     }
 
     fn remove(&mut self, partition: &P, producer_id: i64) {
-        if let Some(m) = self.partitions.get_mut(partition) {
-            if m.remove(&producer_id).is_some() {
-                self.entries -= 1;
-            }
-            if m.is_empty() {
-                self.partitions.remove(partition);
-            }
-        }
+        self.entries.remove(&(*partition, producer_id));
     }
 
     /// What to do with `batch` (see [`Check`]). Counts as a use of the
     /// producer; changes nothing else. A batch without a sequence
     /// (`NO_SEQUENCE`: not idempotent) is not tracked and always appends.
-    pub fn check<Q>(&mut self, partition: &Q, batch: &BatchId) -> Check
-    where
-        P: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
+    pub fn check(&mut self, partition: &P, batch: &BatchId) -> Check {
         if batch.first_seq < 0 {
             return Check::Append;
         }
@@ -531,10 +502,7 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
     /// The attempt to append `batch` failed (or its outcome is unknown):
     /// end its flight, so that a retry is checked afresh.
     pub fn failed(&mut self, partition: &P, batch: &BatchId) {
-        let Some(m) = self.partitions.get_mut(partition) else {
-            return;
-        };
-        let Some(e) = m.get_mut(&batch.producer_id) else {
+        let Some(e) = self.entries.get_mut(&(*partition, batch.producer_id)) else {
             return;
         };
         e.clear_in_flight(batch);
@@ -587,15 +555,12 @@ impl<P: Hash + Eq + Clone> ProducerStates<P> {
 
     /// Forgets every producer of a partition (e.g. at the failover
     /// barrier, or when its leader moved and the state is rebuilt).
-    /// Returns how many were dropped.
-    pub fn clear_partition<Q>(&mut self, partition: &Q) -> usize
-    where
-        P: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let n = self.partitions.remove(partition).map_or(0, |m| m.len());
-        self.entries -= n;
-        n
+    /// Returns how many were dropped. (A scan over every producer: this
+    /// happens once per partition at a failover or a leader change.)
+    pub fn clear_partition(&mut self, partition: &P) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|(p, _), _| p != partition);
+        before - self.entries.len()
     }
 }
 

@@ -5,3 +5,4 @@ pub mod link;
 pub mod origins;
 pub mod pid;
 pub mod produce;
+pub mod producer_state;

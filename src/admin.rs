@@ -148,6 +148,13 @@ async fn limit_time(State(limit): State<Duration>, request: Request, next: Next)
 
 /// Ready when at least one bootstrap broker accepts a connection.
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    if let Some(why) = shared.state.as_ref().and_then(|s| s.not_ready_reason()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response();
+    }
     for addr in &shared.config.bootstrap_servers {
         let attempt =
             tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
@@ -198,7 +205,7 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let config = Config::from_vars(&vars).expect("test configuration is valid");
-        let proxy = Proxy::start(config, Arc::new(Metrics::default()))
+        let proxy = Proxy::start(config, Arc::new(Metrics::default()), None)
             .await
             .expect("proxy starts");
         let app = router(Arc::clone(&proxy.shared));

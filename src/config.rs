@@ -109,6 +109,10 @@ pub struct Config {
     /// connections authenticate themselves through the proxy.
     pub upstream_sasl: Option<Credentials>,
     pub links: Links,
+    /// The compacted topic holding the mapping state (`__mirror_state`).
+    pub state_topic: String,
+    /// Mirrored producers idle this long are forgotten (tombstoned).
+    pub producer_expiration_ms: u64,
 }
 
 impl fmt::Debug for Config {
@@ -131,6 +135,8 @@ impl fmt::Debug for Config {
             .field("upstream_tls", &self.upstream_tls.is_some())
             .field("upstream_sasl", &self.upstream_sasl)
             .field("links", &self.links.names())
+            .field("state_topic", &self.state_topic)
+            .field("producer_expiration_ms", &self.producer_expiration_ms)
             .finish()
     }
 }
@@ -164,6 +170,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("UPSTREAM_SASL_MECHANISM", "(none)", "SASL for the proxy's own connections to the brokers (state topic, failover barrier): `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`. Client connections always pass their own SASL through."),
     ("UPSTREAM_SASL_USERNAME", "(required with UPSTREAM_SASL_MECHANISM)", "User name for UPSTREAM_SASL_MECHANISM."),
     ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
+    ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy."),
+    ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
@@ -445,6 +453,22 @@ impl Config {
         let request_read_timeout_ms = ms("REQUEST_READ_TIMEOUT_MS", 30_000);
         let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
         let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
+        let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
+        let state_topic = env
+            .parse(
+                "STATE_TOPIC",
+                "a Kafka topic name: 1 to 249 characters of [a-zA-Z0-9._-]",
+                |s| {
+                    let ok = !s.is_empty()
+                        && s.len() <= 249
+                        && s != "."
+                        && s != ".."
+                        && s.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+                    ok.then(|| s.to_string())
+                },
+            )
+            .unwrap_or_else(|| "__mirror_state".to_string());
 
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
@@ -480,6 +504,8 @@ impl Config {
                 upstream_tls,
                 upstream_sasl,
                 links,
+                state_topic,
+                producer_expiration_ms,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -1004,5 +1030,37 @@ mod tests {
         let p = problems(&[("BOOTSTRAP_SERVERS", "b:9092")]);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].variable, "MIRROR_PROXY_ADVERTISED_HOST");
+    }
+
+    #[test]
+    fn state_topic_and_producer_expiration() {
+        let base = [
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+        ];
+        let c = Config::from_vars(&vars(&base)).expect("valid");
+        assert_eq!(c.state_topic, "__mirror_state");
+        assert_eq!(c.producer_expiration_ms, 86_400_000);
+        let mut set = base.to_vec();
+        set.extend([
+            ("STATE_TOPIC", "mirror.state-2"),
+            ("PRODUCER_EXPIRATION_MS", "5000"),
+        ]);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
+        assert_eq!(c.state_topic, "mirror.state-2");
+        assert_eq!(c.producer_expiration_ms, 5000);
+        for bad in ["has space", "..", "a/b", &"x".repeat(250)] {
+            let mut set = base.to_vec();
+            set.push(("STATE_TOPIC", bad));
+            let p = problems(&set);
+            assert_eq!(p.len(), 1, "{bad}");
+            assert_eq!(p[0].variable, "MIRROR_PROXY_STATE_TOPIC");
+        }
+        let mut set = base.to_vec();
+        set.push(("PRODUCER_EXPIRATION_MS", "0"));
+        assert_eq!(
+            problems(&set)[0].variable,
+            "MIRROR_PROXY_PRODUCER_EXPIRATION_MS"
+        );
     }
 }

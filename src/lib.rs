@@ -11,4 +11,5 @@ pub mod config;
 pub mod metrics;
 pub mod mirror;
 pub mod proxy;
+pub mod state;
 pub mod wire;

@@ -16,6 +16,7 @@ use kafka_mirror_proxy::config::{Config, LogFormat};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
 use kafka_mirror_proxy::proxy::Proxy;
+use kafka_mirror_proxy::state::StateStore;
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +47,14 @@ enum Command {
     Unmap {
         #[arg(long, allow_hyphen_values = true)]
         pid: i64,
+        /// Destination brokers (host:port,...): also read the state topic,
+        /// so a salted mapped id resolves to its origin (plain TCP; TLS and
+        /// SASL from MIRROR_PROXY_UPSTREAM_* when set).
+        #[arg(long)]
+        bootstrap_server: Option<String>,
+        /// The state topic to read with --bootstrap-server.
+        #[arg(long, default_value = "__mirror_state")]
+        state_topic: String,
     },
 }
 
@@ -57,7 +66,14 @@ fn main() -> ExitCode {
             source_cluster_id,
             pid,
         } => map(&source_cluster_id, pid),
-        Command::Unmap { pid } => unmap(pid),
+        Command::Unmap {
+            pid,
+            bootstrap_server,
+            state_topic,
+        } => unmap(pid).and_then(|()| match bootstrap_server {
+            Some(b) => unmap_from_state(pid, &b, &state_topic),
+            None => Ok(()),
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -106,6 +122,65 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The origins of `pid` recorded in the state topic.
+fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()> {
+    use kafka_mirror_proxy::client::{Client, ClientConfig};
+    use kafka_mirror_proxy::proxy::upstream::Upstream;
+    let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
+    // The upstream settings when the MIRROR_PROXY_* variables describe them.
+    let config = {
+        let mut vars: std::collections::HashMap<String, String> = std::env::vars().collect();
+        vars.insert("MIRROR_PROXY_BOOTSTRAP_SERVERS".into(), bootstrap.join(","));
+        Config::from_vars(&vars).ok()
+    };
+    let client_config = match config {
+        Some(c) => ClientConfig::from_config(&c).context("upstream TLS settings")?,
+        None => ClientConfig::new(
+            bootstrap,
+            Upstream {
+                tls: None,
+                server_name: None,
+                timeout: Duration::from_secs(10),
+            },
+        ),
+    };
+    let client = Client::new(client_config);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let (view, names) = runtime
+        .block_on(async {
+            let view = kafka_mirror_proxy::state::read_view(&client, topic).await?;
+            let names: std::collections::HashMap<_, _> = client
+                .metadata(None)
+                .await
+                .map(|m| m.topics.into_iter().map(|t| (t.topic_id, t.name)).collect())
+                .unwrap_or_default();
+            anyhow::Ok((view, names))
+        })
+        .with_context(|| format!("reading the state topic {topic}"))?;
+    let origins = view.origins_of(pid);
+    if origins.is_empty() {
+        println!("origin   none recorded in {topic}");
+    }
+    for (p, o, salt) in origins {
+        let topic_name = names
+            .get(&p.topic_id)
+            .cloned()
+            .unwrap_or_else(|| p.topic_id.to_string());
+        let salt = match salt {
+            0 => "natural region".to_string(),
+            s => format!("salt {s}"),
+        };
+        println!(
+            "origin   {topic_name}-{}: source cluster {} producer id {} ({salt})",
+            p.partition, o.source, o.pid
+        );
+    }
+    Ok(())
+}
+
 fn run() -> anyhow::Result<()> {
     let config = Config::from_env()?;
     init_logging(config.log_format);
@@ -141,7 +216,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             format!("binding the admin listener on {admin_addr} (MIRROR_PROXY_ADMIN_LISTEN)")
         })?;
     let admin_addr = admin.local_addr().unwrap_or(admin_addr);
-    let proxy = Proxy::start(config, metrics).await?;
+    let state = if config.links.is_empty() {
+        None
+    } else {
+        let state = StateStore::new(&config, Arc::clone(&metrics))
+            .context("configuring the state topic client")?;
+        state.start();
+        Some(state)
+    };
+    let proxy = Proxy::start(config, metrics, state.clone()).await?;
     let shared = Arc::clone(&proxy.shared);
     tokio::spawn(async move {
         if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
@@ -154,7 +237,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         links = ?proxy.shared.config.links.names(),
         "proxy ready"
     );
-    shutdown_signal().await;
+    let fatal = async {
+        match &state {
+            Some(s) => s.fatal().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        why = fatal => anyhow::bail!("{why}"),
+    }
     let timeout = Duration::from_millis(proxy.shared.config.shutdown_timeout_ms);
     tracing::info!(
         open_connections = proxy.shared.open_connections(),

@@ -141,6 +141,8 @@ pub struct Metrics {
     control_batches_dropped: Family<LinkLabels, Counter>,
     partitions_refused: Family<RefusedLabels, Counter>,
     links: HashMap<String, LinkMetrics>,
+    /// The state topic (`state`).
+    pub state: StateMetrics,
 }
 
 impl Default for Metrics {
@@ -234,6 +236,8 @@ impl Metrics {
             Family::clone(&partitions_refused),
         );
 
+        let state = StateMetrics::register(&mut registry);
+
         let slots = ApiKey::iter().map(|k| k as usize + 1).max().unwrap_or(0);
         let links = links
             .into_iter()
@@ -265,6 +269,7 @@ impl Metrics {
             control_batches_dropped,
             partitions_refused,
             links,
+            state,
         };
         // The bootstrap listener always exists: show its series before the
         // first connection.
@@ -529,5 +534,89 @@ mod tests {
             ),
             Some(1)
         );
+    }
+}
+
+/// `cause` label of resolved collisions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CauseLabels {
+    cause: &'static str,
+}
+
+/// Metrics of the state topic and the origins view.
+pub struct StateMetrics {
+    origins_known: Gauge,
+    origins_persisted: Counter,
+    collisions: Family<CauseLabels, Counter>,
+    write_seconds: prometheus_client::metrics::histogram::Histogram,
+    write_failures: Counter,
+    load_seconds: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+}
+
+impl StateMetrics {
+    fn register(registry: &mut Registry) -> StateMetrics {
+        let m = StateMetrics {
+            origins_known: Gauge::default(),
+            origins_persisted: Counter::default(),
+            collisions: Family::default(),
+            write_seconds: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
+            ),
+            write_failures: Counter::default(),
+            load_seconds: Default::default(),
+        };
+        registry.register(
+            "state_origins_known",
+            "Origins (source cluster, producer id) with a mapped producer id, over all partitions",
+            m.origins_known.clone(),
+        );
+        registry.register(
+            "state_origins_persisted",
+            "Origin claims written to the state topic by this instance (new origins and salts)",
+            m.origins_persisted.clone(),
+        );
+        registry.register(
+            "state_collisions_resolved",
+            "Collisions resolved with a salt, by cause (hash, oversized_pid, minus_one)",
+            m.collisions.clone(),
+        );
+        registry.register(
+            "state_write_seconds",
+            "Latency of state-topic writes (acks=all) until applied by the tailer",
+            m.write_seconds.clone(),
+        );
+        registry.register(
+            "state_write_failures",
+            "State-topic writes that failed",
+            m.write_failures.clone(),
+        );
+        registry.register(
+            "state_load_seconds",
+            "Time the last full load of the state topic took",
+            m.load_seconds.clone(),
+        );
+        for cause in ["hash", "oversized_pid", "minus_one"] {
+            let _ = m.collisions.get_or_create(&CauseLabels { cause });
+        }
+        m
+    }
+
+    pub fn origins_known(&self, n: usize) {
+        self.origins_known.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+    pub fn origins_persisted(&self, n: u64) {
+        self.origins_persisted.inc_by(n);
+    }
+    pub fn collision(&self, cause: &'static str) {
+        self.collisions.get_or_create(&CauseLabels { cause }).inc();
+    }
+    pub fn write(&self, seconds: f64) {
+        self.write_seconds.observe(seconds);
+    }
+    pub fn write_failed(&self) {
+        self.write_failures.inc();
+    }
+    pub fn loaded(&self, seconds: f64) {
+        self.load_seconds.set(seconds);
     }
 }

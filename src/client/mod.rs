@@ -35,7 +35,10 @@ use crate::proxy::upstream::{ConnectError, Upstream};
 use conn::Connection;
 pub use error::ClientError;
 use metadata::{Broker, Cluster, ClusterInfo, Leader, Lookup, TopicInfo};
-use protocol::{Created, Fetched, ListedOffset, NewTopic, OffsetSpec, PartitionRef, Produced, Rpc};
+use protocol::{
+    Created, Fetched, IsolationLevel, ListedOffset, NewTopic, OffsetSpec, PartitionRef, Produced,
+    Rpc,
+};
 
 /// How the client connects and how patient it is.
 #[derive(Clone)]
@@ -277,6 +280,20 @@ impl Client {
         partition: i32,
         records: Bytes,
     ) -> Result<Produced, ClientError> {
+        self.produce_transactional(topic, partition, records, None)
+            .await
+    }
+
+    /// [`produce`](Self::produce) with a transactional id in the request,
+    /// which brokers require when a batch has the transactional attribute
+    /// (the replicator copies such batches as they are).
+    pub async fn produce_transactional(
+        &self,
+        topic: &str,
+        partition: i32,
+        records: Bytes,
+        transactional_id: Option<&str>,
+    ) -> Result<Produced, ClientError> {
         let timeout_ms = millis_i32(self.inner.config.request_timeout * 9 / 10);
         let records = &records;
         self.retrying(&format!("produce to {topic}-{partition}"), || async move {
@@ -284,7 +301,13 @@ impl Client {
             let to = partition_ref(topic, partition, &leader);
             let (version, r) = self
                 .call(&leader.address, Duration::ZERO, |v| {
-                    protocol::produce_request(v, &to, records.clone(), timeout_ms)
+                    protocol::produce_request_transactional(
+                        v,
+                        &to,
+                        records.clone(),
+                        timeout_ms,
+                        transactional_id,
+                    )
                 })
                 .await?;
             protocol::produce_result(&r, version, &to)
@@ -303,13 +326,37 @@ impl Client {
         max_bytes: i32,
         max_wait: Duration,
     ) -> Result<Fetched, ClientError> {
+        self.fetch_isolated(
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            max_wait,
+            IsolationLevel::ReadUncommitted,
+        )
+        .await
+    }
+
+    /// [`fetch`](Self::fetch) at an isolation level: read_committed stops
+    /// at the last stable offset and lists the aborted transactions.
+    pub async fn fetch_isolated(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        max_bytes: i32,
+        max_wait: Duration,
+        isolation: IsolationLevel,
+    ) -> Result<Fetched, ClientError> {
         let wait_ms = millis_i32(max_wait);
         self.retrying(&format!("fetch from {topic}-{partition}"), || async move {
             let leader = self.leader(topic, partition).await?;
             let from = partition_ref(topic, partition, &leader);
             let (version, r) = self
                 .call(&leader.address, max_wait, |v| {
-                    protocol::fetch_request(v, &from, offset, max_bytes, wait_ms)
+                    protocol::fetch_request_isolated(
+                        v, &from, offset, max_bytes, wait_ms, isolation,
+                    )
                 })
                 .await?;
             protocol::fetch_result(&r, version, &from)
@@ -558,6 +605,15 @@ mod tests {
         assert_send(&client.ensure_compacted_topic("t", 1));
         assert_send(&client.produce("t", 0, Bytes::new()));
         assert_send(&client.fetch("t", 0, 0, 1, Duration::ZERO));
+        assert_send(&client.fetch_isolated(
+            "t",
+            0,
+            0,
+            1,
+            Duration::ZERO,
+            IsolationLevel::ReadCommitted,
+        ));
+        assert_send(&client.produce_transactional("t", 0, Bytes::new(), Some("x")));
         assert_send(&client.list_offset("t", 0, OffsetSpec::Latest));
     }
 }

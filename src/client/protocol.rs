@@ -23,12 +23,13 @@ use kafka_protocol::messages::{
     ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest, CreateTopicsResponse,
     DescribeConfigsRequest, DescribeConfigsResponse, FetchRequest, FetchResponse,
     ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, ProduceRequest, ProduceResponse,
-    RequestHeader, SaslAuthenticateRequest, SaslHandshakeRequest, TopicName,
+    RequestHeader, SaslAuthenticateRequest, SaslHandshakeRequest, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use uuid::Uuid;
 
 use super::error::{is_retriable_code, ClientError};
+pub use crate::wire::aborted::AbortedTransaction;
 use crate::wire::{header, schema, walk};
 
 /// A request the client sends: its name in errors, the schema its response
@@ -424,6 +425,18 @@ pub fn produce_request(
     records: Bytes,
     timeout_ms: i32,
 ) -> Result<ProduceRequest, ClientError> {
+    produce_request_transactional(version, to, records, timeout_ms, None)
+}
+
+/// [`produce_request`] carrying a transactional id, which a broker requires
+/// of a request holding a transactional batch (whatever its producer id).
+pub fn produce_request_transactional(
+    version: i16,
+    to: &PartitionRef<'_>,
+    records: Bytes,
+    timeout_ms: i32,
+    transactional_id: Option<&str>,
+) -> Result<ProduceRequest, ClientError> {
     let data = vec![PartitionProduceData::default()
         .with_index(to.partition)
         .with_records(Some(records))];
@@ -433,7 +446,9 @@ pub fn produce_request(
         TopicProduceData::default().with_name(topic_name(to.topic))
     };
     Ok(ProduceRequest::default()
-        .with_transactional_id(None)
+        .with_transactional_id(
+            transactional_id.map(|id| TransactionalId(StrBytes::from_string(id.to_string()))),
+        )
         .with_acks(-1)
         .with_timeout_ms(timeout_ms)
         .with_topic_data(vec![topic.with_partition_data(data)]))
@@ -490,6 +505,27 @@ pub fn produce_result(
     }
 }
 
+/// Which records a Fetch returns (Kafka's `isolation.level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IsolationLevel {
+    /// Everything up to the high watermark, open and aborted transactions
+    /// included.
+    #[default]
+    ReadUncommitted,
+    /// Only up to the last stable offset, with the list of aborted
+    /// transactions in that range ([`Fetched::aborted_transactions`]).
+    ReadCommitted,
+}
+
+impl IsolationLevel {
+    fn code(self) -> i8 {
+        match self {
+            IsolationLevel::ReadUncommitted => 0,
+            IsolationLevel::ReadCommitted => 1,
+        }
+    }
+}
+
 /// A sessionless, read-uncommitted Fetch of one partition from `offset`.
 /// `max_bytes` bounds the answer (the broker still returns a first batch
 /// larger than it, so that a consumer can make progress; the frame size
@@ -500,6 +536,25 @@ pub fn fetch_request(
     offset: i64,
     max_bytes: i32,
     max_wait_ms: i32,
+) -> Result<FetchRequest, ClientError> {
+    fetch_request_isolated(
+        version,
+        from,
+        offset,
+        max_bytes,
+        max_wait_ms,
+        IsolationLevel::ReadUncommitted,
+    )
+}
+
+/// [`fetch_request`] at an isolation level.
+pub fn fetch_request_isolated(
+    version: i16,
+    from: &PartitionRef<'_>,
+    offset: i64,
+    max_bytes: i32,
+    max_wait_ms: i32,
+    isolation: IsolationLevel,
 ) -> Result<FetchRequest, ClientError> {
     let mut partition = FetchPartition::default()
         .with_partition(from.partition)
@@ -518,7 +573,7 @@ pub fn fetch_request(
         .with_max_wait_ms(max_wait_ms)
         .with_min_bytes(1)
         .with_max_bytes(max_bytes)
-        .with_isolation_level(0)
+        .with_isolation_level(isolation.code())
         .with_session_id(0)
         .with_session_epoch(-1)
         .with_topics(vec![topic.with_partitions(vec![partition])]))
@@ -533,6 +588,9 @@ pub struct Fetched {
     pub high_watermark: i64,
     pub last_stable_offset: i64,
     pub log_start_offset: i64,
+    /// The aborted transactions among the records (read_committed only;
+    /// empty otherwise), in the broker's order.
+    pub aborted_transactions: Vec<AbortedTransaction>,
 }
 
 pub fn fetch_result(
@@ -567,6 +625,15 @@ pub fn fetch_result(
         high_watermark: p.high_watermark,
         last_stable_offset: p.last_stable_offset,
         log_start_offset: p.log_start_offset,
+        aborted_transactions: p
+            .aborted_transactions
+            .iter()
+            .flatten()
+            .map(|t| AbortedTransaction {
+                producer_id: t.producer_id.0,
+                first_offset: t.first_offset,
+            })
+            .collect(),
     })
 }
 

@@ -3,5 +3,7 @@
 
 pub mod barrier;
 pub mod link;
+pub mod origins;
 pub mod pid;
 pub mod produce;
+pub mod producer_state;

@@ -22,7 +22,8 @@ use kafka_protocol::ResponseError;
 use uuid::Uuid;
 
 use crate::mirror::link::{ControlBatchPolicy, Link};
-use crate::mirror::pid::{map_pid, Mapping};
+use crate::mirror::origins::{OriginId, Origins, PartitionId};
+use crate::mirror::pid::{cluster_hash, map_pid, Mapping, NO_PRODUCER_ID};
 use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
 use crate::wire::{schema, walk};
 
@@ -54,14 +55,16 @@ pub enum Refusal {
     TopicNotMirrored,
     /// A v13 topic id the proxy has not seen in any Metadata response yet.
     UnknownTopicId,
-    /// A producer id the bit-field mapping cannot place safely.
-    UnplaceablePid,
     /// A record batch whose header cannot be read.
     MalformedBatch,
     /// A record batch whose CRC does not match its bytes.
     CorruptBatch,
     /// A client that used a link's client id without the link's certificate.
     NotAuthorized,
+    /// The state topic is not loaded yet (start-up, or unreachable).
+    StateNotLoaded,
+    /// A new origin's mapping could not be persisted to the state topic.
+    StateWriteFailed,
 }
 
 impl Refusal {
@@ -69,10 +72,11 @@ impl Refusal {
         match self {
             Refusal::TopicNotMirrored => "topic_not_mirrored",
             Refusal::UnknownTopicId => "unknown_topic_id",
-            Refusal::UnplaceablePid => "unplaceable_pid",
             Refusal::MalformedBatch => "malformed_batch",
             Refusal::CorruptBatch => "corrupt_batch",
             Refusal::NotAuthorized => "not_authorized",
+            Refusal::StateNotLoaded => "state_not_loaded",
+            Refusal::StateWriteFailed => "state_write_failed",
         }
     }
 
@@ -80,9 +84,13 @@ impl Refusal {
         match self {
             Refusal::TopicNotMirrored => ResponseError::PolicyViolation,
             Refusal::UnknownTopicId => ResponseError::UnknownTopicId,
-            Refusal::UnplaceablePid => ResponseError::InvalidRecord,
             Refusal::MalformedBatch | Refusal::CorruptBatch => ResponseError::CorruptMessage,
             Refusal::NotAuthorized => ResponseError::TopicAuthorizationFailed,
+            // Both retriable for every Kafka client (Java: RetriableException;
+            // librdkafka retries them), and neither makes a client refresh
+            // anything it should not.
+            Refusal::StateNotLoaded => ResponseError::NotEnoughReplicas,
+            Refusal::StateWriteFailed => ResponseError::NotEnoughReplicasAfterAppend,
         }
     }
 }
@@ -134,6 +142,55 @@ pub struct ProducePlan {
     pub forwarded_partitions: usize,
     /// Batches whose producer id changes.
     pub remapped_batches: usize,
+    /// Origins with no mapped PID yet, with their partition (answered with
+    /// [`Refusal::StateWriteFailed`] in `local` unless resolved and planned
+    /// again).
+    pub unresolved: Vec<Unresolved>,
+}
+
+/// An origin the plan found no mapped PID for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    /// The topic's name (its id may still be unknown: nil).
+    pub topic: String,
+    pub partition: PartitionId,
+    pub origin: OriginId,
+}
+
+/// Where the Produce filter gets mapped PIDs from.
+pub trait OriginLookup {
+    /// The mapped PID of `origin` in `partition`, or `None` when it must
+    /// first be resolved (and persisted).
+    fn mapped(&self, partition: PartitionId, origin: OriginId) -> Option<i64>;
+}
+
+/// The bit-field mapping alone, with no collision detection: every PID
+/// maps to its natural slot; unplaceable ones are unresolved. For tests.
+pub struct Natural;
+
+impl OriginLookup for Natural {
+    fn mapped(&self, _: PartitionId, o: OriginId) -> Option<i64> {
+        if o.pid < 0 {
+            return Some(o.pid);
+        }
+        match map_pid(cluster_hash(&o.source), o.pid) {
+            Mapping::Mapped(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// The state topic's view at a time (ms), which a lookup records as the
+/// origin's last-seen time.
+pub struct AtTime<'a>(pub &'a Origins, pub i64);
+
+impl OriginLookup for AtTime<'_> {
+    fn mapped(&self, p: PartitionId, o: OriginId) -> Option<i64> {
+        if p.topic_id.is_nil() {
+            return None; // resolved with the topic's id from metadata
+        }
+        self.0.lookup(p, o, self.1)
+    }
 }
 
 impl ProducePlan {
@@ -282,8 +339,8 @@ fn for_each_partition(
     v.error.map_or(Ok(()), Err)
 }
 
-/// Plan the rewrite of a Produce request sent on `link`. `frame` is the
-/// request without its size prefix; `topic_name` resolves v13 topic ids.
+/// Plan the rewrite of a Produce request sent on `link` with the natural
+/// bit-field mapping and no state (tests, benchmarks).
 pub fn plan(
     frame: &Bytes,
     body_offset: usize,
@@ -291,19 +348,48 @@ pub fn plan(
     link: &Link,
     topic_name: &dyn Fn(Uuid) -> Option<String>,
 ) -> Result<ProducePlan, ProduceError> {
+    plan_with(
+        frame,
+        body_offset,
+        version,
+        link,
+        topic_name,
+        &|_| None,
+        &Natural,
+    )
+}
+
+/// Plan the rewrite of a Produce request sent on `link`. `frame` is the
+/// request without its size prefix; `topic_name` resolves v13 topic ids,
+/// `topic_id` the ids of topics named by older versions; `origins` gives
+/// the mapped PID of every known origin.
+pub fn plan_with(
+    frame: &Bytes,
+    body_offset: usize,
+    version: i16,
+    link: &Link,
+    topic_name: &dyn Fn(Uuid) -> Option<String>,
+    topic_id: &dyn Fn(&str) -> Option<Uuid>,
+    origins: &dyn OriginLookup,
+) -> Result<ProducePlan, ProduceError> {
     let mut plan = ProducePlan::default();
-    // The topic's resolved name, cached across its partitions.
-    let mut resolved: Option<(TopicRef, Option<String>)> = None;
+    // The topic's resolved name and id, cached across its partitions.
+    let mut resolved: Option<(TopicRef, Option<String>, Uuid)> = None;
     for_each_partition(frame, body_offset, version, |p| {
-        if resolved.as_ref().map(|(t, _)| t) != Some(p.topic) {
-            let name = if version >= 13 {
-                topic_name(p.topic.topic_id)
+        if resolved.as_ref().map(|(t, _, _)| t) != Some(p.topic) {
+            let (name, id) = if version >= 13 {
+                (topic_name(p.topic.topic_id), p.topic.topic_id)
             } else {
-                Some(p.topic.name.0.as_str().to_string())
+                let name = p.topic.name.0.as_str();
+                (
+                    Some(name.to_string()),
+                    topic_id(name).unwrap_or_else(Uuid::nil),
+                )
             };
-            resolved = Some((p.topic.clone(), name));
+            resolved = Some((p.topic.clone(), name, id));
         }
-        let name = resolved.as_ref().and_then(|(_, n)| n.as_deref());
+        let name = resolved.as_ref().and_then(|(_, n, _)| n.as_deref());
+        let id = resolved.as_ref().map_or_else(Uuid::nil, |(_, _, id)| *id);
         let refuse = |refusal: Refusal, message: String| LocalPartition {
             topic: p.topic.clone(),
             partition: p.index,
@@ -336,7 +422,32 @@ pub fn plan(
             return Ok(());
         };
         let base = records.start;
-        match plan_partition(&frame[records], base, link, name, p.index) {
+        let partition = PartitionId {
+            topic_id: id,
+            partition: p.index,
+        };
+        let before = plan.unresolved.len();
+        let planned = plan_partition(
+            &frame[records],
+            base,
+            link,
+            name,
+            partition,
+            origins,
+            &mut plan.unresolved,
+        );
+        if plan.unresolved.len() > before {
+            plan.local.push(refuse(
+                Refusal::StateWriteFailed,
+                format!(
+                    "mirror link '{}': {name}-{}: the producer id mapping of a new mirrored producer could not be persisted to the state topic; retry",
+                    link.name(),
+                    p.index
+                ),
+            ));
+            return Ok(());
+        }
+        match planned {
             Ok(PartitionPlan::Forward(patches)) => {
                 plan.forwarded_partitions += 1;
                 plan.remapped_batches += patches.len();
@@ -364,8 +475,11 @@ fn plan_partition(
     base: usize,
     link: &Link,
     topic: &str,
-    partition: i32,
+    at: PartitionId,
+    origins: &dyn OriginLookup,
+    unresolved: &mut Vec<Unresolved>,
 ) -> Result<PartitionPlan, (Refusal, String)> {
+    let partition = at.partition;
     let mut patches = Vec::new();
     let mut batches = 0;
     let mut control = 0;
@@ -387,27 +501,38 @@ fn plan_partition(
         if header.is_control() {
             control += 1;
         }
-        match map_pid(link.region(), header.producer_id()) {
-            Mapping::Unchanged => {}
-            Mapping::Mapped(new_pid) => {
-                let patch = plan_producer_id_patch(bytes, new_pid).map_err(|e| {
-                    (
-                        Refusal::MalformedBatch,
-                        format!("mirror link '{}': {topic}-{partition}: {e}", link.name()),
-                    )
-                })?;
-                patches.push((base + batch.offset..base + batch.offset + batch.len, patch));
+        let pid = header.producer_id();
+        if pid == NO_PRODUCER_ID {
+            continue;
+        }
+        // A negative PID arrived mapped (a chain): its origin is the link's
+        // source cluster and the PID as received.
+        let origin = OriginId {
+            source: *link.source_cluster_id(),
+            pid,
+        };
+        let new_pid = match origins.mapped(at, origin) {
+            Some(m) => m,
+            None => {
+                let u = Unresolved {
+                    topic: topic.to_string(),
+                    partition: at,
+                    origin,
+                };
+                if !unresolved.contains(&u) {
+                    unresolved.push(u);
+                }
+                continue;
             }
-            Mapping::Unplaceable(why) => {
-                return Err((
-                    Refusal::UnplaceablePid,
-                    format!(
-                        "mirror link '{}': {topic}-{partition}: producer id {}: {why}",
-                        link.name(),
-                        header.producer_id()
-                    ),
-                ))
-            }
+        };
+        if new_pid != pid {
+            let patch = plan_producer_id_patch(bytes, new_pid).map_err(|e| {
+                (
+                    Refusal::MalformedBatch,
+                    format!("mirror link '{}': {topic}-{partition}: {e}", link.name()),
+                )
+            })?;
+            patches.push((base + batch.offset..base + batch.offset + batch.len, patch));
         }
     }
     if batches > 0 && control == batches && link.control_batches() == ControlBatchPolicy::Drop {

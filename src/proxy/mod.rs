@@ -28,6 +28,7 @@ use uuid::Uuid;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::state::StateStore;
 use crate::wire::frame::Budget;
 use addresses::{Advertised, Learnt};
 use health::Health;
@@ -94,6 +95,10 @@ pub struct Shared {
     /// Whether any bootstrap broker is reachable.
     bootstrap_health: Arc<Health>,
     topic_names: RwLock<HashMap<Uuid, String>>,
+    /// The reverse of `topic_names`, for Produce before v13.
+    topic_ids: RwLock<HashMap<String, Uuid>>,
+    /// The state topic; `None` without mirror links.
+    pub state: Option<Arc<StateStore>>,
     /// Client connections open now.
     connections: watch::Sender<usize>,
     shutdown: watch::Sender<bool>,
@@ -276,6 +281,11 @@ impl Shared {
         }
     }
 
+    /// The id of a topic named in a Metadata response (no allocation).
+    pub fn topic_id(&self, name: &str) -> Option<Uuid> {
+        self.topic_ids.read().ok()?.get(name).copied()
+    }
+
     /// The name of a topic id seen in a Metadata response.
     pub fn topic_name(&self, id: Uuid) -> Option<String> {
         self.topic_names.read().ok()?.get(&id).cloned()
@@ -285,6 +295,9 @@ impl Shared {
     /// has a listener before the client hears of it.
     pub fn learn(self: &Arc<Self>, learnt: Learnt) -> Result<(), StartError> {
         if !learnt.topics.is_empty() {
+            if let Ok(mut ids) = self.topic_ids.write() {
+                ids.extend(learnt.topics.iter().map(|(id, name)| (name.clone(), *id)));
+            }
             if let Ok(mut names) = self.topic_names.write() {
                 names.extend(learnt.topics);
             }
@@ -421,8 +434,13 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Bind the bootstrap listener and start accepting.
-    pub async fn start(config: Config, metrics: Arc<Metrics>) -> Result<Proxy, StartError> {
+    /// Bind the bootstrap listener and start accepting. `state` is the
+    /// state store (started by the caller), required for mirror links.
+    pub async fn start(
+        config: Config,
+        metrics: Arc<Metrics>,
+        state: Option<Arc<StateStore>>,
+    ) -> Result<Proxy, StartError> {
         let acceptor = config.client_tls.as_ref().map(tls::acceptor).transpose()?;
         let upstream = Upstream::from_config(&config)?;
         let listener = bind_std(config.listen).map_err(|source| StartError::Bind {
@@ -453,6 +471,8 @@ impl Proxy {
             nodes: Mutex::new(HashMap::new()),
             bootstrap_health: Health::new(),
             topic_names: RwLock::new(HashMap::new()),
+            topic_ids: RwLock::new(HashMap::new()),
+            state,
         });
         let health = Arc::clone(&shared.bootstrap_health);
         spawn_accept_loop(

@@ -392,7 +392,7 @@ async fn requests(
         };
         match api {
             ApiKey::Produce => {
-                let action = produce(shared, subject.as_ref(), &h, frame.freeze())?;
+                let action = produce(shared, subject.as_ref(), &h, frame.freeze()).await?;
                 if let Some(p) = action.pending {
                     send(&tx, p).await;
                 }
@@ -454,7 +454,7 @@ struct ProduceAction {
     forward: Option<BytesMut>,
 }
 
-fn produce(
+async fn produce(
     shared: &Arc<Shared>,
     subject: Option<&CertSubject>,
     h: &RequestHeaderPeek,
@@ -517,9 +517,52 @@ fn produce(
         }
         Origin::Link(link) => link,
     };
-    let plan = produce::plan(&frame, body_offset, version, &link, &|id| {
-        shared.topic_name(id)
-    })?;
+    let state = match shared.state.as_ref() {
+        Some(state) if state.is_loaded() => state,
+        _ => {
+            let why = shared
+                .state
+                .as_ref()
+                .and_then(|s| s.not_ready_reason())
+                .unwrap_or_else(|| "no state store".into());
+            let message = format!(
+                "mirror link '{}': the proxy's producer id mapping state is not loaded yet ({why}); retry",
+                link.name()
+            );
+            let plan = produce::refuse_all(
+                &frame,
+                body_offset,
+                version,
+                Refusal::StateNotLoaded,
+                &message,
+            )?;
+            count_local(shared, link.name(), &plan.local);
+            return Ok(ProduceAction {
+                pending: local_only(&plan.local)?,
+                forward: None,
+            });
+        }
+    };
+    let plan_now = || {
+        let view = state.view();
+        produce::plan_with(
+            &frame,
+            body_offset,
+            version,
+            &link,
+            &|id| shared.topic_name(id),
+            &|name| shared.topic_id(name).or_else(|| state.topic_id(name)),
+            &produce::AtTime(&view, crate::state::now_ms()),
+        )
+    };
+    let mut plan = plan_now()?;
+    if !plan.unresolved.is_empty() {
+        // New origins: persisted before anything of them is forwarded.
+        for (topic, partition, error) in state.resolve(&plan.unresolved).await {
+            tracing::warn!(link = link.name(), topic, partition, %error, "could not persist a new mirrored producer's mapping");
+        }
+        plan = plan_now()?;
+    }
     shared
         .metrics
         .batches_remapped(link.name(), plan.remapped_batches as u64);

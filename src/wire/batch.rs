@@ -206,6 +206,9 @@ impl<'a> BatchHeader<'a> {
     pub fn is_control(&self) -> bool {
         self.attributes() & CONTROL_FLAG != 0
     }
+    pub fn max_timestamp(&self) -> i64 {
+        i64::from_be_bytes(field(self.header, MAX_TIMESTAMP_OFFSET))
+    }
     pub fn last_offset_delta(&self) -> i32 {
         i32::from_be_bytes(field(self.header, LAST_OFFSET_DELTA_OFFSET))
     }

@@ -94,6 +94,14 @@ impl ProxyProcess {
         Self::spawn(upstream, extra, listen, Some(port_base))
     }
 
+    /// Like [`ProxyProcess::start`], but with links does not wait for the
+    /// state topic to load (for tests of an unloaded state topic).
+    /// Default port layout (node n at the bootstrap port + 1 + n).
+    pub fn start_unloaded(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
+        let listen = free_port_run(2)?;
+        Self::spawn_with(upstream, extra, listen, None, false)
+    }
+
     /// Start a proxy that leaves `MIRROR_PROXY_BROKER_PORT_BASE` at its
     /// default (node n at the bootstrap port + 1 + n; nodes 0 and 1 free).
     pub fn start_default_ports(upstream: &str, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
@@ -106,6 +114,16 @@ impl ProxyProcess {
         extra: &[(&str, &str)],
         listen: u16,
         port_base: Option<u16>,
+    ) -> Result<ProxyProcess> {
+        Self::spawn_with(upstream, extra, listen, port_base, true)
+    }
+
+    fn spawn_with(
+        upstream: &str,
+        extra: &[(&str, &str)],
+        listen: u16,
+        port_base: Option<u16>,
+        wait_for_state: bool,
     ) -> Result<ProxyProcess> {
         let admin = free_port()?;
         let mut cmd = Command::new(proxy_bin());
@@ -145,6 +163,10 @@ impl ProxyProcess {
             logs,
         };
         proxy.wait_for_log("proxy ready", Duration::from_secs(30))?;
+        if wait_for_state && extra.iter().any(|(k, _)| *k == "LINKS") {
+            // Link Produce requests get a retriable error until then.
+            proxy.wait_for_log("state topic loaded", Duration::from_secs(60))?;
+        }
         Ok(proxy)
     }
 

@@ -291,6 +291,78 @@ fn fetch_by_name_and_by_id_returns_the_records_untouched() {
     }
 }
 
+/// read_committed goes out as isolation level 1, and the aborted
+/// transactions of the answer come back (read_uncommitted: level 0, none).
+#[test]
+fn a_read_committed_fetch_returns_the_aborted_transactions() {
+    use kafka_protocol::messages::fetch_response::AbortedTransaction as Wire;
+    use kafka_protocol::messages::ProducerId;
+    let records = Bytes::from_static(b"batches");
+    for version in [4, 12, 18] {
+        for (isolation, level) in [
+            (IsolationLevel::ReadCommitted, 1),
+            (IsolationLevel::ReadUncommitted, 0),
+        ] {
+            let req =
+                fetch_request_isolated(version, &to_t0(), 5, 4096, 500, isolation).expect("build");
+            let frame = encode_request(&req, version, 3, "c").expect("encode");
+            let sent: FetchRequest = request_body(&frame, ApiKey::Fetch, version);
+            assert_eq!(sent.isolation_level, level, "v{version}");
+        }
+        let mut response = fetch_response(version, &records);
+        response.responses[0].partitions[0].last_stable_offset = 7;
+        response.responses[0].partitions[0].aborted_transactions = Some(vec![
+            Wire::default()
+                .with_producer_id(ProducerId(9))
+                .with_first_offset(6),
+            Wire::default()
+                .with_producer_id(ProducerId(4))
+                .with_first_offset(2),
+        ]);
+        let frame = response_frame(ApiKey::Fetch, version, 3, &response);
+        let r = decode_response::<FetchRequest>(&frame, version, 3, "b:1").expect("decode");
+        let fetched = fetch_result(&r, version, &to_t0()).expect("result");
+        assert_eq!(fetched.last_stable_offset, 7);
+        assert_eq!(
+            fetched.aborted_transactions,
+            [
+                AbortedTransaction {
+                    producer_id: 9,
+                    first_offset: 6
+                },
+                AbortedTransaction {
+                    producer_id: 4,
+                    first_offset: 2
+                },
+            ],
+            "v{version}"
+        );
+    }
+    // No list (read_uncommitted answers null): none.
+    let frame = response_frame(ApiKey::Fetch, 12, 3, &fetch_response(12, &records));
+    let r = decode_response::<FetchRequest>(&frame, 12, 3, "b:1").expect("decode");
+    let fetched = fetch_result(&r, 12, &to_t0()).expect("result");
+    assert!(fetched.aborted_transactions.is_empty());
+}
+
+#[test]
+fn a_transactional_id_goes_into_the_produce_request() {
+    for version in [3, 9, 12, 13] {
+        let req =
+            produce_request_transactional(version, &to_t0(), Bytes::new(), 1, Some("mirror-a"))
+                .expect("build");
+        let frame = encode_request(&req, version, 1, "c").expect("encode");
+        let sent: ProduceRequest = request_body(&frame, ApiKey::Produce, version);
+        assert_eq!(
+            sent.transactional_id.as_ref().map(|t| t.0.as_str()),
+            Some("mirror-a"),
+            "v{version}"
+        );
+        let req = produce_request(version, &to_t0(), Bytes::new(), 1).expect("build");
+        assert_eq!(req.transactional_id, None);
+    }
+}
+
 #[test]
 fn fetch_and_produce_by_id_need_an_id() {
     let no_id = PartitionRef {

@@ -263,7 +263,7 @@ fn v13_topic_ids_resolve_or_ask_for_a_metadata_refresh() {
 }
 
 #[test]
-fn oversized_pids_are_refused_never_truncated() {
+fn oversized_pids_are_unresolved_never_truncated() {
     let link = link(ControlBatchPolicy::Drop);
     let frame = request(
         9,
@@ -273,10 +273,92 @@ fn oversized_pids_are_refused_never_truncated() {
     let offset = body_offset(&frame, 9);
     let p = plan(&frame, offset, 9, &link, &names).expect("plan");
     assert_eq!(p.patches(), 0);
+    assert_eq!(p.forwarded_partitions, 0);
+    // Without a state store nothing resolves it: a retriable refusal.
     assert!(matches!(
         &p.local[0].outcome,
-        LocalOutcome::Refused { refusal: Refusal::UnplaceablePid, message } if message.contains("2147483648")
+        LocalOutcome::Refused { refusal: Refusal::StateWriteFailed, message } if message.contains("orders-0")
     ));
+    assert_eq!(p.unresolved.len(), 1);
+    assert_eq!(p.unresolved[0].origin.pid, 1 << 31);
+    assert_eq!(p.unresolved[0].topic, "orders");
+}
+
+#[test]
+fn known_origins_come_from_the_state_view() {
+    use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
+    use crate::state::records::{OriginValue, StateRecord};
+    let link = link(ControlBatchPolicy::Forward);
+    let source = *link.source_cluster_id();
+    let topic_id = Uuid::from_u128(9);
+    let at = PartitionId {
+        topic_id,
+        partition: 0,
+    };
+    let salted = compose(0x1234_5678, 1 << 31);
+    let mut view = Origins::new([source]);
+    let origin = OriginId {
+        source,
+        pid: 1 << 31,
+    };
+    view.apply(
+        0,
+        &StateRecord::Origin(
+            origin.key(at),
+            Some(OriginValue {
+                mapped_pid: salted,
+                salt: 7,
+                claim_offset: -1,
+                last_seen_ms: 0,
+            }),
+        ),
+    );
+    let frame = request(
+        9,
+        "mirror-east",
+        &[("orders", 0, batch(1 << 31, false, &["a"]))],
+    );
+    let offset = body_offset(&frame, 9);
+    let ids = |name: &str| (name == "orders").then_some(topic_id);
+    let p = plan_with(
+        &frame,
+        offset,
+        9,
+        &link,
+        &names,
+        &ids,
+        &AtTime(&view, 5_000),
+    )
+    .expect("plan");
+    assert!(p.unresolved.is_empty() && p.local.is_empty());
+    assert_eq!(p.patches(), 1);
+    let mut buf = frame.to_vec();
+    p.apply(&mut buf).expect("apply");
+    let range = p.patched_batches().next().expect("one batch");
+    assert_eq!(
+        BatchHeader::parse(&buf[range])
+            .expect("batch")
+            .producer_id(),
+        salted
+    );
+    // The lookup recorded the origin as seen.
+    assert_eq!(
+        view.claim_of(at, origin).expect("claim").last_seen_ms(),
+        5_000
+    );
+    // Unknown topic id (not learnt yet): unresolved, even for a known origin.
+    let p = plan_with(
+        &frame,
+        offset,
+        9,
+        &link,
+        &names,
+        &|_| None,
+        &AtTime(&view, 5_000),
+    )
+    .expect("plan");
+    assert_eq!(p.unresolved.len(), 1);
+    assert!(p.unresolved[0].partition.topic_id.is_nil());
 }
 
 #[test]

@@ -1,0 +1,287 @@
+use super::*;
+
+/// Two cluster ids with the same 32-bit hash (1): msb ^ lsb differ only
+/// above bit 31.
+fn a() -> ClusterId {
+    let mut b = [0u8; 16];
+    b[7] = 1;
+    ClusterId::from_bytes(b)
+}
+fn b() -> ClusterId {
+    let mut b = [0u8; 16];
+    b[3] = 1;
+    b[15] = 1;
+    ClusterId::from_bytes(b)
+}
+const P: PartitionId = PartitionId {
+    topic_id: Uuid::from_u128(7),
+    partition: 0,
+};
+
+fn claim(o: OriginId, mapped: i64, salt: i64, claim_offset: i64, last_seen_ms: i64) -> StateRecord {
+    StateRecord::Origin(
+        o.key(P),
+        Some(OriginValue {
+            mapped_pid: mapped,
+            salt,
+            claim_offset,
+            last_seen_ms,
+        }),
+    )
+}
+
+fn no_taken() -> HashSet<(PartitionId, i64)> {
+    HashSet::new()
+}
+
+fn counter(start: i64) -> impl FnMut() -> i64 {
+    let mut n = start;
+    move || {
+        n += 1;
+        n
+    }
+}
+
+#[test]
+fn formula() {
+    assert_eq!(cluster_hash(&a()), 1);
+    assert_eq!(cluster_hash(&b()), 1);
+    assert_eq!(fold32(0x0123_4567_89ab_cdef), 0x8888_8888);
+    assert_eq!(fold32(0x0000_0001_0000_0001), 0);
+    assert_eq!(salted_region(1, 0x0000_0000_0000_0002), 3);
+    assert_eq!(compose(42, 5), -9_223_371_946_660_462_587);
+    assert_eq!(compose(0xFFFF_FFFF, 0x7FFF_FFFF), -1);
+    // Only the identity bits of the pid are used.
+    assert_eq!(compose(42, (1 << 31) + 5), compose(42, 5));
+    assert_eq!(compose(3, -9_223_371_946_660_462_587), compose(3, 5));
+}
+
+#[test]
+fn natural_claim_is_looked_up() {
+    let mut v = Origins::new([a()]);
+    let o = OriginId {
+        source: a(),
+        pid: 5,
+    };
+    let p = v.propose(P, o, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!(
+        p,
+        Proposal {
+            mapped: compose(1, 5),
+            salt: 0,
+            collision: None,
+            held_by: None
+        }
+    );
+    assert_eq!(v.lookup(P, o, 0), None);
+    v.apply(10, &claim(o, p.mapped, 0, -1, 100));
+    assert_eq!(v.lookup(P, o, 100), Some(compose(1, 5)));
+    assert_eq!(v.claim_of(P, o).unwrap().claim_offset, 10);
+    // Another partition knows nothing of it.
+    let q = PartitionId { partition: 1, ..P };
+    assert_eq!(v.lookup(q, o, 100), None);
+}
+
+#[test]
+fn hash_collision_is_salted_out_of_every_natural_region() {
+    let mut v = Origins::new([a(), b()]);
+    let oa = OriginId {
+        source: a(),
+        pid: 0,
+    };
+    let ob = OriginId {
+        source: b(),
+        pid: 0,
+    };
+    v.apply(0, &claim(oa, compose(1, 0), 0, -1, 0));
+    // Salts 1, 2, ...: salt 1 gives region 0 (1 ^ 1); mark region 0 as a
+    // known cluster's natural region so the first try is refused.
+    let zero = ClusterId::from_bytes([0; 16]);
+    v.apply(
+        1,
+        &StateRecord::Origin(
+            OriginId {
+                source: zero,
+                pid: 9,
+            }
+            .key(P),
+            None,
+        ),
+    );
+    assert!(v.is_natural_region(0));
+    let p = v.propose(P, ob, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!(p.salt, 2);
+    assert_eq!(p.mapped, compose(1 ^ 2, 0));
+    assert_eq!(p.collision, Some((Cause::Hash, a())));
+    assert_eq!(p.held_by, Some(oa));
+    v.apply(2, &claim(ob, p.mapped, p.salt, -1, 0));
+    assert_eq!(v.lookup(P, oa, 0), Some(compose(1, 0)));
+    assert_eq!(v.lookup(P, ob, 0), Some(compose(3, 0)));
+    // A slot proposed in the same round to someone else is not reused.
+    let oc = OriginId {
+        source: b(),
+        pid: 1,
+    };
+    let taken: HashSet<_> = [(P, compose(1, 1))].into();
+    let p = v.propose(P, oc, &taken, &mut counter(2)).unwrap();
+    assert_eq!(p.mapped, compose(1 ^ 3, 1));
+}
+
+#[test]
+fn a_known_salt_is_applied_directly() {
+    let mut v = Origins::new([a(), b()]);
+    let ob = OriginId {
+        source: b(),
+        pid: 0,
+    };
+    v.apply(
+        0,
+        &StateRecord::Collision(
+            ob.key(P),
+            Some(CollisionValue {
+                salt: 0x77,
+                colliding: a(),
+                timestamp_ms: 0,
+            }),
+        ),
+    );
+    let p = v.propose(P, ob, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!(
+        p,
+        Proposal {
+            mapped: compose(1 ^ 0x77, 0),
+            salt: 0x77,
+            collision: None,
+            held_by: None
+        }
+    );
+    // Tombstoned salt: back to the natural slot.
+    v.apply(1, &StateRecord::Collision(ob.key(P), None));
+    assert_eq!(
+        v.propose(P, ob, &no_taken(), &mut counter(0)).unwrap().salt,
+        0
+    );
+}
+
+#[test]
+fn oversized_and_minus_one_are_collisions() {
+    let v = Origins::new([a()]);
+    let big = OriginId {
+        source: a(),
+        pid: (1 << 31) + 5,
+    };
+    let p = v.propose(P, big, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!(p.collision, Some((Cause::OversizedPid, a())));
+    assert_eq!(p.mapped, compose(1 ^ 1, 5));
+    assert_ne!(p.mapped, compose(1, 5));
+    // Hash 0xffffffff with identity 0x7fffffff would be -1.
+    let mut ff = [0u8; 16];
+    ff[4..8].copy_from_slice(&[0xff; 4]);
+    let ff = ClusterId::from_bytes(ff);
+    assert_eq!(cluster_hash(&ff), 0xFFFF_FFFF);
+    let o = OriginId {
+        source: ff,
+        pid: 0x7FFF_FFFF,
+    };
+    let p = v.propose(P, o, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!(p.collision, Some((Cause::MinusOne, ff)));
+    assert_ne!(p.mapped, -1);
+    assert!(p.mapped < 0);
+}
+
+#[test]
+fn lower_claim_offset_owns_the_slot() {
+    let mut v = Origins::new([a(), b()]);
+    let oa = OriginId {
+        source: a(),
+        pid: 0,
+    };
+    let ob = OriginId {
+        source: b(),
+        pid: 0,
+    };
+    let slot = compose(1, 0);
+    // Two instances raced: both claimed the natural slot.
+    v.apply(4, &claim(ob, slot, 0, -1, 0));
+    v.apply(5, &claim(oa, slot, 0, -1, 0));
+    assert_eq!(v.owner(P, slot), Some(ob));
+    assert_eq!(v.lookup(P, ob, 0), Some(slot));
+    assert_eq!(v.lookup(P, oa, 0), None, "the loser must re-resolve");
+    // The loser re-resolves: a salt.
+    let p = v.propose(P, oa, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!(p.collision, Some((Cause::Hash, b())));
+    v.apply(6, &claim(oa, p.mapped, p.salt, -1, 0));
+    assert_eq!(v.lookup(P, oa, 0), Some(p.mapped));
+    assert_eq!(v.owner(P, slot), Some(ob));
+    // A refresh keeps the original claim offset, so ownership stays.
+    v.apply(7, &claim(ob, slot, 0, 4, 50));
+    assert_eq!(v.claim_of(P, ob).unwrap().claim_offset, 4);
+    assert_eq!(v.claim_of(P, ob).unwrap().persisted_last_seen_ms, 50);
+    // Tombstone of the owner frees the slot.
+    v.apply(8, &StateRecord::Origin(ob.key(P), None));
+    assert_eq!(v.owner(P, slot), None);
+    assert_eq!(v.lookup(P, ob, 0), None);
+    // A late refresh of the tombstoned claim does not revive it.
+    v.apply(9, &claim(ob, slot, 0, 4, 60));
+    assert_eq!(v.owner(P, slot), None);
+    assert_eq!(v.len(), 1);
+}
+
+#[test]
+fn ownership_passes_to_the_next_claimant() {
+    let mut v = Origins::new([a(), b()]);
+    let oa = OriginId {
+        source: a(),
+        pid: 0,
+    };
+    let ob = OriginId {
+        source: b(),
+        pid: 0,
+    };
+    let slot = compose(1, 0);
+    v.apply(1, &claim(oa, slot, 0, -1, 0));
+    v.apply(2, &claim(ob, slot, 0, -1, 0));
+    v.apply(3, &StateRecord::Origin(oa.key(P), None));
+    assert_eq!(v.lookup(P, ob, 0), Some(slot));
+}
+
+#[test]
+fn chain_origins_keep_the_pid_as_received_unless_it_is_held() {
+    let mut v = Origins::new([a(), b()]);
+    // PID 0 of a cluster with hash 1, already mapped upstream.
+    let received = compose(1, 0);
+    let chain = OriginId {
+        source: b(),
+        pid: received,
+    };
+    let p = v.propose(P, chain, &no_taken(), &mut counter(0)).unwrap();
+    assert_eq!((p.mapped, p.salt, p.collision), (received, 0, None));
+    // Now a local link's cluster a (hash 1) holds that slot first.
+    let oa = OriginId {
+        source: a(),
+        pid: 0,
+    };
+    v.apply(0, &claim(oa, received, 0, -1, 0));
+    let p = v.propose(P, chain, &no_taken(), &mut counter(4)).unwrap();
+    assert_eq!(p.collision, Some((Cause::Hash, a())));
+    assert_eq!(p.salt, 5);
+    assert_eq!(p.mapped, compose(cluster_hash(&b()) ^ 5, 0));
+}
+
+#[test]
+fn expiry_and_refresh_due() {
+    let mut v = Origins::new([a()]);
+    let o = OriginId {
+        source: a(),
+        pid: 1,
+    };
+    v.apply(0, &claim(o, compose(1, 1), 0, -1, 1_000));
+    assert!(v.due_refresh(100).is_empty());
+    assert_eq!(v.lookup(P, o, 5_000), Some(compose(1, 1)));
+    let due = v.due_refresh(100);
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].2.claim_offset, 0);
+    assert_eq!(due[0].2.last_seen_ms, 5_000);
+    assert!(v.expired(5_000 + 10_000, 10_000).is_empty());
+    assert_eq!(v.expired(5_001 + 10_000, 10_000), vec![(P, o, false)]);
+}

@@ -1,0 +1,568 @@
+//! Mirrored producer state at the proxy (SPEC §6): per destination partition
+//! and mapped producer id, what a broker would keep in its
+//! `ProducerStateEntry` for an idempotent producer, which a stock broker does
+//! not keep for negative (mapped) PIDs.
+//!
+//! For each producer: its last epoch and the last [`RETAINED_BATCHES`]
+//! appended batches (first and last sequence, the base offset the broker
+//! assigned, the append time), plus the batches currently in flight to the
+//! broker. From it, [`ProducerStates::check`] decides what to do with an
+//! incoming batch:
+//!
+//! - [`Check::Duplicate`]: same epoch and the same first and last sequence as
+//!   one of the retained batches (Kafka's `ProducerStateEntry.findDuplicateBatch`);
+//!   answer with the original base offset, do not forward;
+//! - [`Check::InFlight`]: the same batch is in flight; wait for that outcome;
+//! - [`Check::Refuse`]: an epoch lower than the producer's
+//!   (`INVALID_PRODUCER_EPOCH`), or a sequence that is not after the last one
+//!   of the same epoch without being an exact duplicate
+//!   (`OUT_OF_ORDER_SEQUENCE_NUMBER`);
+//! - [`Check::Append`]: anything else. Unlike a broker, forward *gaps* are
+//!   accepted (a compacted or truncated source, a replicator starting
+//!   mid-stream), and a new epoch may start at any sequence.
+//!
+//! Sequences are int32 values from 0 to `i32::MAX` that wrap to 0 (Kafka's
+//! `DefaultRecordBatch.incrementSequence`). With gaps allowed, "after" is
+//! serial-number arithmetic in that 2^31 space: `first` is after `last` when
+//! `(first - last - 1) mod 2^31 < 2^30`. So a gap of up to 2^30 - 1 sequences
+//! is a gap, anything further ahead counts as going backwards.
+//!
+//! The state is updated only from what the broker really appended
+//! ([`ProducerStates::appended`]), or rebuilt from a partition's log tail
+//! ([`ProducerStates::replay`]). The number of producers kept is bounded; the
+//! least recently used producer is evicted first, and evictions are counted.
+//!
+//! Pure: no I/O, no clock (callers pass times), no async. Checking a batch of
+//! a known producer does not allocate (the retained and in-flight batches are
+//! fixed arrays); only a refusal builds its message.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use crate::wire::batch::{BatchHeader, Batches};
+
+/// Batches kept per producer, as Kafka does (`NUM_BATCHES_TO_RETAIN`).
+pub const RETAINED_BATCHES: usize = 5;
+/// Batches of one producer in one partition that may be in flight at once:
+/// Kafka's idempotent producers send at most 5
+/// (`max.in.flight.requests.per.connection`).
+pub const MAX_IN_FLIGHT: usize = 5;
+/// Kafka's "no epoch" / "no sequence".
+pub const NO_EPOCH: i16 = -1;
+pub const NO_SEQUENCE: i32 = -1;
+
+/// Kafka error codes of the refusals.
+pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+
+/// Half of the 2^31 sequence space: how far ahead still counts as "after".
+const HALF_SEQUENCE_SPACE: i64 = 1 << 30;
+const SEQUENCE_SPACE: i64 = 1 << 31;
+
+/// The identity of one batch as far as deduplication goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BatchId {
+    /// The mapped (destination) producer id.
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub first_seq: i32,
+    pub last_seq: i32,
+}
+
+impl BatchId {
+    /// From a batch header; the last sequence wraps like Kafka's.
+    pub fn from_header(h: &BatchHeader<'_>) -> BatchId {
+        BatchId {
+            producer_id: h.producer_id(),
+            epoch: h.producer_epoch(),
+            first_seq: h.base_sequence(),
+            last_seq: last_sequence(h.base_sequence(), h.last_offset_delta()),
+        }
+    }
+}
+
+/// `base_seq + last_offset_delta`, wrapping past `i32::MAX` to 0 like
+/// Kafka's `DefaultRecordBatch.incrementSequence`. `NO_SEQUENCE` stays.
+pub fn last_sequence(base_seq: i32, last_offset_delta: i32) -> i32 {
+    if base_seq == NO_SEQUENCE {
+        return NO_SEQUENCE;
+    }
+    let delta = last_offset_delta.max(0);
+    if base_seq > i32::MAX - delta {
+        delta - (i32::MAX - base_seq) - 1
+    } else {
+        base_seq + delta
+    }
+}
+
+/// Whether `next` comes after `last` in the wrapping sequence space, gaps
+/// allowed (see the module doc).
+pub fn is_after(last: i32, next: i32) -> bool {
+    let d = (i64::from(next) - i64::from(last) - 1).rem_euclid(SEQUENCE_SPACE);
+    d < HALF_SEQUENCE_SPACE
+}
+
+/// Why a batch is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    InvalidProducerEpoch,
+    OutOfOrderSequence,
+}
+
+impl RefusalKind {
+    /// The Kafka error code to answer with.
+    pub fn error_code(self) -> i16 {
+        match self {
+            RefusalKind::InvalidProducerEpoch => INVALID_PRODUCER_EPOCH,
+            RefusalKind::OutOfOrderSequence => OUT_OF_ORDER_SEQUENCE_NUMBER,
+        }
+    }
+
+    /// A fixed word for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalKind::InvalidProducerEpoch => "invalid_producer_epoch",
+            RefusalKind::OutOfOrderSequence => "out_of_order_sequence",
+        }
+    }
+}
+
+/// What to do with an incoming batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Check {
+    /// Forward it.
+    Append,
+    /// Already appended at `base_offset`: answer that, do not forward.
+    Duplicate { base_offset: i64 },
+    /// The same batch is in flight: wait for that attempt's outcome.
+    InFlight,
+    /// Refuse it with `kind.error_code()` and `message`.
+    Refuse { kind: RefusalKind, message: String },
+}
+
+/// One appended batch, as Kafka's `BatchMetadata`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendedBatch {
+    pub first_seq: i32,
+    pub last_seq: i32,
+    /// Base offset the broker assigned.
+    pub base_offset: i64,
+    /// When it was appended (ms; the broker's log append time, or the
+    /// batch's max timestamp when rebuilt from the log).
+    pub append_time_ms: i64,
+}
+
+const EMPTY_BATCH: AppendedBatch = AppendedBatch {
+    first_seq: NO_SEQUENCE,
+    last_seq: NO_SEQUENCE,
+    base_offset: -1,
+    append_time_ms: -1,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct InFlightBatch {
+    epoch: i16,
+    first_seq: i32,
+    last_seq: i32,
+}
+
+/// What the proxy knows of one mapped producer in one partition, like
+/// Kafka's `ProducerStateEntry`.
+#[derive(Debug, Clone)]
+pub struct ProducerStateEntry {
+    /// Epoch of the appended batches; `NO_EPOCH` before the first append.
+    epoch: i16,
+    /// Oldest first; `batches[..len]` are valid.
+    batches: [AppendedBatch; RETAINED_BATCHES],
+    len: usize,
+    in_flight: [Option<InFlightBatch>; MAX_IN_FLIGHT],
+    /// Logical time of the last use, for least-recently-used eviction.
+    last_used: u64,
+}
+
+impl ProducerStateEntry {
+    fn new(last_used: u64) -> ProducerStateEntry {
+        ProducerStateEntry {
+            epoch: NO_EPOCH,
+            batches: [EMPTY_BATCH; RETAINED_BATCHES],
+            len: 0,
+            in_flight: [None; MAX_IN_FLIGHT],
+            last_used,
+        }
+    }
+
+    /// The epoch of the appended batches (`NO_EPOCH` if none yet).
+    pub fn epoch(&self) -> i16 {
+        self.epoch
+    }
+
+    /// The retained appended batches, oldest first.
+    pub fn batches(&self) -> &[AppendedBatch] {
+        &self.batches[..self.len]
+    }
+
+    /// Batches in flight.
+    pub fn in_flight_count(&self) -> usize {
+        self.in_flight.iter().flatten().count()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0 && self.in_flight.iter().all(Option::is_none)
+    }
+
+    fn find_duplicate(&self, b: &BatchId) -> Option<&AppendedBatch> {
+        if b.epoch != self.epoch {
+            return None;
+        }
+        self.batches()
+            .iter()
+            .find(|m| m.first_seq == b.first_seq && m.last_seq == b.last_seq)
+    }
+
+    fn in_flight_slot(&self, b: &BatchId) -> Option<usize> {
+        self.in_flight.iter().position(|f| {
+            f.is_some_and(|f| {
+                f.epoch == b.epoch && f.first_seq == b.first_seq && f.last_seq == b.last_seq
+            })
+        })
+    }
+
+    /// The highest epoch appended or in flight.
+    fn current_epoch(&self) -> i16 {
+        self.in_flight
+            .iter()
+            .flatten()
+            .map(|f| f.epoch)
+            .fold(self.epoch, i16::max)
+    }
+
+    /// The last sequence of `epoch`, appended or in flight, if any.
+    fn last_seq_of(&self, epoch: i16) -> Option<i32> {
+        let mut last = (epoch == self.epoch)
+            .then(|| self.batches().last().map(|m| m.last_seq))
+            .flatten();
+        for f in self.in_flight.iter().flatten().filter(|f| f.epoch == epoch) {
+            last = Some(match last {
+                Some(l) if !is_after(l, f.first_seq) => l,
+                _ => f.last_seq,
+            });
+        }
+        last
+    }
+
+    fn check(&self, b: &BatchId) -> Check {
+        if let Some(m) = self.find_duplicate(b) {
+            return Check::Duplicate {
+                base_offset: m.base_offset,
+            };
+        }
+        if self.in_flight_slot(b).is_some() {
+            return Check::InFlight;
+        }
+        let current = self.current_epoch();
+        if b.epoch < current {
+            return Check::Refuse {
+                kind: RefusalKind::InvalidProducerEpoch,
+                message: format!(
+                    "producer {} epoch {} is older than its current epoch {current}",
+                    b.producer_id, b.epoch
+                ),
+            };
+        }
+        if b.epoch > current {
+            return Check::Append;
+        }
+        match self.last_seq_of(b.epoch) {
+            Some(last) if !is_after(last, b.first_seq) => Check::Refuse {
+                kind: RefusalKind::OutOfOrderSequence,
+                message: format!(
+                    "producer {} epoch {}: sequences {}..={} overlap earlier batches \
+                     (last sequence {last}) without being one of the last {RETAINED_BATCHES} appended",
+                    b.producer_id, b.epoch, b.first_seq, b.last_seq
+                ),
+            },
+            _ => Check::Append,
+        }
+    }
+
+    fn record(&mut self, b: &BatchId, base_offset: i64, append_time_ms: i64) {
+        if b.epoch < self.epoch {
+            return;
+        }
+        if b.epoch > self.epoch {
+            self.epoch = b.epoch;
+            self.len = 0;
+        }
+        if self.find_duplicate(b).is_some() {
+            return;
+        }
+        if self.len == RETAINED_BATCHES {
+            self.batches.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.batches[self.len] = AppendedBatch {
+            first_seq: b.first_seq,
+            last_seq: b.last_seq,
+            base_offset,
+            append_time_ms,
+        };
+        self.len += 1;
+    }
+
+    fn clear_in_flight(&mut self, b: &BatchId) -> bool {
+        match self.in_flight_slot(b) {
+            Some(i) => {
+                self.in_flight[i] = None;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What [`ProducerStates::replay_records`] walked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Whole batches read.
+    pub batches: usize,
+    /// Of those, batches of mapped producers taken into the state.
+    pub taken: usize,
+    /// The offset after the last whole batch.
+    pub next_offset: Option<i64>,
+    /// The records ended in a partial or malformed batch.
+    pub truncated: bool,
+}
+
+/// Producer state of every mirrored partition, bounded in entries.
+///
+/// `P` names a destination partition: a small `Copy` key (e.g. topic id and
+/// partition index), so that a lookup builds its key without allocating.
+/// One map over (partition, producer id): one hash lookup per access.
+#[derive(Debug)]
+pub struct ProducerStates<P> {
+    entries: HashMap<(P, i64), ProducerStateEntry>,
+    max_entries: usize,
+    evictions: u64,
+    clock: u64,
+}
+
+impl<P: Hash + Eq + Copy> ProducerStates<P> {
+    /// At most `max_entries` producers (at least 1) over all partitions.
+    pub fn new(max_entries: usize) -> ProducerStates<P> {
+        ProducerStates {
+            entries: HashMap::new(),
+            max_entries: max_entries.max(1),
+            evictions: 0,
+            clock: 0,
+        }
+    }
+
+    /// Producers held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Producers evicted to stay within the bound, since creation.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// The state of one producer, if held (does not count as a use).
+    pub fn entry(&self, partition: &P, producer_id: i64) -> Option<&ProducerStateEntry> {
+        self.entries.get(&(*partition, producer_id))
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn touch(&mut self, partition: &P, producer_id: i64) -> Option<&mut ProducerStateEntry> {
+        let now = self.tick();
+        let e = self.entries.get_mut(&(*partition, producer_id))?;
+        e.last_used = now;
+        Some(e)
+    }
+
+    /// The entry, created (evicting the least recently used producer when
+    /// full) if new.
+    fn entry_mut(&mut self, partition: &P, producer_id: i64) -> &mut ProducerStateEntry {
+        let now = self.tick();
+        let key = (*partition, producer_id);
+        if self.entries.len() >= self.max_entries && !self.entries.contains_key(&key) {
+            self.evict_one();
+        }
+        let e = self
+            .entries
+            .entry(key)
+            .or_insert_with(|| ProducerStateEntry::new(now));
+        e.last_used = now;
+        e
+    }
+
+    /// Drops the least recently used producer (a scan: evictions happen only
+    /// when a new producer arrives at the bound).
+    fn evict_one(&mut self) {
+        let oldest = self
+            .entries
+            .iter()
+            .min_by_key(|(_, e)| e.last_used)
+            .map(|(k, _)| *k);
+        if let Some(key) = oldest {
+            self.entries.remove(&key);
+            self.evictions += 1;
+        }
+    }
+
+    fn remove(&mut self, partition: &P, producer_id: i64) {
+        self.entries.remove(&(*partition, producer_id));
+    }
+
+    /// What to do with `batch` (see [`Check`]). Counts as a use of the
+    /// producer; changes nothing else. A batch without a sequence
+    /// (`NO_SEQUENCE`: not idempotent) is not tracked and always appends.
+    pub fn check(&mut self, partition: &P, batch: &BatchId) -> Check {
+        if batch.first_seq < 0 {
+            return Check::Append;
+        }
+        match self.touch(partition, batch.producer_id) {
+            Some(e) => e.check(batch),
+            None => Check::Append,
+        }
+    }
+
+    /// [`check`](Self::check), and on `Append` mark the batch in flight.
+    /// More than [`MAX_IN_FLIGHT`] batches of one producer in flight is
+    /// refused as out of order.
+    pub fn begin(&mut self, partition: &P, batch: &BatchId) -> Check {
+        let verdict = self.check(partition, batch);
+        if verdict == Check::Append && batch.first_seq >= 0 {
+            if let Err(message) = self.mark_in_flight(partition, batch) {
+                return Check::Refuse {
+                    kind: RefusalKind::OutOfOrderSequence,
+                    message,
+                };
+            }
+        }
+        verdict
+    }
+
+    /// Marks `batch` in flight, so that a retry of it waits
+    /// ([`Check::InFlight`]). Err when the producer has
+    /// [`MAX_IN_FLIGHT`] batches in flight already.
+    pub fn mark_in_flight(&mut self, partition: &P, batch: &BatchId) -> Result<(), String> {
+        if batch.first_seq < 0 {
+            return Ok(());
+        }
+        let e = self.entry_mut(partition, batch.producer_id);
+        if e.in_flight_slot(batch).is_some() {
+            return Ok(());
+        }
+        let Some(slot) = e.in_flight.iter_mut().find(|s| s.is_none()) else {
+            let message = format!(
+                "producer {} has {MAX_IN_FLIGHT} batches in flight already",
+                batch.producer_id
+            );
+            if e.is_empty() {
+                self.remove(partition, batch.producer_id);
+            }
+            return Err(message);
+        };
+        *slot = Some(InFlightBatch {
+            epoch: batch.epoch,
+            first_seq: batch.first_seq,
+            last_seq: batch.last_seq,
+        });
+        Ok(())
+    }
+
+    /// The broker appended `batch` at `base_offset`: remember it (as one of
+    /// the last five) and end its flight. An epoch higher than the
+    /// producer's resets its batches; a lower one, and a batch without a
+    /// sequence, are ignored.
+    pub fn appended(
+        &mut self,
+        partition: &P,
+        batch: &BatchId,
+        base_offset: i64,
+        append_time_ms: i64,
+    ) {
+        if batch.first_seq < 0 {
+            return;
+        }
+        let e = self.entry_mut(partition, batch.producer_id);
+        e.clear_in_flight(batch);
+        e.record(batch, base_offset, append_time_ms);
+    }
+
+    /// The attempt to append `batch` failed (or its outcome is unknown):
+    /// end its flight, so that a retry is checked afresh.
+    pub fn failed(&mut self, partition: &P, batch: &BatchId) {
+        let Some(e) = self.entries.get_mut(&(*partition, batch.producer_id)) else {
+            return;
+        };
+        e.clear_in_flight(batch);
+        if e.is_empty() {
+            self.remove(partition, batch.producer_id);
+        }
+    }
+
+    /// Rebuilding from a partition's log: feed its batches in log order.
+    /// Only data batches of mapped producers count (negative PIDs other
+    /// than -1, with a sequence); others are ignored. Returns whether the
+    /// batch was taken.
+    pub fn replay(&mut self, partition: &P, header: &BatchHeader<'_>) -> bool {
+        let id = BatchId::from_header(header);
+        if id.producer_id >= -1 || header.is_control() || id.first_seq < 0 {
+            return false;
+        }
+        self.entry_mut(partition, id.producer_id).record(
+            &id,
+            header.base_offset(),
+            header.max_timestamp(),
+        );
+        true
+    }
+
+    /// Rebuilding from a Fetch of a partition's tail: every whole batch of
+    /// `records` (as the broker returned them, baseOffsets set) replayed in
+    /// order. A trailing partial batch (the Fetch size bound cuts one) or a
+    /// malformed one ends the walk.
+    pub fn replay_records(&mut self, partition: &P, records: &[u8]) -> Replayed {
+        let mut out = Replayed::default();
+        for batch in Batches::new(records) {
+            let Ok(b) = batch else {
+                out.truncated = true;
+                break;
+            };
+            let Ok(header) = BatchHeader::parse(&records[b.range()]) else {
+                out.truncated = true;
+                break;
+            };
+            out.batches += 1;
+            if self.replay(partition, &header) {
+                out.taken += 1;
+            }
+            out.next_offset =
+                Some(header.base_offset() + i64::from(header.last_offset_delta()) + 1);
+        }
+        out
+    }
+
+    /// Forgets every producer of a partition (e.g. at the failover
+    /// barrier, or when its leader moved and the state is rebuilt).
+    /// Returns how many were dropped. (A scan over every producer: this
+    /// happens once per partition at a failover or a leader change.)
+    pub fn clear_partition(&mut self, partition: &P) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|(p, _), _| p != partition);
+        before - self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

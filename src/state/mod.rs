@@ -1,0 +1,606 @@
+//! The `__mirror_state` topic (`MIRROR_PROXY_STATE_TOPIC`): where every
+//! proxy instance in front of one destination cluster keeps the origins of
+//! the mapped producer ids and the salts of collisions, so that the mapping
+//! survives restarts and is the same on every instance. Kafka is the only
+//! store. `docs/state-topic.md` has every record's bytes.
+//!
+//! - `records`: the record codecs (pure).
+//! - `topic`: records in and out of record batches (pure).
+//! - this module: the I/O, on the proxy's own [`Client`].
+//!
+//! The topic has ONE partition: the order of its log decides which of two
+//! racing claims on a slot wins (the lower claim offset, see
+//! `mirror::origins`), and only a single partition gives every instance the
+//! same total order of claims across all destination partitions.
+//!
+//! At start-up a loader task creates the topic if missing (compacted),
+//! reads it from the log start to the end offset, then keeps tailing it
+//! (Fetch with a 500 ms wait), so what other instances write applies here
+//! within a second. Until the first load completes, link Produce requests
+//! get a retriable error and `/readyz` says why; failures are retried with
+//! backoff from 200 ms to 5 s. A topic that exists with another cleanup
+//! policy is fatal ([`StateStore::fatal`]).
+//!
+//! A new origin is resolved by [`StateStore::resolve`]: propose a slot
+//! (salted if needed), write its claim (and the salt record) with acks=all,
+//! wait until the tailer has applied past the write, and check that the
+//! claim owns the slot; a loser proposes again (bounded).
+//!
+//! The view is behind a std `RwLock`, never held across an await.
+
+pub mod records;
+pub mod topic;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::client::protocol::{OffsetSpec, Produced};
+use crate::client::{Client, ClientConfig, ClientError};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
+use crate::mirror::produce::Unresolved;
+use crate::proxy::tls::TlsSetupError;
+use records::{CollisionValue, OriginValue, StateRecord};
+
+/// Bytes asked for per Fetch of the state topic.
+const FETCH_BYTES: i32 = 1024 * 1024;
+/// How long a tailing Fetch waits for new records.
+const TAIL_WAIT: Duration = Duration::from_millis(500);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long a writer waits for the tailer to apply its write.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one state-topic operation (a write with its retries) may take.
+const STATE_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Proposals per origin before a resolve gives up (each lost race costs one).
+const RESOLVE_ROUNDS: usize = 5;
+
+/// Why the state topic cannot be used at all (the proxy stops).
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state topic {topic} (MIRROR_PROXY_STATE_TOPIC) has cleanup.policy={policy:?}; it must be compacted: fix the topic or choose another name")]
+    NotCompacted { topic: String, policy: String },
+}
+
+/// Why a resolve failed for a partition (answered with a retriable error).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ResolveError {
+    #[error("the state topic is not loaded yet")]
+    NotLoaded,
+    #[error("writing to the state topic failed: {0}")]
+    Write(String),
+    #[error("looking up the topic id of {topic}: {reason}")]
+    TopicId { topic: String, reason: String },
+    #[error("{0}")]
+    NoSlot(String),
+    #[error("lost the race for a slot {RESOLVE_ROUNDS} times")]
+    TooManyRaces,
+}
+
+/// The state store.
+pub struct StateStore {
+    client: Client,
+    topic: String,
+    metrics: Arc<Metrics>,
+    view: RwLock<Origins>,
+    /// The next offset the tailer will apply.
+    applied: watch::Sender<i64>,
+    loaded: AtomicBool,
+    /// Why the store is not loaded yet (for `/readyz`).
+    not_ready: Mutex<String>,
+    fatal: watch::Sender<Option<String>>,
+    /// Topic ids looked up with the client (topics a Produce named before
+    /// any Metadata response through the proxy did).
+    topic_ids: RwLock<HashMap<String, Uuid>>,
+    /// One resolve at a time on this instance: a resolve never races with
+    /// itself, only with other instances.
+    resolving: tokio::sync::Mutex<()>,
+    expiration_ms: i64,
+}
+
+/// Wall-clock milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A random salt from the operating system.
+fn random_i64() -> i64 {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 8];
+    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
+        // Not expected; any value works as long as it is checked like others.
+        b = now_ms().to_be_bytes();
+    }
+    i64::from_be_bytes(b)
+}
+
+impl StateStore {
+    /// A store for `config` (not started).
+    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<StateStore>, TlsSetupError> {
+        let mut client = ClientConfig::from_config(config)?;
+        client.client_id = "kafka-mirror-proxy-state".into();
+        // A Produce waits on state writes: give up (retriable error to the
+        // replicator) well before its own request timeout (30 s by default).
+        client.operation_timeout = STATE_OPERATION_TIMEOUT;
+        let clusters = config
+            .links
+            .iter()
+            .map(|l| *l.source_cluster_id())
+            .collect::<Vec<_>>();
+        Ok(Self::with_client(
+            Client::new(client),
+            config.state_topic.clone(),
+            clusters,
+            metrics,
+            i64::try_from(config.producer_expiration_ms).unwrap_or(i64::MAX),
+        ))
+    }
+
+    pub fn with_client(
+        client: Client,
+        topic: String,
+        clusters: Vec<crate::mirror::pid::ClusterId>,
+        metrics: Arc<Metrics>,
+        expiration_ms: i64,
+    ) -> Arc<StateStore> {
+        Arc::new(StateStore {
+            client,
+            not_ready: Mutex::new(format!("state topic {topic} not loaded yet")),
+            topic,
+            metrics,
+            view: RwLock::new(Origins::new(clusters)),
+            applied: watch::Sender::new(0),
+            loaded: AtomicBool::new(false),
+            fatal: watch::Sender::new(None),
+            topic_ids: RwLock::new(HashMap::new()),
+            resolving: tokio::sync::Mutex::new(()),
+            expiration_ms,
+        })
+    }
+
+    /// Start the loader/tailer and the expiry task.
+    pub fn start(self: &Arc<Self>) {
+        let me = Arc::clone(self);
+        tokio::spawn(async move { me.load_and_tail().await });
+        let me = Arc::clone(self);
+        tokio::spawn(async move { me.expire_loop().await });
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Whether the first full load is done.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Why the store is not ready, if it is not.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if self.is_loaded() {
+            return None;
+        }
+        Some(
+            self.not_ready
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or_else(|e| e.into_inner().clone()),
+        )
+    }
+
+    /// Resolves with the reason once the state topic turned out unusable.
+    pub async fn fatal(&self) -> String {
+        let mut rx = self.fatal.subscribe();
+        let why = match rx.wait_for(|f| f.is_some()).await {
+            Ok(f) => f.clone(),
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The origins view (do not hold across an await).
+    pub fn view(&self) -> RwLockReadGuard<'_, Origins> {
+        read(&self.view)
+    }
+
+    /// A topic id the store looked up itself.
+    pub fn topic_id(&self, name: &str) -> Option<Uuid> {
+        read(&self.topic_ids).get(name).copied()
+    }
+
+    fn set_not_ready(&self, reason: String) {
+        if let Ok(mut r) = self.not_ready.lock() {
+            *r = reason;
+        }
+    }
+
+    async fn load_and_tail(self: Arc<Self>) {
+        let mut backoff = BACKOFF_MIN;
+        let started = Instant::now();
+        let mut next = loop {
+            match self.load().await {
+                Ok(next) => break next,
+                Err(ClientError::NotCompacted { topic, policy }) => {
+                    let e = StateError::NotCompacted { topic, policy };
+                    tracing::error!(error = %e, "state topic unusable");
+                    self.set_not_ready(e.to_string());
+                    self.fatal.send_replace(Some(e.to_string()));
+                    return;
+                }
+                Err(e) => {
+                    let reason = format!("state topic {} not loaded: {e}", self.topic);
+                    tracing::warn!(topic = %self.topic, error = %e, retry_ms = backoff.as_millis() as u64, "loading the state topic failed; retrying");
+                    self.set_not_ready(reason);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        };
+        let took = started.elapsed();
+        self.metrics.state.loaded(took.as_secs_f64());
+        self.loaded.store(true, Ordering::Release);
+        tracing::info!(
+            topic = %self.topic,
+            origins = self.view().len(),
+            next_offset = next,
+            took_ms = took.as_millis() as u64,
+            "state topic loaded"
+        );
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self
+                .client
+                .fetch(&self.topic, 0, next, FETCH_BYTES, TAIL_WAIT)
+                .await
+            {
+                Ok(f) => {
+                    next = self.apply(&f.records, next);
+                    backoff = BACKOFF_MIN;
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %self.topic, offset = next, error = %e, "tailing the state topic failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Create the topic if needed and read it whole; returns the next offset.
+    async fn load(&self) -> Result<i64, ClientError> {
+        self.client.ensure_compacted_topic(&self.topic, 1).await?;
+        let start = self
+            .client
+            .list_offset(&self.topic, 0, OffsetSpec::Earliest)
+            .await?
+            .offset;
+        let end = self
+            .client
+            .list_offset(&self.topic, 0, OffsetSpec::Latest)
+            .await?
+            .offset;
+        let mut next = start.max(*self.applied.borrow());
+        while next < end {
+            let f = self
+                .client
+                .fetch(&self.topic, 0, next, FETCH_BYTES, Duration::ZERO)
+                .await?;
+            let after = self.apply(&f.records, next);
+            if after == next {
+                // Nothing whole came back: the tailer goes on from here.
+                break;
+            }
+            next = after;
+        }
+        Ok(next)
+    }
+
+    /// Apply fetched batches from `from`; returns the next offset.
+    fn apply(&self, records: &Bytes, from: i64) -> i64 {
+        if records.is_empty() {
+            return from;
+        }
+        let next = {
+            let mut view = write(&self.view);
+            let next = topic::read_batches(records, from, |offset, r| match r {
+                Ok(record) => view.apply(offset, &record),
+                Err(e) => {
+                    tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
+                }
+            });
+            self.metrics.state.origins_known(view.len());
+            next
+        };
+        self.applied.send_if_modified(|a| {
+            let moved = next > *a;
+            if moved {
+                *a = next;
+            }
+            moved
+        });
+        next
+    }
+
+    /// Write `records` in one batch; returns the offset of the first.
+    async fn write(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
+        let started = Instant::now();
+        let result = self.write_inner(records).await;
+        match &result {
+            Ok(_) => self.metrics.state.write(started.elapsed().as_secs_f64()),
+            Err(e) => {
+                self.metrics.state.write_failed();
+                tracing::warn!(topic = %self.topic, records = records.len(), error = %e, "state topic write failed");
+            }
+        }
+        result
+    }
+
+    async fn write_inner(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
+        let batch = topic::encode_batch(records, now_ms())
+            .map_err(|e| ResolveError::Write(e.to_string()))?;
+        let produced = self
+            .client
+            .produce(&self.topic, 0, Bytes::from(batch))
+            .await
+            .map_err(|e| ResolveError::Write(e.to_string()))?;
+        let base = match produced {
+            Produced::Appended { base_offset, .. } => base_offset,
+            Produced::Refused { code, message } => {
+                return Err(ResolveError::Write(format!(
+                    "refused with error {code}: {}",
+                    message.unwrap_or_default()
+                )))
+            }
+        };
+        let past = base + records.len() as i64;
+        let mut rx = self.applied.subscribe();
+        let applied = tokio::time::timeout(APPLY_TIMEOUT, rx.wait_for(|a| *a >= past))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        match applied {
+            true => Ok(base),
+            false => Err(ResolveError::Write(format!(
+                "written at offset {base} but not read back within {} ms",
+                APPLY_TIMEOUT.as_millis()
+            ))),
+        }
+    }
+
+    async fn lookup_topic_id(&self, name: &str) -> Result<Uuid, ResolveError> {
+        if let Some(id) = self.topic_id(name) {
+            return Ok(id);
+        }
+        let err = |reason: String| ResolveError::TopicId {
+            topic: name.to_string(),
+            reason,
+        };
+        let info = self
+            .client
+            .topic(name)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        if info.topic_id.is_nil() {
+            return Err(err("the broker reports no topic id".into()));
+        }
+        write(&self.topic_ids).insert(name.to_string(), info.topic_id);
+        Ok(info.topic_id)
+    }
+
+    /// Give every unresolved origin a mapped PID, persisted before this
+    /// returns. Returns the partitions that could not be resolved (by topic
+    /// name and partition index), with why.
+    pub async fn resolve(&self, unresolved: &[Unresolved]) -> Vec<(String, i32, ResolveError)> {
+        let mut failed = Vec::new();
+        if !self.is_loaded() {
+            for u in unresolved {
+                failed.push((
+                    u.topic.clone(),
+                    u.partition.partition,
+                    ResolveError::NotLoaded,
+                ));
+            }
+            return failed;
+        }
+        // Topic ids the plan did not know.
+        let mut todo: Vec<(String, PartitionId, OriginId)> = Vec::new();
+        for u in unresolved {
+            let mut p = u.partition;
+            if p.topic_id.is_nil() {
+                match self.lookup_topic_id(&u.topic).await {
+                    Ok(id) => p.topic_id = id,
+                    Err(e) => {
+                        failed.push((u.topic.clone(), p.partition, e));
+                        continue;
+                    }
+                }
+            }
+            if !todo.iter().any(|(_, q, o)| *q == p && *o == u.origin) {
+                todo.push((u.topic.clone(), p, u.origin));
+            }
+        }
+        let _one_at_a_time = self.resolving.lock().await;
+        for _ in 0..RESOLVE_ROUNDS {
+            // Propose under the read lock, write without it.
+            let now = now_ms();
+            let mut proposals: Vec<(String, PartitionId, OriginId, Proposal)> = Vec::new();
+            {
+                let view = self.view();
+                let mut taken = HashSet::new();
+                for (topic, p, o) in todo.drain(..) {
+                    if view.lookup(p, o, now).is_some() {
+                        continue; // resolved meanwhile (another request, another instance)
+                    }
+                    match view.propose(p, o, &taken, &mut random_i64) {
+                        Ok(proposal) => {
+                            taken.insert((p, proposal.mapped));
+                            proposals.push((topic, p, o, proposal));
+                        }
+                        Err(e) => {
+                            failed.push((topic, p.partition, ResolveError::NoSlot(e.to_string())))
+                        }
+                    }
+                }
+            }
+            if proposals.is_empty() {
+                return failed;
+            }
+            let mut records = Vec::new();
+            for (_, p, o, proposal) in &proposals {
+                if let Some((_, colliding)) = proposal.collision {
+                    records.push(StateRecord::Collision(
+                        o.key(*p),
+                        Some(CollisionValue {
+                            salt: proposal.salt,
+                            colliding,
+                            timestamp_ms: now,
+                        }),
+                    ));
+                }
+                records.push(StateRecord::Origin(
+                    o.key(*p),
+                    Some(OriginValue {
+                        mapped_pid: proposal.mapped,
+                        salt: proposal.salt,
+                        claim_offset: -1,
+                        last_seen_ms: now,
+                    }),
+                ));
+            }
+            if let Err(e) = self.write(&records).await {
+                for (topic, p, _, _) in proposals {
+                    failed.push((topic, p.partition, e.clone()));
+                }
+                return failed;
+            }
+            self.metrics.state.origins_persisted(proposals.len() as u64);
+            let view = self.view();
+            for (topic, p, o, proposal) in proposals {
+                if view.lookup(p, o, now) == Some(proposal.mapped) {
+                    if let Some((cause, colliding)) = proposal.collision {
+                        self.metrics.state.collision(cause.label());
+                        tracing::info!(
+                            topic = %topic,
+                            partition = p.partition,
+                            topic_id = %p.topic_id,
+                            source_cluster = %o.source,
+                            pid = o.pid,
+                            colliding_cluster = %colliding,
+                            colliding_pid = ?proposal.held_by.map(|w| w.pid),
+                            cause = cause.label(),
+                            salt = proposal.salt,
+                            mapped_pid = proposal.mapped,
+                            "producer id collision resolved with a salt"
+                        );
+                    }
+                } else {
+                    let owner = view.owner(p, proposal.mapped);
+                    tracing::info!(
+                        topic = %topic,
+                        partition = p.partition,
+                        source_cluster = %o.source,
+                        pid = o.pid,
+                        mapped_pid = proposal.mapped,
+                        owner = ?owner,
+                        "lost the race for a mapped producer id to an earlier claim; resolving again"
+                    );
+                    todo.push((topic, p, o));
+                }
+            }
+        }
+        for (topic, p, _) in todo {
+            failed.push((topic, p.partition, ResolveError::TooManyRaces));
+        }
+        failed
+    }
+
+    /// Persist last-seen times (at most once per tenth of the expiration
+    /// period per origin) and tombstone origins idle for the whole period.
+    async fn expire_loop(self: Arc<Self>) {
+        let period = self.expiration_ms.max(1);
+        let interval = Duration::from_millis(u64::try_from(period / 10).unwrap_or(1).max(100));
+        loop {
+            tokio::time::sleep(interval).await;
+            if !self.is_loaded() {
+                continue;
+            }
+            let now = now_ms();
+            let (refresh, expired) = {
+                let view = self.view();
+                (view.due_refresh(period / 10), view.expired(now, period))
+            };
+            let mut records: Vec<StateRecord> = Vec::new();
+            let expired_keys: HashSet<_> = expired.iter().map(|(p, o, _)| (*p, *o)).collect();
+            for (p, o, v) in refresh {
+                if !expired_keys.contains(&(p, o)) {
+                    records.push(StateRecord::Origin(o.key(p), Some(v)));
+                }
+            }
+            for (p, o, salted) in &expired {
+                tracing::info!(partition = p.partition, topic_id = %p.topic_id, source_cluster = %o.source, pid = o.pid, "mirrored producer expired (MIRROR_PROXY_PRODUCER_EXPIRATION_MS): tombstoning its state");
+                records.push(StateRecord::Origin(o.key(*p), None));
+                if *salted {
+                    records.push(StateRecord::Collision(o.key(*p), None));
+                }
+            }
+            if records.is_empty() {
+                continue;
+            }
+            let _one_at_a_time = self.resolving.lock().await;
+            // Batches of at most 1000 records keep each write small.
+            for chunk in records.chunks(1000) {
+                if self.write(chunk).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Read a state topic whole into a view (for `kafka-mirror-proxy unmap`):
+/// corrupt or unknown records are skipped, as when the proxy loads it.
+pub async fn read_view(client: &Client, topic: &str) -> Result<Origins, ClientError> {
+    let mut view = Origins::default();
+    let start = client
+        .list_offset(topic, 0, OffsetSpec::Earliest)
+        .await?
+        .offset;
+    let end = client
+        .list_offset(topic, 0, OffsetSpec::Latest)
+        .await?
+        .offset;
+    let mut next = start;
+    while next < end {
+        let f = client
+            .fetch(topic, 0, next, FETCH_BYTES, Duration::ZERO)
+            .await?;
+        let after = topic::read_batches(&f.records, next, |offset, r| {
+            if let Ok(record) = r {
+                view.apply(offset, &record);
+            }
+        });
+        if after == next {
+            break;
+        }
+        next = after;
+    }
+    Ok(view)
+}

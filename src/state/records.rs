@@ -1,0 +1,486 @@
+//! Codecs of the `__mirror_state` records (`docs/state-topic.md` has the
+//! bytes of each). Pure: bytes in, typed records out, and back.
+//!
+//! Framing follows Kafka's coordinator records (SPEC §5): the key is an
+//! int16 record type followed by the key struct at version 0; the value is
+//! an int16 version (0) followed by the value struct; a null value is a
+//! tombstone.
+//!
+//! | type | key | value |
+//! |---|---|---|
+//! | 3 | `MirrorPidCollisionKey` | `MirrorPidCollisionValue` (flexible) |
+//! | 4 | `MirrorPidOriginKey` | `MirrorPidOriginValue` (flexible) |
+//! | 5 | reserved for link state | |
+//!
+//! Both keys have the same layout (not flexible): TopicId uuid, Partition
+//! int32, SourceClusterId string (int16 length), OriginalPid int64.
+//! Decoding never panics and never sizes an allocation from the input: a
+//! string is at most the 22 characters of a cluster id.
+
+use thiserror::Error;
+use uuid::Uuid;
+
+use crate::mirror::pid::ClusterId;
+use crate::wire::header::read_uvarint;
+
+/// Record type of `MirrorPidCollisionKey`.
+pub const COLLISION_TYPE: i16 = 3;
+/// Record type of `MirrorPidOriginKey`.
+pub const ORIGIN_TYPE: i16 = 4;
+/// Record type reserved for link state (issue 10); skipped when read.
+pub const LINK_STATE_TYPE: i16 = 5;
+
+/// The key of both record types: one origin in one destination partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OriginKey {
+    pub topic_id: Uuid,
+    pub partition: i32,
+    /// The source cluster (for a chain: the link's source cluster).
+    pub source: ClusterId,
+    /// The PID as the source wrote it (negative for a chain).
+    pub original_pid: i64,
+}
+
+/// `MirrorPidCollisionValue` v0: a salt chosen to resolve a collision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollisionValue {
+    pub salt: i64,
+    /// The cluster that already held the slot (the source itself for an
+    /// oversized PID or a mapping to -1).
+    pub colliding: ClusterId,
+    pub timestamp_ms: i64,
+}
+
+/// `MirrorPidOriginValue` v0: an origin's claim on a mapped PID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OriginValue {
+    pub mapped_pid: i64,
+    /// 0: the natural region (no salt).
+    pub salt: i64,
+    /// -1: the offset of this record itself (a new claim); otherwise the
+    /// offset of the original claim (a refresh).
+    pub claim_offset: i64,
+    pub last_seen_ms: i64,
+}
+
+/// One record of the state topic; `None` values are tombstones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateRecord {
+    Collision(OriginKey, Option<CollisionValue>),
+    Origin(OriginKey, Option<OriginValue>),
+}
+
+/// Why a record could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RecordError {
+    #[error("record has no key")]
+    NoKey,
+    #[error("unknown record type {0}")]
+    UnknownType(i16),
+    #[error("record type {0} is reserved and not read by this version")]
+    Reserved(i16),
+    #[error("unknown value version {version} for record type {record_type}")]
+    UnknownVersion { record_type: i16, version: i16 },
+    #[error("{what} is truncated")]
+    Truncated { what: &'static str },
+    #[error("{what} has {extra} trailing byte(s)")]
+    Trailing { what: &'static str, extra: usize },
+    #[error("{what}: invalid cluster id")]
+    ClusterId { what: &'static str },
+}
+
+impl StateRecord {
+    pub fn key(&self) -> &OriginKey {
+        match self {
+            StateRecord::Collision(k, _) | StateRecord::Origin(k, _) => k,
+        }
+    }
+
+    /// Key bytes.
+    pub fn encode_key(&self) -> Vec<u8> {
+        match self {
+            StateRecord::Collision(k, _) => encode_key(COLLISION_TYPE, k),
+            StateRecord::Origin(k, _) => encode_key(ORIGIN_TYPE, k),
+        }
+    }
+
+    /// Value bytes; `None` for a tombstone.
+    pub fn encode_value(&self) -> Option<Vec<u8>> {
+        match self {
+            StateRecord::Collision(_, v) => v.as_ref().map(encode_collision_value),
+            StateRecord::Origin(_, v) => v.as_ref().map(encode_origin_value),
+        }
+    }
+
+    /// Decode one record from its key and value.
+    pub fn decode(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<StateRecord, RecordError> {
+        let key = key.ok_or(RecordError::NoKey)?;
+        let mut r = Reader::new(key, "key");
+        let record_type = r.i16()?;
+        match record_type {
+            COLLISION_TYPE | ORIGIN_TYPE => {}
+            LINK_STATE_TYPE => return Err(RecordError::Reserved(record_type)),
+            t => return Err(RecordError::UnknownType(t)),
+        }
+        let k = OriginKey {
+            topic_id: Uuid::from_bytes(r.array()?),
+            partition: r.i32()?,
+            source: r.cluster_id_string()?,
+            original_pid: r.i64()?,
+        };
+        r.finish()?;
+        let Some(value) = value else {
+            return Ok(match record_type {
+                COLLISION_TYPE => StateRecord::Collision(k, None),
+                _ => StateRecord::Origin(k, None),
+            });
+        };
+        let mut r = Reader::new(value, "value");
+        let version = r.i16()?;
+        if version != 0 {
+            return Err(RecordError::UnknownVersion {
+                record_type,
+                version,
+            });
+        }
+        let record = if record_type == COLLISION_TYPE {
+            let v = CollisionValue {
+                salt: r.i64()?,
+                colliding: r.cluster_id_compact()?,
+                timestamp_ms: r.i64()?,
+            };
+            StateRecord::Collision(k, Some(v))
+        } else {
+            let v = OriginValue {
+                mapped_pid: r.i64()?,
+                salt: r.i64()?,
+                claim_offset: r.i64()?,
+                last_seen_ms: r.i64()?,
+            };
+            StateRecord::Origin(k, Some(v))
+        };
+        r.tagged_fields()?;
+        r.finish()?;
+        Ok(record)
+    }
+}
+
+fn encode_key(record_type: i16, k: &OriginKey) -> Vec<u8> {
+    let source = k.source.to_string();
+    let mut out = Vec::with_capacity(2 + 16 + 4 + 2 + source.len() + 8);
+    out.extend_from_slice(&record_type.to_be_bytes());
+    out.extend_from_slice(k.topic_id.as_bytes());
+    out.extend_from_slice(&k.partition.to_be_bytes());
+    out.extend_from_slice(&(source.len() as i16).to_be_bytes());
+    out.extend_from_slice(source.as_bytes());
+    out.extend_from_slice(&k.original_pid.to_be_bytes());
+    out
+}
+
+fn encode_collision_value(v: &CollisionValue) -> Vec<u8> {
+    let colliding = v.colliding.to_string();
+    let mut out = Vec::with_capacity(2 + 8 + 1 + colliding.len() + 8 + 1);
+    out.extend_from_slice(&0i16.to_be_bytes());
+    out.extend_from_slice(&v.salt.to_be_bytes());
+    // Compact string: length + 1 as an unsigned varint (22 + 1 fits one byte).
+    out.push(colliding.len() as u8 + 1);
+    out.extend_from_slice(colliding.as_bytes());
+    out.extend_from_slice(&v.timestamp_ms.to_be_bytes());
+    out.push(0); // no tagged fields
+    out
+}
+
+fn encode_origin_value(v: &OriginValue) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + 32 + 1);
+    out.extend_from_slice(&0i16.to_be_bytes());
+    out.extend_from_slice(&v.mapped_pid.to_be_bytes());
+    out.extend_from_slice(&v.salt.to_be_bytes());
+    out.extend_from_slice(&v.claim_offset.to_be_bytes());
+    out.extend_from_slice(&v.last_seen_ms.to_be_bytes());
+    out.push(0);
+    out
+}
+
+/// Bounds-checked big-endian reader.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Reader { buf, pos: 0, what }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or(RecordError::Truncated { what: self.what })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], RecordError> {
+        let mut a = [0; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn i16(&mut self) -> Result<i16, RecordError> {
+        Ok(i16::from_be_bytes(self.array()?))
+    }
+    fn i32(&mut self) -> Result<i32, RecordError> {
+        Ok(i32::from_be_bytes(self.array()?))
+    }
+    fn i64(&mut self) -> Result<i64, RecordError> {
+        Ok(i64::from_be_bytes(self.array()?))
+    }
+
+    fn cluster_id(&self, bytes: &[u8]) -> Result<ClusterId, RecordError> {
+        std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| ClusterId::parse_canonical(s).ok())
+            .ok_or(RecordError::ClusterId { what: self.what })
+    }
+
+    /// int16 length, then the bytes (a null string is refused).
+    fn cluster_id_string(&mut self) -> Result<ClusterId, RecordError> {
+        let len = self.i16()?;
+        let len = usize::try_from(len).map_err(|_| RecordError::ClusterId { what: self.what })?;
+        let bytes = self.take(len)?;
+        self.cluster_id(bytes)
+    }
+
+    /// Compact string: unsigned varint length + 1, then the bytes.
+    fn cluster_id_compact(&mut self) -> Result<ClusterId, RecordError> {
+        let (len_plus_one, pos) =
+            read_uvarint(self.buf, self.pos).ok_or(RecordError::Truncated { what: self.what })?;
+        self.pos = pos;
+        let len = len_plus_one
+            .checked_sub(1)
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or(RecordError::ClusterId { what: self.what })?;
+        let bytes = self.take(len)?;
+        self.cluster_id(bytes)
+    }
+
+    /// Skips tagged fields (none are defined at version 0).
+    fn tagged_fields(&mut self) -> Result<(), RecordError> {
+        let truncated = RecordError::Truncated { what: self.what };
+        let (count, mut pos) = read_uvarint(self.buf, self.pos).ok_or(truncated.clone())?;
+        for _ in 0..count {
+            let (_tag, p) = read_uvarint(self.buf, pos).ok_or(truncated.clone())?;
+            let (size, p) = read_uvarint(self.buf, p).ok_or(truncated.clone())?;
+            pos = usize::try_from(size)
+                .ok()
+                .and_then(|s| p.checked_add(s))
+                .filter(|&e| e <= self.buf.len())
+                .ok_or(truncated.clone())?;
+        }
+        self.pos = pos;
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<(), RecordError> {
+        match self.buf.len() - self.pos {
+            0 => Ok(()),
+            extra => Err(RecordError::Trailing {
+                what: self.what,
+                extra,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    fn key() -> OriginKey {
+        OriginKey {
+            topic_id: Uuid::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
+            partition: 3,
+            source: ClusterId::parse("MkU3OEVBNTcwNTJENDM2Qg").unwrap(),
+            original_pid: 5,
+        }
+    }
+
+    // "MkU3OEVBNTcwNTJENDM2Qg" in ASCII.
+    const CLUSTER_HEX: &str = "4d6b55334f4556424e5463774e544a454e44 4d325167";
+
+    /// The vectors of docs/state-topic.md.
+    fn collision_key_hex() -> String {
+        format!(
+            "0003 00112233445566778899aabbccddeeff 00000003 0016 {CLUSTER_HEX} 0000000000000005"
+        )
+    }
+
+    #[test]
+    fn collision_record_bytes() {
+        let value = CollisionValue {
+            salt: 0x0123_4567_89ab_cdef,
+            colliding: ClusterId::parse("AAAAAAAAAAAAAAAAAAAAAQ").unwrap(),
+            timestamp_ms: 1_700_000_000_000,
+        };
+        let r = StateRecord::Collision(key(), Some(value));
+        assert_eq!(r.encode_key(), hex(&collision_key_hex()));
+        let value_hex = "0000 0123456789abcdef 17 41414141414141414141414141414141414141414151 0000018bcfe56800 00";
+        assert_eq!(r.encode_value().unwrap(), hex(value_hex));
+        assert_eq!(r.encode_key().len(), 54);
+        assert_eq!(r.encode_value().unwrap().len(), 42);
+        let back = StateRecord::decode(Some(&hex(&collision_key_hex())), Some(&hex(value_hex)));
+        assert_eq!(back, Ok(r));
+        // Tombstone.
+        let t = StateRecord::decode(Some(&hex(&collision_key_hex())), None);
+        assert_eq!(t, Ok(StateRecord::Collision(key(), None)));
+    }
+
+    #[test]
+    fn origin_record_bytes() {
+        let k = OriginKey {
+            original_pid: -5_136_071_999_516_311_547,
+            ..key()
+        };
+        let value = OriginValue {
+            mapped_pid: -5_136_071_999_516_311_547,
+            salt: 0,
+            claim_offset: -1,
+            last_seen_ms: 1_700_000_000_000,
+        };
+        let r = StateRecord::Origin(k, Some(value));
+        // -5136071999516311547 = 0xb8b901ba80000005
+        let key_hex = format!(
+            "0004 00112233445566778899aabbccddeeff 00000003 0016 {CLUSTER_HEX} b8b901ba80000005"
+        );
+        assert_eq!(r.encode_key(), hex(&key_hex));
+        let value_hex =
+            "0000 b8b901ba80000005 0000000000000000 ffffffffffffffff 0000018bcfe56800 00";
+        assert_eq!(r.encode_value().unwrap(), hex(value_hex));
+        assert_eq!(r.encode_value().unwrap().len(), 35);
+        assert_eq!(
+            StateRecord::decode(Some(&hex(&key_hex)), Some(&hex(value_hex))),
+            Ok(r)
+        );
+    }
+
+    #[test]
+    fn unknown_tagged_fields_are_skipped() {
+        let value = hex("0000 b8b901ba80000005 0000000000000000 0000000000000007 0000000000000001 01 05 02 abcd");
+        let r = StateRecord::decode(
+            Some(&hex(&collision_key_hex()).replace_type(4)),
+            Some(&value),
+        );
+        assert_eq!(
+            r,
+            Ok(StateRecord::Origin(
+                key(),
+                Some(OriginValue {
+                    mapped_pid: -5_136_071_999_516_311_547,
+                    salt: 0,
+                    claim_offset: 7,
+                    last_seen_ms: 1,
+                })
+            ))
+        );
+    }
+
+    trait ReplaceType {
+        fn replace_type(self, t: i16) -> Vec<u8>;
+    }
+    impl ReplaceType for Vec<u8> {
+        fn replace_type(mut self, t: i16) -> Vec<u8> {
+            self[..2].copy_from_slice(&t.to_be_bytes());
+            self
+        }
+    }
+
+    #[test]
+    fn bad_records_are_typed_errors() {
+        let k = hex(&collision_key_hex());
+        let v = StateRecord::Collision(
+            key(),
+            Some(CollisionValue {
+                salt: 1,
+                colliding: key().source,
+                timestamp_ms: 0,
+            }),
+        )
+        .encode_value()
+        .unwrap();
+        assert_eq!(StateRecord::decode(None, Some(&v)), Err(RecordError::NoKey));
+        assert_eq!(
+            StateRecord::decode(Some(&k.clone().replace_type(9)), Some(&v)),
+            Err(RecordError::UnknownType(9))
+        );
+        assert_eq!(
+            StateRecord::decode(Some(&k.clone().replace_type(5)), None),
+            Err(RecordError::Reserved(5))
+        );
+        let mut v1 = v.clone();
+        v1[1] = 1;
+        assert_eq!(
+            StateRecord::decode(Some(&k), Some(&v1)),
+            Err(RecordError::UnknownVersion {
+                record_type: 3,
+                version: 1
+            })
+        );
+        let mut long = k.clone();
+        long.push(0);
+        assert_eq!(
+            StateRecord::decode(Some(&long), None),
+            Err(RecordError::Trailing {
+                what: "key",
+                extra: 1
+            })
+        );
+        let mut long = v.clone();
+        long.push(0);
+        assert_eq!(
+            StateRecord::decode(Some(&k), Some(&long)),
+            Err(RecordError::Trailing {
+                what: "value",
+                extra: 1
+            })
+        );
+        // A cluster id that is not one.
+        let mut bad = k.clone();
+        bad[24] = b'!';
+        assert_eq!(
+            StateRecord::decode(Some(&bad), None),
+            Err(RecordError::ClusterId { what: "key" })
+        );
+        // A string length past the end, a negative one.
+        let mut bad = k.clone();
+        bad[22..24].copy_from_slice(&0x7fffi16.to_be_bytes());
+        assert_eq!(
+            StateRecord::decode(Some(&bad), None),
+            Err(RecordError::Truncated { what: "key" })
+        );
+        bad[22..24].copy_from_slice(&(-1i16).to_be_bytes());
+        assert!(StateRecord::decode(Some(&bad), None).is_err());
+        // Every truncation of key and value is an error, never a panic.
+        for n in 0..k.len() {
+            assert!(StateRecord::decode(Some(&k[..n]), None).is_err(), "{n}");
+        }
+        for n in 0..v.len() {
+            assert!(StateRecord::decode(Some(&k), Some(&v[..n])).is_err(), "{n}");
+        }
+        // A huge tagged field size is truncation, not an allocation.
+        let mut huge = v[..v.len() - 1].to_vec();
+        huge.extend_from_slice(&[1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert_eq!(
+            StateRecord::decode(Some(&k), Some(&huge)),
+            Err(RecordError::Truncated { what: "value" })
+        );
+    }
+}

@@ -1,0 +1,249 @@
+//! State records in and out of record batches. Pure: the batch the store
+//! produces, and the records of the batches a fetch returned, each with its
+//! offset. Only uncompressed batches are read (the proxy writes nothing
+//! else); anything else is reported and skipped, never guessed at.
+
+use crate::state::records::{RecordError, StateRecord};
+use crate::wire::batch::{build, BuildError, NewBatch, NewRecord};
+use crate::wire::batch::{BatchHeader, Batches};
+use crate::wire::header::read_uvarint;
+
+/// Why a record (or a whole batch, reported at its base offset) was skipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkipReason {
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("compressed batch (codec {0}): the proxy writes uncompressed state records")]
+    Compressed(u8),
+    #[error("malformed record: {0}")]
+    Malformed(&'static str),
+}
+
+/// The batch holding `records` (no producer, CreateTime `now_ms`).
+pub fn encode_batch(records: &[StateRecord], now_ms: i64) -> Result<Vec<u8>, BuildError> {
+    let encoded: Vec<(Vec<u8>, Option<Vec<u8>>)> = records
+        .iter()
+        .map(|r| (r.encode_key(), r.encode_value()))
+        .collect();
+    let new: Vec<NewRecord<'_>> = encoded
+        .iter()
+        .map(|(k, v)| NewRecord {
+            key: Some(k),
+            value: v.as_deref(),
+            headers: &[],
+            timestamp: now_ms,
+        })
+        .collect();
+    build(&NewBatch::NO_PRODUCER, &new)
+}
+
+/// Read the batches of a fetch answer from offset `from` on. `on` gets every
+/// record at or past `from` with its offset, decoded or the reason it is
+/// skipped. Returns the offset to fetch next: past the last whole batch (a
+/// batch cut short by the fetch size bound is read again next time).
+pub fn read_batches(
+    records: &[u8],
+    from: i64,
+    mut on: impl FnMut(i64, Result<StateRecord, SkipReason>),
+) -> i64 {
+    let mut next = from;
+    for batch in Batches::new(records) {
+        let Ok(batch) = batch else {
+            break; // a trailing partial batch
+        };
+        let bytes = &records[batch.range()];
+        let Ok(header) = BatchHeader::parse(bytes) else {
+            break;
+        };
+        let base = header.base_offset();
+        let last = base.saturating_add(i64::from(header.last_offset_delta()));
+        if last < next {
+            continue;
+        }
+        if header.is_control() {
+            next = last + 1;
+            continue;
+        }
+        if header.compression() != 0 {
+            on(base, Err(SkipReason::Compressed(header.compression())));
+            next = last + 1;
+            continue;
+        }
+        read_records(bytes, base, header.record_count(), next, &mut on);
+        next = last + 1;
+    }
+    next
+}
+
+/// Offset of the records in a v2 batch.
+const RECORDS_OFFSET: usize = 61;
+
+fn read_records(
+    batch: &[u8],
+    base: i64,
+    count: i32,
+    from: i64,
+    on: &mut impl FnMut(i64, Result<StateRecord, SkipReason>),
+) {
+    let mut pos = RECORDS_OFFSET;
+    for i in 0..count {
+        let Some((len, p)) = varint(batch, pos) else {
+            on(
+                base + i64::from(i),
+                Err(SkipReason::Malformed("record length")),
+            );
+            return;
+        };
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| p.checked_add(l))
+            .filter(|&e| e <= batch.len());
+        let Some(end) = end else {
+            on(
+                base + i64::from(i),
+                Err(SkipReason::Malformed("record length")),
+            );
+            return;
+        };
+        match record(&batch[p..end]) {
+            Ok((delta, key, value)) => {
+                let offset = base + delta;
+                if offset >= from {
+                    on(
+                        offset,
+                        StateRecord::decode(key, value).map_err(SkipReason::from),
+                    );
+                }
+            }
+            Err(what) => on(base + i64::from(i), Err(SkipReason::Malformed(what))),
+        }
+        pos = end;
+    }
+}
+
+type Fields<'a> = (i64, Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// (offset delta, key, value) of one record's bytes.
+fn record(r: &[u8]) -> Result<Fields<'_>, &'static str> {
+    let pos = 1; // attributes
+    let (_ts, pos) = varint(r, pos).ok_or("timestamp delta")?;
+    let (delta, pos) = varint(r, pos).ok_or("offset delta")?;
+    let (key, pos) = bytes(r, pos).ok_or("key")?;
+    let (value, _) = bytes(r, pos).ok_or("value")?;
+    Ok((delta, key, value))
+}
+
+fn bytes(r: &[u8], pos: usize) -> Option<(Option<&[u8]>, usize)> {
+    let (len, pos) = varint(r, pos)?;
+    if len < 0 {
+        return Some((None, pos));
+    }
+    let end = pos.checked_add(usize::try_from(len).ok()?)?;
+    Some((Some(r.get(pos..end)?), end))
+}
+
+/// Zigzag varint.
+fn varint(buf: &[u8], pos: usize) -> Option<(i64, usize)> {
+    let (z, pos) = read_uvarint(buf, pos)?;
+    Some(((z >> 1) as i64 ^ -((z & 1) as i64), pos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mirror::pid::ClusterId;
+    use crate::state::records::{OriginKey, OriginValue};
+    use uuid::Uuid;
+
+    fn origin(pid: i64, value: bool) -> StateRecord {
+        let k = OriginKey {
+            topic_id: Uuid::from_u128(1),
+            partition: 0,
+            source: ClusterId::from_bytes([1; 16]),
+            original_pid: pid,
+        };
+        StateRecord::Origin(
+            k,
+            value.then_some(OriginValue {
+                mapped_pid: -2,
+                salt: 0,
+                claim_offset: -1,
+                last_seen_ms: 3,
+            }),
+        )
+    }
+
+    fn with_base(mut batch: Vec<u8>, base: i64) -> Vec<u8> {
+        batch[..8].copy_from_slice(&base.to_be_bytes());
+        batch
+    }
+
+    #[test]
+    fn records_come_back_with_their_offsets() {
+        let written = [origin(1, true), origin(2, false), origin(3, true)];
+        let mut log = with_base(encode_batch(&written, 5).unwrap(), 10);
+        log.extend(with_base(encode_batch(&written[..1], 5).unwrap(), 13));
+        let mut seen = Vec::new();
+        let next = read_batches(&log, 0, |o, r| seen.push((o, r)));
+        assert_eq!(next, 14);
+        assert_eq!(
+            seen,
+            vec![
+                (10, Ok(written[0])),
+                (11, Ok(written[1])),
+                (12, Ok(written[2])),
+                (13, Ok(written[0]))
+            ]
+        );
+        // From the middle of a batch; a cut-off trailing batch is left for
+        // the next fetch.
+        seen.clear();
+        let cut = &log[..log.len() - 3];
+        assert_eq!(read_batches(cut, 12, |o, r| seen.push((o, r))), 13);
+        assert_eq!(seen, vec![(12, Ok(written[2]))]);
+    }
+
+    #[test]
+    fn bad_records_are_skipped_with_their_offset() {
+        let batch = build(
+            &NewBatch::NO_PRODUCER,
+            &[
+                NewRecord {
+                    key: Some(&[0, 9]),
+                    value: None,
+                    headers: &[],
+                    timestamp: 0,
+                },
+                NewRecord {
+                    key: Some(&origin(1, true).encode_key()),
+                    value: origin(1, true).encode_value().as_deref(),
+                    headers: &[],
+                    timestamp: 0,
+                },
+            ],
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        assert_eq!(read_batches(&batch, 0, |o, r| seen.push((o, r))), 2);
+        assert_eq!(
+            seen,
+            vec![
+                (0, Err(SkipReason::Record(RecordError::UnknownType(9)))),
+                (1, Ok(origin(1, true)))
+            ]
+        );
+        // Compressed: skipped whole (the attributes are inside the CRC, but
+        // the reader does not check CRCs: the broker did).
+        let mut gz = batch.clone();
+        gz[22] |= 1;
+        seen.clear();
+        assert_eq!(read_batches(&gz, 0, |o, r| seen.push((o, r))), 2);
+        assert_eq!(seen, vec![(0, Err(SkipReason::Compressed(1)))]);
+        // Garbage never panics.
+        for n in 0..batch.len() {
+            let mut b = batch.clone();
+            b[n] ^= 0xff;
+            let _ = read_batches(&b, 0, |_, _| {});
+        }
+    }
+}

@@ -88,7 +88,8 @@ PROPS
     return 1
 }
 
-# kmp_start_proxy NAME BROKER_PORT [VAR=VALUE...]: runs the release binary;
+# kmp_start_proxy NAME BROKER_PORT [VAR=VALUE...]: runs the release binary
+# (or KMP_PROXY_BIN);
 # sets NAME_PORT (bootstrap), NAME_ADMIN and NAME_PID (the proxy process:
 # `env` execs it, so $! is the proxy).
 kmp_start_proxy() {
@@ -99,7 +100,7 @@ kmp_start_proxy() {
     env MIRROR_PROXY_BOOTSTRAP_SERVERS="127.0.0.1:$broker_port" \
         MIRROR_PROXY_LISTEN="127.0.0.1:$listen" \
         MIRROR_PROXY_ADMIN_LISTEN="127.0.0.1:$admin" \
-        "$@" "$KMP_ROOT/target/release/kafka-mirror-proxy" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
+        "$@" "${KMP_PROXY_BIN:-$KMP_ROOT/target/release/kafka-mirror-proxy}" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
     KMP_PIDS+=($!)
     local pid=$! i
     for i in $(seq 1 100); do

@@ -206,6 +206,10 @@ pub struct TrackedPartition {
 pub struct TrackedBatch {
     /// With the mapped producer id.
     pub id: BatchId,
+    /// Whom the mapped producer id stands for: the state is kept per
+    /// origin, so an expired origin's mapped PID, reused by another, starts
+    /// afresh.
+    pub origin: OriginId,
     /// Offsets taken by the partition entry's batches before this one: its
     /// base offset is the partition's (the first batch's) plus this.
     pub offset_delta: i64,
@@ -613,6 +617,7 @@ fn plan_partition(
             id.producer_id = new_pid;
             tracked.push(TrackedBatch {
                 id,
+                origin,
                 offset_delta: delta,
             });
         }

@@ -15,15 +15,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kafka_protocol::messages::produce_response::ProduceResponse;
 
 use crate::metrics::Metrics;
-use crate::mirror::origins::PartitionId;
+use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
     same_topic, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatch,
 };
 use crate::mirror::producer_state::{Check, ProducerStates};
 
+/// What the state is kept per (with the mapped PID): a destination
+/// partition and the origin the mapped PID stands for. An origin that
+/// expires frees its mapped PID for another (SPEC §5); keyed by origin, the
+/// newcomer never inherits the expired one's batches.
+pub type StateKey = (PartitionId, OriginId);
+
 /// The producer state of every mirrored partition, shared by all sessions.
 pub struct Dedupe {
-    states: Mutex<ProducerStates<PartitionId>>,
+    states: Mutex<ProducerStates<StateKey>>,
     metrics: Arc<Metrics>,
 }
 
@@ -49,7 +55,7 @@ impl Dedupe {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, ProducerStates<PartitionId>> {
+    fn lock(&self) -> MutexGuard<'_, ProducerStates<StateKey>> {
         // The state is consistent between calls: a panic elsewhere while it
         // was held leaves nothing half-done worth refusing service over.
         self.states.lock().unwrap_or_else(|e| e.into_inner())
@@ -87,7 +93,7 @@ impl Dedupe {
             let mut duplicate: Option<(i64, usize)> = None;
             let mut outcome = None;
             for b in &tp.batches {
-                match states.begin(&tp.partition, &b.id) {
+                match states.begin(&(tp.partition, b.origin), &b.id) {
                     Check::Append => begun.push(*b),
                     Check::Duplicate { base_offset } => {
                         let d = duplicate.get_or_insert((base_offset, 0));
@@ -141,7 +147,7 @@ impl Dedupe {
                 }),
                 Some(outcome) => {
                     for b in &begun {
-                        states.failed(&tp.partition, &b.id);
+                        states.failed(&(tp.partition, b.origin), &b.id);
                     }
                     plan.forwarded_partitions -= 1;
                     plan.local.push(LocalPartition {
@@ -201,12 +207,17 @@ impl Tracked {
                         now_ms
                     };
                     for b in &bp.batches {
-                        states.appended(&bp.partition, &b.id, p.base_offset + b.offset_delta, time);
+                        states.appended(
+                            &(bp.partition, b.origin),
+                            &b.id,
+                            p.base_offset + b.offset_delta,
+                            time,
+                        );
                     }
                 }
                 _ => {
                     for b in &bp.batches {
-                        states.failed(&bp.partition, &b.id);
+                        states.failed(&(bp.partition, b.origin), &b.id);
                     }
                 }
             }
@@ -230,7 +241,7 @@ impl Drop for Tracked {
         let mut states = dedupe.lock();
         for bp in self.partitions.drain(..) {
             for b in &bp.batches {
-                states.failed(&bp.partition, &b.id);
+                states.failed(&(bp.partition, b.origin), &b.id);
             }
         }
     }

@@ -7,6 +7,7 @@ use kafka_protocol::messages::TopicName;
 use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
+use crate::mirror::pid::ClusterId;
 use crate::mirror::producer_state::BatchId;
 
 const TOPIC_ID: Uuid = Uuid::from_u128(7);
@@ -37,7 +38,18 @@ fn id(epoch: i16, first: i32, last: i32) -> BatchId {
 }
 
 /// A plan forwarding `partition` with these batches (and no others).
+fn origin(pid: i64) -> OriginId {
+    OriginId {
+        source: ClusterId::from_bytes(*b"source-cluster-1"),
+        pid,
+    }
+}
+
 fn plan(partition: i32, batches: &[(BatchId, i64)]) -> ProducePlan {
+    plan_from(partition, origin(5), batches)
+}
+
+fn plan_from(partition: i32, from: OriginId, batches: &[(BatchId, i64)]) -> ProducePlan {
     let mut plan = ProducePlan::default();
     plan.forwarded_partitions = 1;
     plan.tracked.push(crate::mirror::produce::TrackedPartition {
@@ -46,7 +58,11 @@ fn plan(partition: i32, batches: &[(BatchId, i64)]) -> ProducePlan {
         batch_count: batches.len(),
         batches: batches
             .iter()
-            .map(|&(id, offset_delta)| TrackedBatch { id, offset_delta })
+            .map(|&(id, offset_delta)| TrackedBatch {
+                id,
+                origin: from,
+                offset_delta,
+            })
             .collect(),
     });
     plan
@@ -195,4 +211,16 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     let mut alone = plan(0, &[(id(0, 10, 19), 0)]);
     d.begin(&mut alone, "east");
     assert!(alone.local.is_empty());
+}
+
+#[test]
+fn a_mapped_pid_reused_by_another_origin_starts_afresh() {
+    let d = dedupe();
+    let mut p = plan(0, &[(id(0, 0, 0), 0)]);
+    d.begin(&mut p, "east").settle(&response(0, 0, 0), V, 1);
+    // Origin 5 expired; origin 6 now holds the same mapped PID.
+    let mut other = plan_from(0, origin(6), &[(id(0, 0, 0), 0)]);
+    let t = d.begin(&mut other, "east");
+    assert!(other.local.is_empty(), "{:?}", other.local);
+    assert!(!t.is_empty());
 }

@@ -12,7 +12,7 @@ mod support;
 
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 
 use kafka_mirror_proxy::client::protocol::NewTopic;
@@ -20,7 +20,11 @@ use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
-use kafka_protocol::messages::ProduceResponse;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, ProduceRequest, ProduceResponse, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, StrBytes};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
@@ -94,6 +98,26 @@ fn result(r: &ProduceResponse) -> (i16, Option<String>, i64) {
     )
 }
 
+/// Send a v9 Produce of `records` to `topic`-0 without reading the answer.
+fn send(raw: &mut RawClient, topic: &str, records: Bytes) -> Result<i32> {
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(records))])]);
+    raw.send(ApiKey::Produce, 9, LINK_CLIENT, &request)
+}
+
+fn recv(raw: &mut RawClient, correlation: i32) -> Result<ProduceResponse> {
+    let mut frame = raw.recv_frame()?.context("closed instead of answering")?;
+    let header = ResponseHeader::decode(&mut frame, ApiKey::Produce.response_header_version(9))?;
+    ensure!(header.correlation_id == correlation, "correlation");
+    ProduceResponse::decode(&mut frame, 9)
+}
+
 fn log(broker: &KafkaCluster, topic: &str) -> Result<Vec<DumpedBatch>> {
     let mut out = Vec::new();
     for file in broker.segment_files(topic, 0)? {
@@ -105,14 +129,14 @@ fn log(broker: &KafkaCluster, topic: &str) -> Result<Vec<DumpedBatch>> {
 #[test]
 fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &["d", "e", "s"])?;
+    create(&broker, &["d", "e", "s", "f"])?;
     let source = ClusterId::from_bytes(*b"dedupe-test-src!").to_string();
     let proxy = ProxyProcess::start(
         &broker.bootstrap(),
         &[
             ("LINKS", "x"),
             ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-            ("LINK_X_TOPICS", "d,e,s"),
+            ("LINK_X_TOPICS", "d,e,s,f"),
         ],
     )?;
     let mut raw = RawClient::connect(&proxy.bootstrap)?;
@@ -166,6 +190,34 @@ fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
     assert_eq!(next.0, NONE, "10..19: {next:?}");
     assert_eq!(next.2, 10);
     assert_eq!(log(&broker, "s")?.len(), 2);
+
+    // The same batch on a second connection while the first attempt is
+    // (most likely) still in flight: it waits for that outcome, or finds
+    // it appended; either way one copy and one base offset.
+    let mut other = RawClient::connect(&proxy.bootstrap)?;
+    let a = send(&mut raw, "f", batch(0, 0, 10, "f"))?;
+    let b = send(&mut other, "f", batch(0, 0, 10, "f"))?;
+    let second = result(&recv(&mut other, b)?);
+    let first = result(&recv(&mut raw, a)?);
+    ensure!(
+        first.0 == NONE,
+        "first attempt: {first:?}; proxy log:\n{}",
+        logs()
+    );
+    assert_eq!(second.0, NONE, "the concurrent retry: {second:?}");
+    assert_eq!(second.2, first.2, "one base offset");
+    let f = log(&broker, "f")?;
+    assert_eq!(f.len(), 1, "one copy in the log: {f:?}");
+    assert_eq!(
+        proxy.metric("kafka_mirror_proxy_mirror_duplicates_answered_total{link=\"x\"}")?,
+        2,
+        "the concurrent retry was answered as a duplicate"
+    );
+    assert_eq!(
+        proxy.metric("kafka_mirror_proxy_mirror_partitions_refused_total{link=\"x\",reason=\"retry_in_flight\"}")?,
+        0,
+        "it waited for the first attempt rather than answering retriable"
+    );
 
     for reason in ["invalid_producer_epoch", "out_of_order_sequence"] {
         assert_eq!(

@@ -31,6 +31,7 @@ pub type StateKey = (PartitionId, OriginId);
 pub struct Dedupe {
     states: Mutex<ProducerStates<StateKey>>,
     metrics: Arc<Metrics>,
+    changed: tokio::sync::Notify,
 }
 
 /// The batches of one request that were begun (marked in flight), for the
@@ -52,6 +53,7 @@ impl Dedupe {
         Arc::new(Dedupe {
             states: Mutex::new(ProducerStates::new(max_entries)),
             metrics,
+            changed: tokio::sync::Notify::new(),
         })
     }
 
@@ -70,25 +72,45 @@ impl Dedupe {
         self.len() == 0
     }
 
+    /// Notified whenever batches leave flight (appended or failed), for a
+    /// request waiting on [`Dedupe::begin`] returning `None`. Create (and
+    /// enable) it before calling `begin`, so no change is missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
     /// Request half: check every tracked partition of `plan` (taking
     /// `plan.tracked`). A partition whose batches were all appended already
     /// becomes a local [`LocalOutcome::Duplicate`]; a refused one (epoch
-    /// going backwards, overlapping sequence, the same batch in flight, or a
-    /// mix of duplicates and new batches, which the proxy cannot split) a
-    /// local refusal; both leave the forwarded request. The rest are marked
-    /// in flight and returned, for [`Tracked::settle`].
-    pub fn begin(self: &Arc<Self>, plan: &mut ProducePlan, link: &str) -> Tracked {
+    /// going backwards, overlapping sequence, or a mix of duplicates and new
+    /// batches, which the proxy cannot split) a local refusal; both leave
+    /// the forwarded request. The rest are marked in flight and returned,
+    /// for [`Tracked::settle`].
+    ///
+    /// A batch whose same attempt is in flight: with `wait`, nothing of the
+    /// request is begun and `None` is returned (`plan` unchanged), for the
+    /// caller to wait for [`changed`](Self::changed) and begin again; else
+    /// its partition is answered with the retriable
+    /// [`Refusal::RetryInFlight`]. Never a second append.
+    pub fn begin(
+        self: &Arc<Self>,
+        plan: &mut ProducePlan,
+        link: &str,
+        wait: bool,
+    ) -> Option<Tracked> {
         let mut tracked = Tracked {
             dedupe: None,
             partitions: Vec::new(),
         };
         if plan.tracked.is_empty() {
-            return tracked;
+            return Some(tracked);
         }
         tracked.dedupe = Some(Arc::clone(self));
         let mut states = self.lock();
         let evictions = states.evictions();
-        for tp in std::mem::take(&mut plan.tracked) {
+        let mut decisions = Vec::with_capacity(plan.tracked.len());
+        let mut in_flight = false;
+        for tp in &plan.tracked {
             let mut begun = Vec::with_capacity(tp.batches.len());
             let mut duplicate: Option<(i64, usize)> = None;
             let mut outcome = None;
@@ -100,6 +122,7 @@ impl Dedupe {
                         d.1 += 1;
                     }
                     Check::InFlight => {
+                        in_flight = true;
                         outcome = Some(LocalOutcome::Refused {
                             refusal: Refusal::RetryInFlight,
                             message: format!(
@@ -139,6 +162,28 @@ impl Dedupe {
                     });
                 }
             }
+            if outcome.is_some() {
+                for b in &begun {
+                    states.failed(&(tp.partition, b.origin), &b.id);
+                }
+                begun.clear();
+            }
+            decisions.push((outcome, begun));
+        }
+        if in_flight && wait {
+            for (tp, (_, begun)) in plan.tracked.iter().zip(&decisions) {
+                for b in begun {
+                    states.failed(&(tp.partition, b.origin), &b.id);
+                }
+            }
+            drop(states);
+            tracked.dedupe = None;
+            self.changed.notify_waiters();
+            return None;
+        }
+        let evicted = states.evictions() - evictions;
+        drop(states);
+        for (tp, (outcome, begun)) in std::mem::take(&mut plan.tracked).into_iter().zip(decisions) {
             match outcome {
                 None => tracked.partitions.push(BegunPartition {
                     topic: tp.topic,
@@ -146,9 +191,6 @@ impl Dedupe {
                     batches: begun,
                 }),
                 Some(outcome) => {
-                    for b in &begun {
-                        states.failed(&(tp.partition, b.origin), &b.id);
-                    }
                     plan.forwarded_partitions -= 1;
                     plan.local.push(LocalPartition {
                         topic: tp.topic,
@@ -158,12 +200,10 @@ impl Dedupe {
                 }
             }
         }
-        let evicted = states.evictions() - evictions;
-        drop(states);
         if evicted > 0 {
             self.metrics.producer_state_evicted(evicted);
         }
-        tracked
+        Some(tracked)
     }
 }
 
@@ -224,6 +264,7 @@ impl Tracked {
         }
         let evicted = states.evictions() - evictions;
         drop(states);
+        dedupe.changed.notify_waiters();
         if evicted > 0 {
             dedupe.metrics.producer_state_evicted(evicted);
         }
@@ -244,6 +285,8 @@ impl Drop for Tracked {
                 states.failed(&(bp.partition, b.origin), &b.id);
             }
         }
+        drop(states);
+        dedupe.changed.notify_waiters();
     }
 }
 

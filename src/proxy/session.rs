@@ -447,6 +447,10 @@ fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
     }
 }
 
+/// How long a link retry waits for the same batch's attempt in flight
+/// before it is answered with a retriable error instead.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+
 /// What to queue and what to forward for a Produce request.
 struct ProduceAction {
     /// The response the client is owed, unless `acks=0`.
@@ -567,7 +571,24 @@ async fn produce(
         plan = plan_now()?;
     }
     // Mirrored producer state: duplicates and refusals become local answers.
-    let tracked = shared.dedupe.begin(&mut plan, link.name());
+    // A retry of a batch still in flight waits for that attempt's outcome
+    // (bounded: then it is answered retriable), never a second append.
+    let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
+    let mut shutting_down = false;
+    let tracked = loop {
+        let changed = shared.dedupe.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let wait = !shutting_down && tokio::time::Instant::now() < deadline;
+        if let Some(tracked) = shared.dedupe.begin(&mut plan, link.name(), wait) {
+            break tracked;
+        }
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shared.shutting_down() => shutting_down = true,
+        }
+    };
     shared
         .metrics
         .batches_remapped(link.name(), plan.remapped_batches as u64);

@@ -86,13 +86,13 @@ fn dedupe() -> Arc<Dedupe> {
 fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut p, "east");
+    let t = d.begin(&mut p, "east", false).expect("begun");
     assert!(p.local.is_empty());
     assert_eq!(p.forwarded_partitions, 1);
     t.settle(&response(0, 0, 100), V, 1);
 
     let mut again = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut again, "east");
+    let t = d.begin(&mut again, "east", false).expect("begun");
     assert!(t.is_empty());
     assert_eq!(again.forwarded_partitions, 0);
     assert_eq!(
@@ -112,9 +112,11 @@ fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
 fn later_batches_of_a_partition_are_recorded_at_their_own_offsets() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 4), 0), (id(0, 5, 9), 5)]);
-    d.begin(&mut p, "east").settle(&response(0, 0, 100), V, 1);
+    d.begin(&mut p, "east", false)
+        .expect("begun")
+        .settle(&response(0, 0, 100), V, 1);
     let mut again = plan(0, &[(id(0, 5, 9), 0)]);
-    d.begin(&mut again, "east");
+    d.begin(&mut again, "east", false).expect("begun");
     assert!(matches!(
         again.local[0].outcome,
         LocalOutcome::Duplicate {
@@ -128,9 +130,9 @@ fn later_batches_of_a_partition_are_recorded_at_their_own_offsets() {
 fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
     let d = dedupe();
     let mut first = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut first, "east");
+    let t = d.begin(&mut first, "east", false).expect("begun");
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let _ = d.begin(&mut retry, "east");
+    let _ = d.begin(&mut retry, "east", false).expect("begun");
     assert_eq!(retry.forwarded_partitions, 0);
     assert!(matches!(
         retry.local[0].outcome,
@@ -141,7 +143,7 @@ fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
     ));
     t.settle(&response(0, 0, 7), V, 1);
     let mut later = plan(0, &[(id(0, 0, 9), 0)]);
-    d.begin(&mut later, "east");
+    d.begin(&mut later, "east", false).expect("begun");
     assert!(matches!(
         later.local[0].outcome,
         LocalOutcome::Duplicate { base_offset: 7, .. }
@@ -152,12 +154,14 @@ fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
 fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    d.begin(&mut p, "east").settle(&response(0, 6, -1), V, 1);
+    d.begin(&mut p, "east", false)
+        .expect("begun")
+        .settle(&response(0, 6, -1), V, 1);
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    drop(d.begin(&mut p, "east")); // the connection was lost
+    drop(d.begin(&mut p, "east", false).expect("begun")); // the connection was lost
     assert!(p.local.is_empty());
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut p, "east");
+    let t = d.begin(&mut p, "east", false).expect("begun");
     assert!(p.local.is_empty(), "{:?}", p.local);
     assert!(!t.is_empty());
     // A response without the partition fails it too.
@@ -169,9 +173,11 @@ fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
 fn epochs_going_back_and_overlapping_sequences_are_refused() {
     let d = dedupe();
     let mut p = plan(0, &[(id(1, 0, 9), 0)]);
-    d.begin(&mut p, "east").settle(&response(0, 0, 0), V, 1);
+    d.begin(&mut p, "east", false)
+        .expect("begun")
+        .settle(&response(0, 0, 0), V, 1);
     let mut back = plan(0, &[(id(0, 10, 19), 0)]);
-    d.begin(&mut back, "east");
+    d.begin(&mut back, "east", false).expect("begun");
     let LocalOutcome::Refused { refusal, message } = &back.local[0].outcome else {
         panic!("{:?}", back.local);
     };
@@ -181,7 +187,7 @@ fn epochs_going_back_and_overlapping_sequences_are_refused() {
         "{message}"
     );
     let mut overlap = plan(0, &[(id(1, 5, 14), 0)]);
-    d.begin(&mut overlap, "east");
+    d.begin(&mut overlap, "east", false).expect("begun");
     assert!(matches!(
         overlap.local[0].outcome,
         LocalOutcome::Refused {
@@ -196,9 +202,11 @@ fn epochs_going_back_and_overlapping_sequences_are_refused() {
 fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    d.begin(&mut p, "east").settle(&response(0, 0, 0), V, 1);
+    d.begin(&mut p, "east", false)
+        .expect("begun")
+        .settle(&response(0, 0, 0), V, 1);
     let mut mixed = plan(0, &[(id(0, 0, 9), 0), (id(0, 10, 19), 10)]);
-    let t = d.begin(&mut mixed, "east");
+    let t = d.begin(&mut mixed, "east", false).expect("begun");
     assert!(t.is_empty());
     assert!(matches!(
         mixed.local[0].outcome,
@@ -209,7 +217,7 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     ));
     // The new batch's flight ended with the refusal: alone, it appends.
     let mut alone = plan(0, &[(id(0, 10, 19), 0)]);
-    d.begin(&mut alone, "east");
+    d.begin(&mut alone, "east", false).expect("begun");
     assert!(alone.local.is_empty());
 }
 
@@ -217,10 +225,63 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
 fn a_mapped_pid_reused_by_another_origin_starts_afresh() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 0), 0)]);
-    d.begin(&mut p, "east").settle(&response(0, 0, 0), V, 1);
+    d.begin(&mut p, "east", false)
+        .expect("begun")
+        .settle(&response(0, 0, 0), V, 1);
     // Origin 5 expired; origin 6 now holds the same mapped PID.
     let mut other = plan_from(0, origin(6), &[(id(0, 0, 0), 0)]);
-    let t = d.begin(&mut other, "east");
+    let t = d.begin(&mut other, "east", false).expect("begun");
     assert!(other.local.is_empty(), "{:?}", other.local);
     assert!(!t.is_empty());
+}
+
+#[test]
+fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
+    let d = dedupe();
+    let mut first = plan(0, &[(id(0, 0, 9), 0)]);
+    let t = d.begin(&mut first, "east", true).expect("begun");
+    // The retry also carries a new batch of another partition: neither is
+    // begun while it waits.
+    let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
+    retry.forwarded_partitions = 2;
+    retry
+        .tracked
+        .push(crate::mirror::produce::TrackedPartition {
+            topic: topic(),
+            partition: at(1),
+            batch_count: 1,
+            batches: vec![TrackedBatch {
+                id: id(0, 0, 4),
+                origin: origin(5),
+                offset_delta: 0,
+            }],
+        });
+    assert!(d.begin(&mut retry, "east", true).is_none());
+    assert_eq!(retry.tracked.len(), 2, "the plan is left as it was");
+    assert!(retry.local.is_empty());
+    t.settle(&response(0, 0, 40), V, 1);
+    let t2 = d.begin(&mut retry, "east", true).expect("begun");
+    assert_eq!(retry.forwarded_partitions, 1);
+    assert!(matches!(
+        retry.local[0].outcome,
+        LocalOutcome::Duplicate {
+            base_offset: 40,
+            ..
+        }
+    ));
+    assert!(!t2.is_empty(), "partition 1's batch is in flight");
+}
+
+#[tokio::test]
+async fn settling_wakes_a_waiter() {
+    let d = dedupe();
+    let mut first = plan(0, &[(id(0, 0, 9), 0)]);
+    let t = d.begin(&mut first, "east", true).expect("begun");
+    let changed = d.changed();
+    tokio::pin!(changed);
+    changed.as_mut().enable();
+    t.settle(&response(0, 0, 1), V, 1);
+    tokio::time::timeout(std::time::Duration::from_secs(5), changed)
+        .await
+        .expect("notified");
 }

@@ -113,6 +113,8 @@ pub struct Config {
     pub state_topic: String,
     /// Mirrored producers idle this long are forgotten (tombstoned).
     pub producer_expiration_ms: u64,
+    /// Bound on the mirrored producer state (SPEC §6).
+    pub producer_state_max_entries: usize,
 }
 
 impl fmt::Debug for Config {
@@ -137,6 +139,10 @@ impl fmt::Debug for Config {
             .field("links", &self.links.names())
             .field("state_topic", &self.state_topic)
             .field("producer_expiration_ms", &self.producer_expiration_ms)
+            .field(
+                "producer_state_max_entries",
+                &self.producer_state_max_entries,
+            )
             .finish()
     }
 }
@@ -172,6 +178,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
     ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy."),
     ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it."),
+    ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used is evicted first (counted). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
@@ -442,6 +449,13 @@ impl Config {
                 |s| s.parse::<usize>().ok().filter(|n| *n > 0),
             )
             .unwrap_or(4096);
+        let producer_state_max_entries = env
+            .parse(
+                "PRODUCER_STATE_MAX_ENTRIES",
+                "a whole number of producers greater than 0",
+                |s| s.parse::<usize>().ok().filter(|n| *n > 0),
+            )
+            .unwrap_or(100_000);
         let mut ms = |name: &str, default: u64| {
             env.parse(name, "a whole number of milliseconds greater than 0", |s| {
                 s.parse::<u64>().ok().filter(|n| *n > 0)
@@ -506,6 +520,7 @@ impl Config {
                 links,
                 state_topic,
                 producer_expiration_ms,
+                producer_state_max_entries,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -1041,14 +1056,21 @@ mod tests {
         let c = Config::from_vars(&vars(&base)).expect("valid");
         assert_eq!(c.state_topic, "__mirror_state");
         assert_eq!(c.producer_expiration_ms, 86_400_000);
+        assert_eq!(c.producer_state_max_entries, 100_000);
         let mut set = base.to_vec();
         set.extend([
             ("STATE_TOPIC", "mirror.state-2"),
             ("PRODUCER_EXPIRATION_MS", "5000"),
+            ("PRODUCER_STATE_MAX_ENTRIES", "7"),
         ]);
         let c = Config::from_vars(&vars(&set)).expect("valid");
         assert_eq!(c.state_topic, "mirror.state-2");
         assert_eq!(c.producer_expiration_ms, 5000);
+        assert_eq!(c.producer_state_max_entries, 7);
+        let mut zero = base.to_vec();
+        zero.push(("PRODUCER_STATE_MAX_ENTRIES", "0"));
+        let p = problems(&zero);
+        assert_eq!(p[0].variable, "MIRROR_PROXY_PRODUCER_STATE_MAX_ENTRIES");
         for bad in ["has space", "..", "a/b", &"x".repeat(250)] {
             let mut set = base.to_vec();
             set.push(("STATE_TOPIC", bad));

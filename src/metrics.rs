@@ -140,6 +140,8 @@ pub struct Metrics {
     batches_remapped: Family<LinkLabels, Counter>,
     control_batches_dropped: Family<LinkLabels, Counter>,
     partitions_refused: Family<RefusedLabels, Counter>,
+    duplicates_answered: Family<LinkLabels, Counter>,
+    producer_state_evictions: Counter,
     links: HashMap<String, LinkMetrics>,
     /// The state topic (`state`).
     pub state: StateMetrics,
@@ -235,6 +237,18 @@ impl Metrics {
             "Partitions of link Produce requests refused by the proxy, by link and reason",
             Family::clone(&partitions_refused),
         );
+        let duplicates_answered = Family::default();
+        registry.register(
+            "mirror_duplicates_answered",
+            "Link batches already appended, answered with their original offset and not forwarded, by link",
+            Family::clone(&duplicates_answered),
+        );
+        let producer_state_evictions = Counter::default();
+        registry.register(
+            "mirror_producer_state_evictions",
+            "Mirrored producers evicted from the proxy's producer state to stay within PRODUCER_STATE_MAX_ENTRIES",
+            Counter::clone(&producer_state_evictions),
+        );
 
         let state = StateMetrics::register(&mut registry);
 
@@ -268,6 +282,8 @@ impl Metrics {
             batches_remapped,
             control_batches_dropped,
             partitions_refused,
+            duplicates_answered,
+            producer_state_evictions,
             links,
             state,
         };
@@ -397,6 +413,20 @@ impl Metrics {
         self.partitions_refused
             .get_or_create(&RefusedLabels { link, reason })
             .inc();
+    }
+
+    /// `n` batches of `link` were answered as duplicates.
+    pub fn duplicates_answered(&self, link: &str, n: u64) {
+        self.duplicates_answered
+            .get_or_create(&LinkLabels {
+                link: Arc::from(link),
+            })
+            .inc_by(n);
+    }
+
+    /// `n` more mirrored producers were evicted from the producer state.
+    pub fn producer_state_evicted(&self, n: u64) {
+        self.producer_state_evictions.inc_by(n);
     }
 
     /// Everything, in the Prometheus text format 0.0.4.

@@ -6,4 +6,5 @@ pub mod link;
 pub mod origins;
 pub mod pid;
 pub mod produce;
+pub mod produce_filter;
 pub mod producer_state;

@@ -24,6 +24,7 @@ use uuid::Uuid;
 use crate::mirror::link::{ControlBatchPolicy, Link};
 use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::pid::{cluster_hash, map_pid, Mapping, NO_PRODUCER_ID};
+use crate::mirror::producer_state::{BatchId, RefusalKind};
 use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
 use crate::wire::{schema, walk};
 
@@ -65,6 +66,25 @@ pub enum Refusal {
     StateNotLoaded,
     /// A new origin's mapping could not be persisted to the state topic.
     StateWriteFailed,
+    /// Mirrored producer state (SPEC §6): an epoch lower than the
+    /// producer's last one.
+    InvalidProducerEpoch,
+    /// Mirrored producer state: a sequence overlapping an appended batch
+    /// without being an exact duplicate (or a partition mixing duplicates
+    /// with new batches, which the proxy cannot split).
+    OutOfOrderSequence,
+    /// Mirrored producer state: the same batch is in flight to the broker
+    /// on another request; answered retriable rather than appended twice.
+    RetryInFlight,
+}
+
+impl From<RefusalKind> for Refusal {
+    fn from(kind: RefusalKind) -> Refusal {
+        match kind {
+            RefusalKind::InvalidProducerEpoch => Refusal::InvalidProducerEpoch,
+            RefusalKind::OutOfOrderSequence => Refusal::OutOfOrderSequence,
+        }
+    }
 }
 
 impl Refusal {
@@ -77,6 +97,9 @@ impl Refusal {
             Refusal::NotAuthorized => "not_authorized",
             Refusal::StateNotLoaded => "state_not_loaded",
             Refusal::StateWriteFailed => "state_write_failed",
+            Refusal::InvalidProducerEpoch => "invalid_producer_epoch",
+            Refusal::OutOfOrderSequence => "out_of_order_sequence",
+            Refusal::RetryInFlight => "retry_in_flight",
         }
     }
 
@@ -91,6 +114,12 @@ impl Refusal {
             // anything it should not.
             Refusal::StateNotLoaded => ResponseError::NotEnoughReplicas,
             Refusal::StateWriteFailed => ResponseError::NotEnoughReplicasAfterAppend,
+            Refusal::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
+            Refusal::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
+            // Retriable (Java: TimeoutException is a RetriableException; an
+            // idempotent producer resends the batch with the same epoch and
+            // sequence), and by then the first attempt has an outcome.
+            Refusal::RetryInFlight => ResponseError::RequestTimedOut,
         }
     }
 }
@@ -104,6 +133,12 @@ pub enum LocalOutcome {
     },
     /// Control batches acknowledged without writing (`drop` policy).
     DroppedControl {
+        batches: usize,
+    },
+    /// Every batch of the partition was already appended (mirrored producer
+    /// state): answered with error NONE and the first one's base offset.
+    Duplicate {
+        base_offset: i64,
         batches: usize,
     },
 }
@@ -122,10 +157,14 @@ impl LocalPartition {
             .with_base_offset(-1)
             .with_log_append_time_ms(-1)
             .with_log_start_offset(-1);
-        if let LocalOutcome::Refused { refusal, message } = &self.outcome {
-            r = r
-                .with_error_code(refusal.error().code())
-                .with_error_message(Some(StrBytes::from_string(message.clone())));
+        match &self.outcome {
+            LocalOutcome::Refused { refusal, message } => {
+                r = r
+                    .with_error_code(refusal.error().code())
+                    .with_error_message(Some(StrBytes::from_string(message.clone())));
+            }
+            LocalOutcome::Duplicate { base_offset, .. } => r = r.with_base_offset(*base_offset),
+            LocalOutcome::DroppedControl { .. } => {}
         }
         r
     }
@@ -146,6 +185,34 @@ pub struct ProducePlan {
     /// [`Refusal::StateWriteFailed`] in `local` unless resolved and planned
     /// again).
     pub unresolved: Vec<Unresolved>,
+    /// Forwarded partitions holding batches with a sequence, for the
+    /// mirrored producer state (their batches with the mapped PID).
+    pub tracked: Vec<TrackedPartition>,
+}
+
+/// A forwarded partition whose batches the mirrored producer state checks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrackedPartition {
+    pub topic: TopicRef,
+    pub partition: PartitionId,
+    /// Every batch of the partition entry (tracked or not).
+    pub batch_count: usize,
+    /// The batches with a producer id and a sequence, in order.
+    pub batches: Vec<TrackedBatch>,
+}
+
+/// One batch with a sequence, as it will reach the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrackedBatch {
+    /// With the mapped producer id.
+    pub id: BatchId,
+    /// Whom the mapped producer id stands for: the state is kept per
+    /// origin, so an expired origin's mapped PID, reused by another, starts
+    /// afresh.
+    pub origin: OriginId,
+    /// Offsets taken by the partition entry's batches before this one: its
+    /// base offset is the partition's (the first batch's) plus this.
+    pub offset_delta: i64,
 }
 
 /// An origin the plan found no mapped PID for.
@@ -448,10 +515,22 @@ pub fn plan_with(
             return Ok(());
         }
         match planned {
-            Ok(PartitionPlan::Forward(patches)) => {
+            Ok(PartitionPlan::Forward {
+                patches,
+                batch_count,
+                tracked,
+            }) => {
                 plan.forwarded_partitions += 1;
                 plan.remapped_batches += patches.len();
                 plan.patches.extend(patches);
+                if !tracked.is_empty() {
+                    plan.tracked.push(TrackedPartition {
+                        topic: p.topic.clone(),
+                        partition,
+                        batch_count,
+                        batches: tracked,
+                    });
+                }
             }
             Ok(PartitionPlan::DropControl(batches)) => plan.local.push(LocalPartition {
                 topic: p.topic.clone(),
@@ -466,7 +545,11 @@ pub fn plan_with(
 }
 
 enum PartitionPlan {
-    Forward(Vec<(Range<usize>, PidPatch)>),
+    Forward {
+        patches: Vec<(Range<usize>, PidPatch)>,
+        batch_count: usize,
+        tracked: Vec<TrackedBatch>,
+    },
     DropControl(usize),
 }
 
@@ -481,6 +564,8 @@ fn plan_partition(
 ) -> Result<PartitionPlan, (Refusal, String)> {
     let partition = at.partition;
     let mut patches = Vec::new();
+    let mut tracked = Vec::new();
+    let mut offset_delta: i64 = 0;
     let mut batches = 0;
     let mut control = 0;
     for batch in Batches::new(records) {
@@ -501,6 +586,8 @@ fn plan_partition(
         if header.is_control() {
             control += 1;
         }
+        let delta = offset_delta;
+        offset_delta += i64::from(header.last_offset_delta()) + 1;
         let pid = header.producer_id();
         if pid == NO_PRODUCER_ID {
             continue;
@@ -525,6 +612,15 @@ fn plan_partition(
                 continue;
             }
         };
+        if !header.is_control() && header.base_sequence() >= 0 {
+            let mut id = BatchId::from_header(&header);
+            id.producer_id = new_pid;
+            tracked.push(TrackedBatch {
+                id,
+                origin,
+                offset_delta: delta,
+            });
+        }
         if new_pid != pid {
             let patch = plan_producer_id_patch(bytes, new_pid).map_err(|e| {
                 (
@@ -552,7 +648,11 @@ fn plan_partition(
         }
         Ok(PartitionPlan::DropControl(control))
     } else {
-        Ok(PartitionPlan::Forward(patches))
+        Ok(PartitionPlan::Forward {
+            patches,
+            batch_count: batches,
+            tracked,
+        })
     }
 }
 
@@ -579,7 +679,7 @@ pub fn refuse_all(
     Ok(plan)
 }
 
-fn same_topic(version: i16, a: &TopicRef, name: &TopicName, topic_id: Uuid) -> bool {
+pub(crate) fn same_topic(version: i16, a: &TopicRef, name: &TopicName, topic_id: Uuid) -> bool {
     if version >= 13 {
         a.topic_id == topic_id
     } else {

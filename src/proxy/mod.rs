@@ -99,6 +99,8 @@ pub struct Shared {
     topic_ids: RwLock<HashMap<String, Uuid>>,
     /// The state topic; `None` without mirror links.
     pub state: Option<Arc<StateStore>>,
+    /// Mirrored producer state (SPEC §6), for link Produce requests.
+    pub dedupe: Arc<crate::mirror::produce_filter::Dedupe>,
     /// Client connections open now.
     connections: watch::Sender<usize>,
     shutdown: watch::Sender<bool>,
@@ -454,8 +456,13 @@ impl Proxy {
             source,
         })?;
         let budget = Budget::new(config.max_buffered_bytes);
+        let dedupe = crate::mirror::produce_filter::Dedupe::new(
+            config.producer_state_max_entries,
+            Arc::clone(&metrics),
+        );
         let shared = Arc::new(Shared {
             budget,
+            dedupe,
             connections: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             refusals: Mutex::new(RefusalLog::default()),

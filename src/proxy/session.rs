@@ -32,6 +32,7 @@ use super::upstream::{BoxStream, ConnectError};
 use super::{Shared, StartError, Target};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProduceError, Refusal};
+use crate::mirror::produce_filter::Tracked;
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
 use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
 
@@ -120,7 +121,7 @@ enum Handling {
     Addresses,
     /// A Produce response: rewrite leader endpoints (v10+) and add the
     /// partitions the proxy answered itself.
-    Produce(Vec<LocalPartition>),
+    Produce(Vec<LocalPartition>, Tracked),
 }
 
 /// A response the client is owed, in request order.
@@ -446,6 +447,10 @@ fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
     }
 }
 
+/// How long a link retry waits for the same batch's attempt in flight
+/// before it is answered with a retriable error instead.
+const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+
 /// What to queue and what to forward for a Produce request.
 struct ProduceAction {
     /// The response the client is owed, unless `acks=0`.
@@ -464,12 +469,14 @@ async fn produce(
     let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
     let acks = produce_acks(&frame, body_offset, version)?;
     let expects_response = acks != 0;
-    let broker = |local: Vec<LocalPartition>| {
+    // With acks=0 the tracked batches are dropped with the entry that is
+    // never queued, which fails them: nothing is recorded without an answer.
+    let broker = |local: Vec<LocalPartition>, tracked: Tracked| {
         expects_response.then_some(Pending::Broker {
             correlation_id: h.correlation_id,
             api: ApiKey::Produce,
             version,
-            handling: Handling::Produce(local),
+            handling: Handling::Produce(local, tracked),
         })
     };
     let local_only = |local: &[LocalPartition]| -> Result<Option<Pending>, SessionError> {
@@ -490,7 +497,7 @@ async fn produce(
             }
             let frame = BytesMut::from(frame); // unique: no copy
             return Ok(ProduceAction {
-                pending: broker(Vec::new()),
+                pending: broker(Vec::new(), Tracked::none()),
                 forward: Some(frame),
             });
         }
@@ -563,6 +570,25 @@ async fn produce(
         }
         plan = plan_now()?;
     }
+    // Mirrored producer state: duplicates and refusals become local answers.
+    // A retry of a batch still in flight waits for that attempt's outcome
+    // (bounded: then it is answered retriable), never a second append.
+    let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
+    let mut shutting_down = false;
+    let tracked = loop {
+        let changed = shared.dedupe.changed();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let wait = !shutting_down && tokio::time::Instant::now() < deadline;
+        if let Some(tracked) = shared.dedupe.begin(&mut plan, link.name(), wait) {
+            break tracked;
+        }
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shared.shutting_down() => shutting_down = true,
+        }
+    };
     shared
         .metrics
         .batches_remapped(link.name(), plan.remapped_batches as u64);
@@ -581,14 +607,14 @@ async fn produce(
     plan.apply(&mut buf)?;
     if plan.local.is_empty() {
         return Ok(ProduceAction {
-            pending: broker(Vec::new()),
+            pending: broker(Vec::new(), tracked),
             forward: Some(buf),
         });
     }
     let reduced =
         produce::without_local_partitions(&buf.freeze(), body_offset, version, &plan.local)?;
     Ok(ProduceAction {
-        pending: broker(plan.local),
+        pending: broker(plan.local, tracked),
         forward: Some(reduced),
     })
 }
@@ -599,6 +625,15 @@ fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
             LocalOutcome::DroppedControl { batches } => shared
                 .metrics
                 .control_batches_dropped(link, *batches as u64),
+            LocalOutcome::Duplicate { batches, .. } => {
+                tracing::debug!(
+                    link,
+                    partition = l.partition,
+                    batches,
+                    "answered a mirrored retry as a duplicate"
+                );
+                shared.metrics.duplicates_answered(link, *batches as u64);
+            }
             LocalOutcome::Refused { refusal, message } => {
                 tracing::warn!(link, partition = l.partition, reason = refusal.label(), %message, "refused a mirrored partition");
                 shared.metrics.partition_refused(link, refusal.label());
@@ -674,7 +709,9 @@ async fn responses(
                 shared.learn(learnt)?;
                 out.unwrap_or(frame)
             }
-            (Some(_), Handling::Produce(local)) => produce_response(shared, version, frame, local)?,
+            (Some(_), Handling::Produce(local, tracked)) => {
+                produce_response(shared, version, frame, local, tracked)?
+            }
         };
         write_to(&mut client, &out).await?;
         activity.answered();
@@ -692,6 +729,7 @@ fn produce_response(
     version: i16,
     frame: BytesMut,
     local: Vec<LocalPartition>,
+    tracked: Tracked,
 ) -> Result<BytesMut, SessionError> {
     // Leader endpoints (KIP-951) are rare: the walk only looks, and the
     // frame passes untouched unless it names a broker.
@@ -703,10 +741,20 @@ fn produce_response(
     } else {
         frame
     };
-    if local.is_empty() {
+    if local.is_empty() && tracked.is_empty() {
         return Ok(frame);
     }
-    let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;
+    let frame = frame.freeze();
+    // A response that cannot be decoded drops `tracked`: its batches fail.
+    let (correlation_id, mut response) = produce::decode_response(&frame, version)?;
+    if !tracked.is_empty() {
+        tracked.settle(&response, version, crate::state::now_ms());
+    }
+    if local.is_empty() {
+        return Ok(frame
+            .try_into_mut()
+            .unwrap_or_else(|shared| BytesMut::from(&shared[..])));
+    }
     produce::merge_local(&mut response, version, &local);
     Ok(produce::encode_response(
         correlation_id,

@@ -522,3 +522,46 @@ fn forged_array_counts_are_malformed_requests_not_aborts() {
         );
     }
 }
+
+#[test]
+fn batches_with_a_sequence_are_tracked_with_their_mapped_pid_and_offset_delta() {
+    let link = link(ControlBatchPolicy::Drop);
+    let mut records = BytesMut::new();
+    records.extend_from_slice(&batch(5, false, &["a", "b"]));
+    records.extend_from_slice(&batch(-1, false, &["c"]));
+    records.extend_from_slice(&batch(5, false, &["d"]));
+    let frame = request(
+        13,
+        "mirror-east",
+        &[
+            ("orders", 0, records.freeze()),
+            ("orders", 1, batch(-1, false, &["x"])),
+        ],
+    );
+    let (plan, _) = rewrite(frame, 13, &link);
+    assert_eq!(plan.forwarded_partitions, 2);
+    // Partition 1 holds no batch with a sequence: not tracked.
+    assert_eq!(plan.tracked.len(), 1);
+    let t = &plan.tracked[0];
+    assert_eq!(t.partition.partition, 0);
+    assert_eq!(t.partition.topic_id, TOPIC_ID);
+    assert_eq!(t.batch_count, 3);
+    let got: Vec<_> = t
+        .batches
+        .iter()
+        .map(|b| {
+            (
+                b.id.producer_id,
+                b.id.epoch,
+                b.id.first_seq,
+                b.id.last_seq,
+                b.offset_delta,
+            )
+        })
+        .collect();
+    // The third batch follows 2 + 1 records.
+    assert_eq!(
+        got,
+        vec![(MAPPED_5, 3, 10, 11, 0), (MAPPED_5, 3, 10, 10, 3)]
+    );
+}

@@ -1,0 +1,238 @@
+//! Mirrored producer state (issue 9, SPEC §6) against a real broker,
+//! through the proxy binary: a link batch sent again after it was
+//! acknowledged is answered with its original offset and not appended
+//! again; an epoch going backwards and an overlapping sequence are refused
+//! (47, 45) with nothing appended.
+//!
+//! Batches are written by hand with the link's client id (the source
+//! cluster id is only configuration, so no source broker is needed) and
+//! read back from the destination log with DumpLogSegments.
+
+mod support;
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use bytes::Bytes;
+
+use kafka_mirror_proxy::client::protocol::NewTopic;
+use kafka_mirror_proxy::client::{Client, ClientConfig};
+use kafka_mirror_proxy::mirror::pid::ClusterId;
+use kafka_mirror_proxy::proxy::upstream::Upstream;
+use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, ProduceRequest, ProduceResponse, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, StrBytes};
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+use support::tools::{self, DumpedBatch};
+use support::wire::RawClient;
+
+const LINK_CLIENT: &str = "mirror-x";
+const NONE: i16 = 0;
+const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+const INVALID_PRODUCER_EPOCH: i16 = 47;
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn create(broker: &KafkaCluster, names: &[&str]) -> Result<()> {
+    let rt = runtime()?;
+    let c = Client::new(ClientConfig::new(
+        vec![broker.bootstrap()],
+        Upstream {
+            tls: None,
+            server_name: None,
+            timeout: Duration::from_secs(10),
+        },
+    ));
+    for name in names {
+        let topic = NewTopic {
+            name: name.to_string(),
+            partitions: 1,
+            replication_factor: 1,
+            configs: Default::default(),
+        };
+        rt.block_on(c.create_topic(&topic))?;
+    }
+    Ok(())
+}
+
+/// An idempotent batch of `n` records: producer 5 (on the source), `epoch`,
+/// sequences `first..first + n`.
+fn batch(epoch: i16, first: i32, n: usize, tag: &str) -> Bytes {
+    let values: Vec<String> = (0..n).map(|i| format!("{tag}-{i}")).collect();
+    let records: Vec<NewRecord<'_>> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| NewRecord {
+            key: None,
+            value: Some(v.as_bytes()),
+            headers: &[],
+            timestamp: 1_700_000_000_000 + i as i64,
+        })
+        .collect();
+    let header = NewBatch {
+        producer_id: 5,
+        producer_epoch: epoch,
+        base_sequence: first,
+        transactional: false,
+        control: false,
+    };
+    Bytes::from(build(&header, &records).expect("a batch"))
+}
+
+/// (error code, message, base offset) of the single partition.
+fn result(r: &ProduceResponse) -> (i16, Option<String>, i64) {
+    let p = &r.responses[0].partition_responses[0];
+    (
+        p.error_code,
+        p.error_message.as_ref().map(|m| m.as_str().to_string()),
+        p.base_offset,
+    )
+}
+
+/// Send a v9 Produce of `records` to `topic`-0 without reading the answer.
+fn send(raw: &mut RawClient, topic: &str, records: Bytes) -> Result<i32> {
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(records))])]);
+    raw.send(ApiKey::Produce, 9, LINK_CLIENT, &request)
+}
+
+fn recv(raw: &mut RawClient, correlation: i32) -> Result<ProduceResponse> {
+    let mut frame = raw.recv_frame()?.context("closed instead of answering")?;
+    let header = ResponseHeader::decode(&mut frame, ApiKey::Produce.response_header_version(9))?;
+    ensure!(header.correlation_id == correlation, "correlation");
+    ProduceResponse::decode(&mut frame, 9)
+}
+
+fn log(broker: &KafkaCluster, topic: &str) -> Result<Vec<DumpedBatch>> {
+    let mut out = Vec::new();
+    for file in broker.segment_files(topic, 0)? {
+        out.extend(tools::dump_log_segments(&file, false)?);
+    }
+    Ok(out)
+}
+
+#[test]
+fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create(&broker, &["d", "e", "s", "f"])?;
+    let source = ClusterId::from_bytes(*b"dedupe-test-src!").to_string();
+    let proxy = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("LINKS", "x"),
+            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
+            ("LINK_X_TOPICS", "d,e,s,f"),
+        ],
+    )?;
+    let mut raw = RawClient::connect(&proxy.bootstrap)?;
+    let logs = || tools::tail_str(&proxy.logs(), 30);
+
+    // The same batch twice, the second after the first was acknowledged.
+    let first = result(&raw.produce(LINK_CLIENT, "d", 0, batch(0, 0, 10, "d"))?);
+    ensure!(
+        first.0 == NONE,
+        "first append: {first:?}; proxy log:\n{}",
+        logs()
+    );
+    let again = result(&raw.produce(LINK_CLIENT, "d", 0, batch(0, 0, 10, "d"))?);
+    assert_eq!(again.0, NONE, "the retry: {again:?}");
+    assert_eq!(again.2, first.2, "the retry gets the original base offset");
+    let d = log(&broker, "d")?;
+    assert_eq!(d.len(), 1, "one copy in the log: {d:?}");
+    assert_eq!((d[0].base_offset, d[0].count), (first.2, 10));
+    assert!(d[0].producer_id < -1, "mapped: {}", d[0].producer_id);
+    assert_eq!(
+        proxy.metric("kafka_mirror_proxy_mirror_duplicates_answered_total{link=\"x\"}")?,
+        1
+    );
+
+    // An epoch going backwards: 47, nothing appended.
+    let e1 = result(&raw.produce(LINK_CLIENT, "e", 0, batch(1, 0, 10, "e1"))?);
+    ensure!(e1.0 == NONE, "epoch 1: {e1:?}; proxy log:\n{}", logs());
+    let e0 = result(&raw.produce(LINK_CLIENT, "e", 0, batch(0, 10, 10, "e0"))?);
+    assert_eq!(e0.0, INVALID_PRODUCER_EPOCH, "epoch 0 after 1: {e0:?}");
+    assert!(
+        e0.1.as_deref()
+            .is_some_and(|m| m.contains("mirror link 'x'")),
+        "a message naming the link: {e0:?}"
+    );
+    let e = log(&broker, "e")?;
+    assert_eq!(e.len(), 1, "only epoch 1's batch: {e:?}");
+    assert_eq!(e[0].producer_epoch, 1);
+
+    // An overlapping, non-identical sequence: 45, nothing appended; the
+    // next batch in order still appends.
+    let s1 = result(&raw.produce(LINK_CLIENT, "s", 0, batch(0, 0, 10, "s1"))?);
+    ensure!(s1.0 == NONE, "0..9: {s1:?}; proxy log:\n{}", logs());
+    let overlap = result(&raw.produce(LINK_CLIENT, "s", 0, batch(0, 5, 10, "s2"))?);
+    assert_eq!(
+        overlap.0, OUT_OF_ORDER_SEQUENCE_NUMBER,
+        "5..14: {overlap:?}"
+    );
+    assert!(overlap.1.is_some(), "a message: {overlap:?}");
+    assert_eq!(log(&broker, "s")?.len(), 1, "the overlap was not appended");
+    let next = result(&raw.produce(LINK_CLIENT, "s", 0, batch(0, 10, 10, "s3"))?);
+    assert_eq!(next.0, NONE, "10..19: {next:?}");
+    assert_eq!(next.2, 10);
+    assert_eq!(log(&broker, "s")?.len(), 2);
+
+    // The same batch on a second connection while the first attempt is
+    // (most likely) still in flight: it waits for that outcome, or finds
+    // it appended; either way one copy and one base offset.
+    let mut other = RawClient::connect(&proxy.bootstrap)?;
+    let a = send(&mut raw, "f", batch(0, 0, 10, "f"))?;
+    let b = send(&mut other, "f", batch(0, 0, 10, "f"))?;
+    let second = result(&recv(&mut other, b)?);
+    let first = result(&recv(&mut raw, a)?);
+    ensure!(
+        first.0 == NONE,
+        "first attempt: {first:?}; proxy log:\n{}",
+        logs()
+    );
+    assert_eq!(second.0, NONE, "the concurrent retry: {second:?}");
+    assert_eq!(second.2, first.2, "one base offset");
+    let f = log(&broker, "f")?;
+    assert_eq!(f.len(), 1, "one copy in the log: {f:?}");
+    assert_eq!(
+        proxy.metric("kafka_mirror_proxy_mirror_duplicates_answered_total{link=\"x\"}")?,
+        2,
+        "the concurrent retry was answered as a duplicate"
+    );
+    assert_eq!(
+        proxy.metric("kafka_mirror_proxy_mirror_partitions_refused_total{link=\"x\",reason=\"retry_in_flight\"}")?,
+        0,
+        "it waited for the first attempt rather than answering retriable"
+    );
+
+    for reason in ["invalid_producer_epoch", "out_of_order_sequence"] {
+        assert_eq!(
+            proxy.metric(&format!(
+                "kafka_mirror_proxy_mirror_partitions_refused_total{{link=\"x\",reason=\"{reason}\"}}"
+            ))?,
+            1,
+            "{reason}"
+        );
+    }
+    let text = proxy.logs();
+    assert!(
+        text.contains("refused a mirrored partition") && text.contains("invalid_producer_epoch"),
+        "a WARN line per refusal:\n{}",
+        tools::tail_str(&text, 30)
+    );
+    Ok(())
+}

@@ -39,17 +39,11 @@ FIXED_RATE=${FIXED_RATE:-5000}
 (cd "$KMP_ROOT" && cargo build --release --quiet)
 kmp_init
 kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
-kmp_start_proxy P "$B_PORT" \
-    MIRROR_PROXY_LINKS=perf \
-    MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
-    MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
+kmp_start_perf_proxy P "$B_PORT"
 
 PATHS="direct local link"
 if [ -n "${BASELINE_BIN:-}" ]; then
-    KMP_PROXY_BIN=$BASELINE_BIN kmp_start_proxy Q "$B_PORT" \
-        MIRROR_PROXY_LINKS=perf \
-        MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
-        MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
+    KMP_PROXY_BIN=$BASELINE_BIN kmp_start_perf_proxy Q "$B_PORT"
     PATHS="direct local local@base link link@base"
 fi
 

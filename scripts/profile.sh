@@ -19,10 +19,7 @@ command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)
 (cd "$KMP_ROOT" && cargo build --release --quiet)
 kmp_init
 kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
-kmp_start_proxy P "$B_PORT" \
-    MIRROR_PROXY_LINKS=perf \
-    MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
-    MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
+kmp_start_perf_proxy P "$B_PORT"
 topic=perf-$PATH_KIND
 client=perf-client
 [ "$PATH_KIND" = link ] && client=mirror-perf

@@ -116,3 +116,12 @@ kmp_start_proxy() {
     cat "$KMP_WORK/proxy-$name.log" >&2
     return 1
 }
+
+# kmp_start_perf_proxy NAME BROKER_PORT: kmp_start_proxy with the link the
+# benchmarks use: client id mirror-perf, topic perf-link.
+kmp_start_perf_proxy() {
+    kmp_start_proxy "$1" "$2" \
+        MIRROR_PROXY_LINKS=perf \
+        MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
+        MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
+}

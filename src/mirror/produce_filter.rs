@@ -72,6 +72,16 @@ impl Dedupe {
         self.len() == 0
     }
 
+    /// Forget every mirrored producer of `partition` (the failover
+    /// barrier, SPEC §7); returns how many. Meant for once the link's
+    /// requests have drained: an answer settled later records its batch
+    /// again.
+    pub fn expire_partition(&self, partition: PartitionId) -> usize {
+        let n = self.lock().clear_where(|(p, _)| *p == partition);
+        self.changed.notify_waiters();
+        n
+    }
+
     /// Notified whenever batches leave flight (appended or failed), for a
     /// request waiting on [`Dedupe::begin`] returning `None`. Create (and
     /// enable) it before calling `begin`, so no change is missed.

@@ -558,8 +558,15 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// Returns how many were dropped. (A scan over every producer: this
     /// happens once per partition at a failover or a leader change.)
     pub fn clear_partition(&mut self, partition: &P) -> usize {
+        self.clear_where(|p| p == partition)
+    }
+
+    /// Forgets every producer whose partition key matches `which` (for a
+    /// partition key that is a partition plus more, like an origin).
+    /// Returns how many were dropped.
+    pub fn clear_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
         let before = self.entries.len();
-        self.entries.retain(|(p, _), _| p != partition);
+        self.entries.retain(|(p, _), _| !which(p));
         before - self.entries.len()
     }
 }

@@ -460,6 +460,9 @@ impl Proxy {
             config.producer_state_max_entries,
             Arc::clone(&metrics),
         );
+        if let Some(state) = &state {
+            state.expire_with(Arc::clone(&dedupe));
+        }
         let shared = Arc::new(Shared {
             budget,
             dedupe,

@@ -33,7 +33,7 @@ pub mod topic;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -46,8 +46,9 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
 use crate::mirror::produce::Unresolved;
+use crate::mirror::produce_filter::Dedupe;
 use crate::proxy::tls::TlsSetupError;
-use records::{CollisionValue, OriginValue, StateRecord};
+use records::{BarrierKey, BarrierValue, CollisionValue, OriginValue, StateRecord};
 
 /// Bytes asked for per Fetch of the state topic.
 const FETCH_BYTES: i32 = 1024 * 1024;
@@ -103,6 +104,21 @@ pub struct StateStore {
     /// itself, only with other instances.
     resolving: tokio::sync::Mutex<()>,
     expiration_ms: i64,
+    /// The latest barrier of every (link, partition), with how many
+    /// producers applying it expired on this instance.
+    barriers: RwLock<HashMap<BarrierKey, AppliedBarrier>>,
+    /// The producer state a barrier expires (set once the proxy has one).
+    expires: OnceLock<Arc<Dedupe>>,
+}
+
+/// A barrier record as this instance applied it.
+#[derive(Debug, Clone)]
+pub struct AppliedBarrier {
+    pub value: BarrierValue,
+    /// Mirrored producers of the partition this instance forgot on reading
+    /// it (SPEC §7: the barrier expires the proxy's own state, on every
+    /// instance that follows the state topic).
+    pub expired_here: usize,
 }
 
 /// Wall-clock milliseconds.
@@ -171,6 +187,8 @@ impl StateStore {
             topic_ids: RwLock::new(HashMap::new()),
             resolving: tokio::sync::Mutex::new(()),
             expiration_ms,
+            barriers: RwLock::new(HashMap::new()),
+            expires: OnceLock::new(),
         })
     }
 
@@ -184,6 +202,79 @@ impl StateStore {
 
     pub fn topic(&self) -> &str {
         &self.topic
+    }
+
+    /// The store's own client (acks=all, the state topic's connection
+    /// settings), for the proxy's other requests of its own.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// From now on, every barrier record read from the topic (written by
+    /// any instance) expires the mirrored producers of its partition in
+    /// `dedupe`. Set once; later calls are ignored.
+    pub fn expire_with(&self, dedupe: Arc<Dedupe>) {
+        let _ = self.expires.set(dedupe);
+    }
+
+    /// The latest barrier of `key` read from the topic.
+    pub fn barrier(&self, key: &BarrierKey) -> Option<AppliedBarrier> {
+        read(&self.barriers).get(key).cloned()
+    }
+
+    /// Persist a barrier (acks=all) and return once this instance has read
+    /// it back and applied it (expiring the partition's producer state).
+    pub async fn record_barrier(
+        &self,
+        key: BarrierKey,
+        value: BarrierValue,
+    ) -> Result<AppliedBarrier, ResolveError> {
+        let failover_id = value.failover_id;
+        self.write(&[StateRecord::Barrier(key.clone(), Some(value))])
+            .await?;
+        match self.barrier(&key) {
+            Some(b) if b.value.failover_id == failover_id => Ok(b),
+            _ => Err(ResolveError::Write(format!(
+                "barrier of {} partition {} read back as another failover's",
+                key.link, key.partition
+            ))),
+        }
+    }
+
+    /// Apply barrier records read from the topic: remember them, and expire
+    /// the producer state of their partitions.
+    fn apply_barriers(&self, applied: Vec<(BarrierKey, Option<BarrierValue>)>) {
+        for (key, value) in applied {
+            let Some(value) = value else {
+                write(&self.barriers).remove(&key);
+                continue;
+            };
+            let partition = PartitionId {
+                topic_id: key.topic_id,
+                partition: key.partition,
+            };
+            let expired_here = self
+                .expires
+                .get()
+                .map_or(0, |d| d.expire_partition(partition));
+            tracing::info!(
+                link = %key.link,
+                topic_id = %key.topic_id,
+                partition = key.partition,
+                failover_id = value.failover_id,
+                log_end_offset = value.log_end_offset,
+                accepted = value.accepted,
+                expired = expired_here,
+                "failover barrier applied: mirrored producer state of the partition expired"
+            );
+            write(&self.barriers).insert(
+                key,
+                AppliedBarrier {
+                    value,
+                    expired_here,
+                },
+            );
+        }
     }
 
     /// Whether the first full load is done.
@@ -319,9 +410,11 @@ impl StateStore {
         if records.is_empty() {
             return from;
         }
+        let mut barriers = Vec::new();
         let next = {
             let mut view = write(&self.view);
             let next = topic::read_batches(records, from, |offset, r| match r {
+                Ok(StateRecord::Barrier(k, v)) => barriers.push((k, v)),
                 Ok(record) => view.apply(offset, &record),
                 Err(e) => {
                     tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
@@ -330,6 +423,7 @@ impl StateStore {
             self.metrics.state.origins_known(view.len());
             next
         };
+        self.apply_barriers(barriers);
         self.applied.send_if_modified(|a| {
             let moved = next > *a;
             if moved {
@@ -385,7 +479,8 @@ impl StateStore {
         }
     }
 
-    async fn lookup_topic_id(&self, name: &str) -> Result<Uuid, ResolveError> {
+    /// The id of topic `name` (cached).
+    pub async fn lookup_topic_id(&self, name: &str) -> Result<Uuid, ResolveError> {
         if let Some(id) = self.topic_id(name) {
             return Ok(id);
         }

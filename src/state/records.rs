@@ -11,9 +11,12 @@
 //! | 3 | `MirrorPidCollisionKey` | `MirrorPidCollisionValue` (flexible) |
 //! | 4 | `MirrorPidOriginKey` | `MirrorPidOriginValue` (flexible) |
 //! | 5 | reserved for link state | |
+//! | 6 | `MirrorBarrierKey` | `MirrorBarrierValue` (flexible) |
 //!
-//! Both keys have the same layout (not flexible): TopicId uuid, Partition
-//! int32, SourceClusterId string (int16 length), OriginalPid int64.
+//! The keys of types 3 and 4 have the same layout (not flexible): TopicId
+//! uuid, Partition int32, SourceClusterId string (int16 length),
+//! OriginalPid int64. Type 6: LinkName string (int16 length), TopicId uuid,
+//! Partition int32.
 //! Decoding never panics and never sizes an allocation from the input: a
 //! string is at most the 22 characters of a cluster id.
 
@@ -29,6 +32,11 @@ pub const COLLISION_TYPE: i16 = 3;
 pub const ORIGIN_TYPE: i16 = 4;
 /// Record type reserved for link state (issue 10); skipped when read.
 pub const LINK_STATE_TYPE: i16 = 5;
+/// Record type of `MirrorBarrierKey`: a failover's barrier in one partition.
+pub const BARRIER_TYPE: i16 = 6;
+/// Longest link name a barrier key may carry (names come from the
+/// configuration, which allows far less).
+pub const MAX_LINK_NAME: usize = 249;
 
 /// The key of both record types: one origin in one destination partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,11 +71,41 @@ pub struct OriginValue {
     pub last_seen_ms: i64,
 }
 
+/// `MirrorBarrierKey` v0: one link's barrier in one destination partition.
+/// Compaction keeps the latest failover's barrier per partition.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BarrierKey {
+    pub link: String,
+    pub topic_id: Uuid,
+    pub partition: i32,
+}
+
+/// `MirrorBarrierValue` v0: what a failover's barrier did in its partition
+/// (SPEC §7: partition, destination log end offset, source cluster, time,
+/// whether the log accepted it, and the batch as sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BarrierValue {
+    /// Which failover of the link this barrier belongs to.
+    pub failover_id: i64,
+    pub source: ClusterId,
+    /// The partition's log end offset after the barrier was answered: no
+    /// mirrored batch of this failover's link lies at or past it.
+    pub log_end_offset: i64,
+    pub timestamp_ms: i64,
+    /// Whether the log appended the barrier (a stock broker refuses it).
+    pub accepted: bool,
+    /// The broker's answer (0 when appended).
+    pub error_code: i16,
+    /// The barrier batch byte for byte as sent.
+    pub batch: Vec<u8>,
+}
+
 /// One record of the state topic; `None` values are tombstones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateRecord {
     Collision(OriginKey, Option<CollisionValue>),
     Origin(OriginKey, Option<OriginValue>),
+    Barrier(BarrierKey, Option<BarrierValue>),
 }
 
 /// Why a record could not be decoded.
@@ -87,20 +125,17 @@ pub enum RecordError {
     Trailing { what: &'static str, extra: usize },
     #[error("{what}: invalid cluster id")]
     ClusterId { what: &'static str },
+    #[error("{what}: invalid string")]
+    String { what: &'static str },
 }
 
 impl StateRecord {
-    pub fn key(&self) -> &OriginKey {
-        match self {
-            StateRecord::Collision(k, _) | StateRecord::Origin(k, _) => k,
-        }
-    }
-
     /// Key bytes.
     pub fn encode_key(&self) -> Vec<u8> {
         match self {
             StateRecord::Collision(k, _) => encode_key(COLLISION_TYPE, k),
             StateRecord::Origin(k, _) => encode_key(ORIGIN_TYPE, k),
+            StateRecord::Barrier(k, _) => encode_barrier_key(k),
         }
     }
 
@@ -109,6 +144,7 @@ impl StateRecord {
         match self {
             StateRecord::Collision(_, v) => v.as_ref().map(encode_collision_value),
             StateRecord::Origin(_, v) => v.as_ref().map(encode_origin_value),
+            StateRecord::Barrier(_, v) => v.as_ref().map(encode_barrier_value),
         }
     }
 
@@ -119,6 +155,7 @@ impl StateRecord {
         let record_type = r.i16()?;
         match record_type {
             COLLISION_TYPE | ORIGIN_TYPE => {}
+            BARRIER_TYPE => return decode_barrier(r, value),
             LINK_STATE_TYPE => return Err(RecordError::Reserved(record_type)),
             t => return Err(RecordError::UnknownType(t)),
         }
@@ -163,6 +200,67 @@ impl StateRecord {
         r.finish()?;
         Ok(record)
     }
+}
+
+fn decode_barrier(mut r: Reader<'_>, value: Option<&[u8]>) -> Result<StateRecord, RecordError> {
+    let k = BarrierKey {
+        link: r.string(MAX_LINK_NAME)?,
+        topic_id: Uuid::from_bytes(r.array()?),
+        partition: r.i32()?,
+    };
+    r.finish()?;
+    let Some(value) = value else {
+        return Ok(StateRecord::Barrier(k, None));
+    };
+    let mut r = Reader::new(value, "value");
+    let version = r.i16()?;
+    if version != 0 {
+        return Err(RecordError::UnknownVersion {
+            record_type: BARRIER_TYPE,
+            version,
+        });
+    }
+    let v = BarrierValue {
+        failover_id: r.i64()?,
+        source: r.cluster_id_compact()?,
+        log_end_offset: r.i64()?,
+        timestamp_ms: r.i64()?,
+        accepted: r.i8()? != 0,
+        error_code: r.i16()?,
+        batch: r.compact_bytes()?.to_vec(),
+    };
+    r.tagged_fields()?;
+    r.finish()?;
+    Ok(StateRecord::Barrier(k, Some(v)))
+}
+
+fn encode_barrier_key(k: &BarrierKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + 2 + k.link.len() + 16 + 4);
+    out.extend_from_slice(&BARRIER_TYPE.to_be_bytes());
+    out.extend_from_slice(&(k.link.len() as i16).to_be_bytes());
+    out.extend_from_slice(k.link.as_bytes());
+    out.extend_from_slice(k.topic_id.as_bytes());
+    out.extend_from_slice(&k.partition.to_be_bytes());
+    out
+}
+
+fn encode_barrier_value(v: &BarrierValue) -> Vec<u8> {
+    let source = v.source.to_string();
+    let mut out =
+        Vec::with_capacity(2 + 8 + 1 + source.len() + 8 + 8 + 1 + 2 + 5 + v.batch.len() + 1);
+    out.extend_from_slice(&0i16.to_be_bytes());
+    out.extend_from_slice(&v.failover_id.to_be_bytes());
+    out.push(source.len() as u8 + 1);
+    out.extend_from_slice(source.as_bytes());
+    out.extend_from_slice(&v.log_end_offset.to_be_bytes());
+    out.extend_from_slice(&v.timestamp_ms.to_be_bytes());
+    out.push(u8::from(v.accepted));
+    out.extend_from_slice(&v.error_code.to_be_bytes());
+    // Compact bytes: length + 1 as an unsigned varint.
+    crate::wire::header::put_uvarint(&mut out, v.batch.len() as u64 + 1);
+    out.extend_from_slice(&v.batch);
+    out.push(0); // no tagged fields
+    out
 }
 
 fn encode_key(record_type: i16, k: &OriginKey) -> Vec<u8> {
@@ -227,6 +325,9 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
+    fn i8(&mut self) -> Result<i8, RecordError> {
+        Ok(i8::from_be_bytes(self.array()?))
+    }
     fn i16(&mut self) -> Result<i16, RecordError> {
         Ok(i16::from_be_bytes(self.array()?))
     }
@@ -250,6 +351,32 @@ impl<'a> Reader<'a> {
         let len = usize::try_from(len).map_err(|_| RecordError::ClusterId { what: self.what })?;
         let bytes = self.take(len)?;
         self.cluster_id(bytes)
+    }
+
+    /// int16 length, then at most `max` bytes of UTF-8 (null refused).
+    fn string(&mut self, max: usize) -> Result<String, RecordError> {
+        let bad = RecordError::String { what: self.what };
+        let len = usize::try_from(self.i16()?).map_err(|_| bad.clone())?;
+        if len > max {
+            return Err(bad);
+        }
+        let bytes = self.take(len)?;
+        std::str::from_utf8(bytes)
+            .map(str::to_string)
+            .map_err(|_| bad)
+    }
+
+    /// Compact bytes: unsigned varint length + 1, then the bytes (null
+    /// refused). The length is checked against what remains by `take`.
+    fn compact_bytes(&mut self) -> Result<&'a [u8], RecordError> {
+        let truncated = RecordError::Truncated { what: self.what };
+        let (len_plus_one, pos) = read_uvarint(self.buf, self.pos).ok_or(truncated.clone())?;
+        self.pos = pos;
+        let len = len_plus_one
+            .checked_sub(1)
+            .and_then(|l| usize::try_from(l).ok())
+            .ok_or(truncated)?;
+        self.take(len)
     }
 
     /// Compact string: unsigned varint length + 1, then the bytes.
@@ -369,6 +496,68 @@ mod tests {
         assert_eq!(
             StateRecord::decode(Some(&hex(&key_hex)), Some(&hex(value_hex))),
             Ok(r)
+        );
+    }
+
+    #[test]
+    fn barrier_record_bytes() {
+        let k = BarrierKey {
+            link: "east".into(),
+            topic_id: key().topic_id,
+            partition: 3,
+        };
+        let v = BarrierValue {
+            failover_id: 42,
+            source: key().source,
+            log_end_offset: 100,
+            timestamp_ms: 1_700_000_000_000,
+            accepted: false,
+            error_code: 87,
+            batch: vec![0xde, 0xad, 0xbe, 0xef],
+        };
+        let r = StateRecord::Barrier(k.clone(), Some(v));
+        let key_hex = "0006 0004 65617374 00112233445566778899aabbccddeeff 00000003";
+        assert_eq!(r.encode_key(), hex(key_hex));
+        let value_hex = format!(
+            "0000 000000000000002a 17 {CLUSTER_HEX} 0000000000000064 0000018bcfe56800 00 0057 05 deadbeef 00"
+        );
+        assert_eq!(r.encode_value().unwrap(), hex(&value_hex));
+        assert_eq!(r.encode_value().unwrap().len(), 58);
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), Some(&hex(&value_hex))),
+            Ok(r)
+        );
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), None),
+            Ok(StateRecord::Barrier(k, None))
+        );
+        // Every truncation is an error, never a panic; a batch length past
+        // the end is truncation, not an allocation.
+        let (kb, vb) = (hex(key_hex), hex(&value_hex));
+        for n in 0..kb.len() {
+            assert!(
+                StateRecord::decode(Some(&kb[..n]), Some(&vb)).is_err(),
+                "{n}"
+            );
+        }
+        for n in 0..vb.len() {
+            assert!(
+                StateRecord::decode(Some(&kb), Some(&vb[..n])).is_err(),
+                "{n}"
+            );
+        }
+        let mut huge = vb[..51].to_vec();
+        huge.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0x0f, 0xde]);
+        assert_eq!(
+            StateRecord::decode(Some(&kb), Some(&huge)),
+            Err(RecordError::Truncated { what: "value" })
+        );
+        // A link name longer than any configured one.
+        let mut long = kb.clone();
+        long[2..4].copy_from_slice(&300i16.to_be_bytes());
+        assert_eq!(
+            StateRecord::decode(Some(&long), None),
+            Err(RecordError::String { what: "key" })
         );
     }
 

@@ -189,10 +189,10 @@ mod tests {
         assert_eq!(
             seen,
             vec![
-                (10, Ok(written[0])),
-                (11, Ok(written[1])),
-                (12, Ok(written[2])),
-                (13, Ok(written[0]))
+                (10, Ok(written[0].clone())),
+                (11, Ok(written[1].clone())),
+                (12, Ok(written[2].clone())),
+                (13, Ok(written[0].clone()))
             ]
         );
         // From the middle of a batch; a cut-off trailing batch is left for
@@ -200,7 +200,7 @@ mod tests {
         seen.clear();
         let cut = &log[..log.len() - 3];
         assert_eq!(read_batches(cut, 12, |o, r| seen.push((o, r))), 13);
-        assert_eq!(seen, vec![(12, Ok(written[2]))]);
+        assert_eq!(seen, vec![(12, Ok(written[2].clone()))]);
     }
 
     #[test]

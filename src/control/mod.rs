@@ -1,0 +1,6 @@
+//! Link control: what a failover does to a link (SPEC §7).
+//!
+//! - `barriers`: one partition's `MIRROR_PID_RESET` barrier, sent, recorded
+//!   in the state topic and applied to the producer state.
+
+pub mod barriers;

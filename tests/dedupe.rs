@@ -2,7 +2,8 @@
 //! through the proxy binary: a link batch sent again after it was
 //! acknowledged is answered with its original offset and not appended
 //! again; an epoch going backwards and an overlapping sequence are refused
-//! (47, 45) with nothing appended.
+//! (47, 45) with nothing appended; a barrier arriving mirrored expires
+//! nothing.
 //!
 //! Batches are written by hand with the link's client id (the source
 //! cluster id is only configuration, so no source broker is needed) and
@@ -17,6 +18,7 @@ use bytes::Bytes;
 
 use kafka_mirror_proxy::client::protocol::NewTopic;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
+use kafka_mirror_proxy::mirror::barrier::barrier_batch;
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
@@ -161,6 +163,27 @@ fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
         1
     );
 
+    // A barrier arriving mirrored (copied from an upstream log into link
+    // traffic) expires nothing: only this proxy's own failover does. It is
+    // a control batch there like any other (dropped with CONTROL_BATCHES
+    // =drop), and the retry after it is still answered from the state.
+    let upstream = ClusterId::from_bytes(*b"upstream-cluster");
+    let mirrored_barrier = Bytes::from(barrier_batch(&upstream, 1_700_000_000_000)?);
+    let b = result(&raw.produce(LINK_CLIENT, "d", 0, mirrored_barrier)?);
+    assert_eq!(b.0, NONE, "a mirrored control batch is acknowledged: {b:?}");
+    let after_barrier = result(&raw.produce(LINK_CLIENT, "d", 0, batch(0, 0, 10, "d"))?);
+    assert_eq!(
+        (after_barrier.0, after_barrier.2),
+        (NONE, first.2),
+        "after a mirrored barrier the retry is still a duplicate"
+    );
+    assert_eq!(log(&broker, "d")?.len(), 1, "still one copy");
+    assert!(
+        !proxy.logs().contains("failover barrier applied"),
+        "a mirrored barrier expired state:\n{}",
+        logs()
+    );
+
     // An epoch going backwards: 47, nothing appended.
     let e1 = result(&raw.produce(LINK_CLIENT, "e", 0, batch(1, 0, 10, "e1"))?);
     ensure!(e1.0 == NONE, "epoch 1: {e1:?}; proxy log:\n{}", logs());
@@ -210,7 +233,7 @@ fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
     assert_eq!(f.len(), 1, "one copy in the log: {f:?}");
     assert_eq!(
         proxy.metric("kafka_mirror_proxy_mirror_duplicates_answered_total{link=\"x\"}")?,
-        2,
+        3,
         "the concurrent retry was answered as a duplicate"
     );
     assert_eq!(

@@ -2,5 +2,7 @@
 //!
 //! - `barriers`: one partition's `MIRROR_PID_RESET` barrier, sent, recorded
 //!   in the state topic and applied to the producer state.
+//! - `members`: the live proxy instances on the state topic.
 
 pub mod barriers;
+pub mod members;

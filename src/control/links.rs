@@ -285,7 +285,9 @@ impl Control {
                         failover_id = status.failover_id,
                         "link found STOPPING at start-up: resuming its failover"
                     );
-                    if let Err(e) = me.ensure_failover(&shared, link, status).await {
+                    // A failover id of -1 (STOPPING from INITIAL_STATE, never
+                    // persisted): `failover` gives it an id first.
+                    if let Err(e) = me.failover(&shared, link.name(), Duration::ZERO).await {
                         tracing::warn!(link = link.name(), error = %e, "could not resume the failover");
                     }
                 }

@@ -107,6 +107,10 @@ pub struct ReplicatorOptions {
     /// First source offset to copy in every partition (clamped to the log
     /// start offset).
     pub start_offset: i64,
+    /// First source offset per (topic, partition), overriding
+    /// `start_offset` there: e.g. the barrier offsets of a failover, to copy
+    /// back only what was written after it.
+    pub start_offsets: BTreeMap<(String, i32), i64>,
     pub mode: Mode,
     /// How the source is read: `ReadCommitted` (the default) drops aborted
     /// transactions; `ReadUncommitted` copies every data batch.
@@ -139,6 +143,7 @@ impl ReplicatorOptions {
             client_id: client_id.into(),
             transactional_id: None,
             start_offset: 0,
+            start_offsets: BTreeMap::new(),
             mode: Mode::UntilCaughtUp,
             isolation: IsolationLevel::ReadCommitted,
             max_retries: 20,
@@ -552,9 +557,15 @@ impl Replicator<'_> {
                     })
                     .await?
                     .offset;
-                let position = self.opts.start_offset.max(log_start);
-                if position > self.opts.start_offset {
-                    warn!(topic = %tp.topic, partition, start_offset = self.opts.start_offset, log_start,
+                let start_offset = self
+                    .opts
+                    .start_offsets
+                    .get(&(topic.clone(), partition))
+                    .copied()
+                    .unwrap_or(self.opts.start_offset);
+                let position = start_offset.max(log_start);
+                if position > start_offset {
+                    warn!(topic = %tp.topic, partition, start_offset, log_start,
                         "start offset is below the source log start; starting at the log start");
                 }
                 info!(topic = %tp.topic, partition, position, high_watermark, "partition ready");

@@ -5,6 +5,9 @@
 #   local        through the proxy as an ordinary client (passthrough),
 #   link         through the proxy as a mirror link (client.id of the link, so
 #                every batch is remapped and its CRC patched),
+#   floor        through examples/tcp_relay.rs, which only copies bytes (the
+#                cost any tokio proxy pays to move them; its CPU s/GB is
+#                the relay's),
 # in rotation, ROUNDS times after a warm-up; each figure is the median of
 # the rounds. Per path and case: records/s, MB/s, p50 and p99 latency, the
 # ratio to direct, and the proxy's own CPU time per GB moved (utime + stime
@@ -36,18 +39,22 @@ ROUNDS=${ROUNDS:-3}
 CASES=${CASES:-1k}
 FIXED_RATE=${FIXED_RATE:-5000}
 
-(cd "$KMP_ROOT" && cargo build --release --quiet)
+(cd "$KMP_ROOT" && cargo build --release --quiet && cargo build --release --quiet --example tcp_relay)
 kmp_init
-kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
+R_PORT=$(kmp_free_port)
+KMP_RELAY_PORT=$R_PORT kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
 kmp_start_perf_proxy P "$B_PORT"
+"$KMP_ROOT/target/release/examples/tcp_relay" "127.0.0.1:$R_PORT" "127.0.0.1:$B_RELAY_TARGET" 2>"$KMP_WORK/relay.log" &
+KMP_PIDS+=($!)
+R_PID=$!
 
-PATHS="direct local link"
+PATHS="direct floor local link"
 if [ -n "${BASELINE_BIN:-}" ]; then
     KMP_PROXY_BIN=$BASELINE_BIN kmp_start_perf_proxy Q "$B_PORT"
-    PATHS="direct local local@base link link@base"
+    PATHS="direct floor local local@base link link@base"
 fi
 
-for t in perf-direct perf-local perf-link; do
+for t in perf-direct perf-floor perf-local perf-link; do
     kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$B_PORT" \
         --create --topic "$t" --partitions 1 --replication-factor 1 >/dev/null
 done
@@ -98,6 +105,7 @@ run() {
 
 echo "warm-up..." >&2
 run 1k warmup "127.0.0.1:$B_PORT" perf-direct perf-client 50000 >/dev/null
+run 1k warmup "127.0.0.1:$R_PORT" perf-floor perf-client 50000 "$R_PID" >/dev/null
 run 1k warmup "127.0.0.1:$P_PORT" perf-local perf-client 50000 >/dev/null
 run 1k warmup "127.0.0.1:$P_PORT" perf-link mirror-perf 50000 >/dev/null
 if [ -n "${BASELINE_BIN:-}" ]; then
@@ -111,6 +119,7 @@ for round in $(seq 1 "$ROUNDS"); do
         for path in $PATHS; do
             case $path in
                 direct) run "$c" direct "127.0.0.1:$B_PORT" perf-direct perf-client "$RECORDS" ;;
+                floor) run "$c" floor "127.0.0.1:$R_PORT" perf-floor perf-client "$RECORDS" "$R_PID" ;;
                 local) run "$c" local "127.0.0.1:$P_PORT" perf-local perf-client "$RECORDS" ;;
                 link) run "$c" link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" ;;
                 local@base) run "$c" local@base "127.0.0.1:$Q_PORT" perf-local perf-client "$RECORDS" "$Q_PID" ;;

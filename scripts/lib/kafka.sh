@@ -43,20 +43,30 @@ kmp_cleanup() {
 
 # kmp_start_broker NAME CLUSTER_ID: starts a broker; sets NAME_PORT and
 # NAME_DIR (e.g. kmp_start_broker A MkU3OEVBNTcwNTJENDM2Qk -> $A_PORT).
+# With KMP_RELAY_PORT set, the broker also has a listener that advertises
+# that port (for a relay in front of it) and NAME_RELAY_TARGET is its port.
 kmp_start_broker() {
-    local name=$1 cluster_id=$2 port cport dir
+    local name=$1 cluster_id=$2 port cport dir rport listeners advertised
     port=$(kmp_free_port); cport=$(kmp_free_port)
     dir="$KMP_WORK/broker-$name"
     mkdir -p "$dir"
+    listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
+    advertised="PLAINTEXT://127.0.0.1:$port"
+    if [ -n "${KMP_RELAY_PORT:-}" ]; then
+        rport=$(kmp_free_port)
+        listeners="$listeners,RELAY://127.0.0.1:$rport"
+        advertised="$advertised,RELAY://127.0.0.1:$KMP_RELAY_PORT"
+        printf -v "${name}_RELAY_TARGET" '%s' "$rport"
+    fi
     cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,RELAY:PLAINTEXT
 log.dirs=$dir/data
 offsets.topic.replication.factor=1
 offsets.topic.num.partitions=1

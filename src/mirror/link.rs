@@ -5,7 +5,7 @@
 //! matching client certificate. Everything else is local traffic whose
 //! producer IDs are never touched.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use regex::Regex;
@@ -30,10 +30,23 @@ pub struct Link {
     source_cluster_id: ClusterId,
     region: u32,
     client_id: String,
-    topics: Vec<Regex>,
+    /// Patterns that are plain names, looked up without running a regex
+    /// (every partition of every Produce asks).
+    literal_topics: HashSet<String>,
+    /// The other patterns, anchored at both ends.
+    topic_patterns: Vec<Regex>,
     tls_subject: Option<String>,
     control_batches: ControlBatchPolicy,
     initial_state: LinkState,
+}
+
+/// The name a pattern `^(?:name)$` matches when `name` is made only of
+/// characters without regex meaning (letters, digits, `_`, `-`; a `.` is
+/// a wildcard and keeps its pattern a regex).
+fn literal(re: &Regex) -> Option<&str> {
+    let inner = re.as_str().strip_prefix("^(?:")?.strip_suffix(")$")?;
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    (!inner.is_empty() && inner.chars().all(plain)).then_some(inner)
 }
 
 impl Link {
@@ -45,12 +58,18 @@ impl Link {
         tls_subject: Option<String>,
         control_batches: ControlBatchPolicy,
     ) -> Link {
+        let (literals, patterns): (Vec<Regex>, Vec<Regex>) =
+            topics.into_iter().partition(|re| literal(re).is_some());
         Link {
             name,
             region: cluster_hash(&source_cluster_id),
             source_cluster_id,
             client_id,
-            topics,
+            literal_topics: literals
+                .iter()
+                .filter_map(|re| literal(re).map(str::to_string))
+                .collect(),
+            topic_patterns: patterns,
             tls_subject,
             control_batches,
             initial_state: LinkState::Mirroring,
@@ -91,7 +110,8 @@ impl Link {
     /// Whether `topic` is one of the link's mirrored topics (each pattern is
     /// anchored at both ends).
     pub fn mirrors_topic(&self, topic: &str) -> bool {
-        self.topics.iter().any(|re| re.is_match(topic))
+        self.literal_topics.contains(topic)
+            || self.topic_patterns.iter().any(|re| re.is_match(topic))
     }
 
     /// Whether a connection whose client certificate has `subject` may act
@@ -240,6 +260,27 @@ mod tests {
             links.classify(Some("mirror-east"), None),
             Origin::Spoofed(_)
         ));
+    }
+
+    #[test]
+    fn plain_names_are_looked_up_and_patterns_matched() {
+        let re = |p: &str| Regex::new(&format!("^(?:{p})$")).expect("regex");
+        let l = Link::new(
+            "east".into(),
+            "MkU3OEVBNTcwNTJENDM2Qk".parse().expect("cluster id"),
+            "mirror-east".into(),
+            vec![re("orders"), re("audit\\..*"), re("a.b"), re("x-1_y")],
+            None,
+            ControlBatchPolicy::Drop,
+        );
+        assert_eq!(l.literal_topics.len(), 2, "{:?}", l.literal_topics);
+        assert_eq!(l.topic_patterns.len(), 2);
+        for yes in ["orders", "audit.2024", "a.b", "aXb", "x-1_y"] {
+            assert!(l.mirrors_topic(yes), "{yes}");
+        }
+        for no in ["orders2", "xorders", "audit", "a.bc", "x-1_y "] {
+            assert!(!l.mirrors_topic(no), "{no}");
+        }
     }
 
     #[test]

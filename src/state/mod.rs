@@ -234,6 +234,18 @@ impl StateStore {
         read(&self.barriers).get(key).cloned()
     }
 
+    /// Where the latest failover barrier of any link left `partition`: the
+    /// log end offset it recorded. Mirrored batches below it belong to
+    /// producers the barrier expired, so a rebuild of the producer state
+    /// from the log starts there.
+    pub fn barrier_floor(&self, partition: PartitionId) -> Option<i64> {
+        read(&self.barriers)
+            .iter()
+            .filter(|(k, _)| k.topic_id == partition.topic_id && k.partition == partition.partition)
+            .map(|(_, b)| b.value.log_end_offset)
+            .max()
+    }
+
     /// Persist a barrier (acks=all) and return once this instance has read
     /// it back and applied it (expiring the partition's producer state).
     pub async fn record_barrier(

@@ -245,11 +245,22 @@ impl ProxyProcess {
 
     /// GET a path of the admin endpoint; returns (status line, body).
     pub fn admin_get(&self, path: &str) -> Result<(String, String)> {
+        self.admin_request("GET", path, "")
+    }
+
+    /// POST `body` (JSON, may be empty) to a path of the admin endpoint;
+    /// returns (status line, body).
+    pub fn admin_post(&self, path: &str, body: &str) -> Result<(String, String)> {
+        self.admin_request("POST", path, body)
+    }
+
+    fn admin_request(&self, method: &str, path: &str, body: &str) -> Result<(String, String)> {
         let mut s = TcpStream::connect(&self.admin)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.set_read_timeout(Some(Duration::from_secs(120)))?;
         write!(
             s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
         )?;
         let mut text = String::new();
         s.read_to_string(&mut text)?;

@@ -306,3 +306,60 @@ fn initial_state_applies_only_while_the_topic_has_no_record() -> Result<()> {
     assert_eq!(x["failover"]["complete"], false, "{x:#}");
     Ok(())
 }
+
+/// `GET /links/x` on `p` until its state is `state` (bounded: 30 s).
+fn wait_state(p: &ProxyProcess, state: &str) -> Result<Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, x) = admin(p, "GET", "/links/x", "")?;
+        if x["state"] == state {
+            return Ok(x);
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "link never became {state}: {x:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_failover_on_one_instance_fences_the_link_on_another() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create(&broker, &[("m", 2)])?;
+    let a = proxy(&broker, &[])?;
+    let b = proxy(&broker, &[])?;
+    // The replicator writes through B; local producers are refused on both.
+    let mut link_conn = RawClient::connect(&b.bootstrap)?;
+    let r = partition_result(&link_conn.produce(LINK_CLIENT, "m", 0, record_batch(7, &["a"]))?);
+    ensure!(r.0 == NONE, "link produce on B: {r:?}");
+    assert_eq!(produce(&a, LOCAL_CLIENT, "m", 1)?.0, POLICY_VIOLATION);
+    assert_eq!(produce(&b, LOCAL_CLIENT, "m", 1)?.0, POLICY_VIOLATION);
+
+    let (code, f) = admin(&a, "POST", "/links/x/failover?wait=90", "")?;
+    ensure!(code == 200, "failover on A answered {code}: {f:#}");
+    // B follows the state topic: STOPPED there too, with the barriers A
+    // recorded, its link connection closed and a reconnect refused.
+    let x = wait_state(&b, "STOPPED")?;
+    assert_eq!(x["failover"]["id"], f["failover"]["id"], "{x:#}");
+    let parts = x["failover"]["partitions"]
+        .as_array()
+        .context("partitions")?;
+    assert_eq!(parts.len(), 2, "{x:#}");
+    for p in parts {
+        assert_eq!(p["result"], "refused", "{p}");
+        assert_eq!(p["error_code"], INVALID_RECORD, "{p}");
+    }
+    assert!(
+        link_conn.closed_by_peer(),
+        "B kept the link connection open"
+    );
+    assert_eq!(produce(&b, LINK_CLIENT, "m", 0)?.0, PRODUCER_FENCED);
+    assert_eq!(
+        b.metric("kafka_mirror_proxy_link_connections_fenced_total{link=\"x\"}")?,
+        2,
+        "both of B's link connections were closed by fencing"
+    );
+    assert_eq!(produce(&b, LOCAL_CLIENT, "m", 1)?.0, NONE);
+    Ok(())
+}

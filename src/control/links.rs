@@ -36,6 +36,8 @@ use crate::state::{now_ms, StateStore};
 
 /// Attempts per partition before its barrier is reported failed.
 const BARRIER_ATTEMPTS: u32 = 5;
+/// Partitions whose barriers are placed at once.
+const BARRIER_CONCURRENCY: usize = 16;
 /// Pause between two attempts of a failed barrier.
 const BARRIER_RETRY: Duration = Duration::from_millis(500);
 /// How often the drain wait asks the group for its live members again.
@@ -523,17 +525,38 @@ impl Control {
                 partition: *partition,
             })
             .collect();
+        // Up to BARRIER_CONCURRENCY partitions at a time: each waits for a
+        // Produce, a ListOffsets and a state-topic write read back.
         let mut failed = 0usize;
-        for (i, (topic, partition)) in partitions.iter().enumerate() {
-            let mut attempt = 1;
-            let outcome = loop {
-                let o =
-                    barriers::place(state, name, &status.source, run.id, topic, *partition).await;
-                if o.result != BarrierResult::Failed || attempt >= BARRIER_ATTEMPTS {
-                    break o;
-                }
-                attempt += 1;
-                tokio::time::sleep(BARRIER_RETRY).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut todo = partitions.iter().cloned().enumerate();
+        loop {
+            while tasks.len() < BARRIER_CONCURRENCY {
+                let Some((i, (topic, partition))) = todo.next() else {
+                    break;
+                };
+                let state = Arc::clone(state);
+                let link = name.to_string();
+                let (source, id) = (status.source, run.id);
+                tasks.spawn(async move {
+                    let mut attempt = 1;
+                    loop {
+                        let o =
+                            barriers::place(&state, &link, &source, id, &topic, partition).await;
+                        if o.result != BarrierResult::Failed || attempt >= BARRIER_ATTEMPTS {
+                            return (i, o);
+                        }
+                        attempt += 1;
+                        tokio::time::sleep(BARRIER_RETRY).await;
+                    }
+                });
+            }
+            let Some(joined) = tasks.join_next().await else {
+                break;
+            };
+            let Ok((i, outcome)) = joined else {
+                failed += 1; // a panicked task: its partition stays pending
+                continue;
             };
             self.metrics.barrier(outcome.result.as_str());
             if outcome.result == BarrierResult::Failed {

@@ -363,3 +363,52 @@ fn a_failover_on_one_instance_fences_the_link_on_another() -> Result<()> {
     assert_eq!(produce(&b, LOCAL_CLIENT, "m", 1)?.0, NONE);
     Ok(())
 }
+
+#[test]
+fn a_failover_killed_midway_finishes_after_a_restart() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create(&broker, &[("m", 50)])?;
+    let mut p = proxy(&broker, &[])?;
+    let (code, started) = admin(&p, "POST", "/links/x/failover?wait=0", "")?;
+    assert_eq!(code, 202, "{started:#}");
+    // Killed once the first barrier is recorded (SIGKILL: nothing finishes).
+    p.wait_for_log(
+        "failover barrier placed and recorded",
+        Duration::from_secs(60),
+    )?;
+    p.signal("KILL")?;
+    p.wait_exit(Duration::from_secs(10))?;
+    // Lines still in the pipe may be missed: an undercount only loosens
+    // the bound below.
+    let placed_before = p
+        .logs()
+        .matches("failover barrier placed and recorded")
+        .count();
+    drop(p);
+    ensure!(placed_before < 50, "the whole failover ran before the kill");
+
+    // The restarted proxy finds the link STOPPING and finishes the same
+    // failover: every partition recorded, those done before not placed again.
+    let mut p = proxy(&broker, &[])?;
+    p.wait_for_log("failover complete", Duration::from_secs(120))
+        .with_context(|| tools::tail_str(&p.logs(), 40))?;
+    let (_, x) = admin(&p, "GET", "/links/x", "")?;
+    assert_eq!(x["state"], "STOPPED", "{x:#}");
+    let fo = &x["failover"];
+    assert_eq!(fo["id"], started["failover"]["id"], "the same failover");
+    assert_eq!(fo["partitions_total"], 50, "{fo:#}");
+    assert_eq!(fo["partitions_done"], 50, "{fo:#}");
+    for part in fo["partitions"].as_array().context("partitions")? {
+        assert_eq!(part["result"], "refused", "{part}");
+        assert_eq!(part["error_code"], INVALID_RECORD, "{part}");
+    }
+    let placed_after = p
+        .logs()
+        .matches("failover barrier placed and recorded")
+        .count();
+    assert!(
+        placed_after >= 1 && placed_before + placed_after <= 50,
+        "the barriers recorded before the kill were not placed again: {placed_before} before, {placed_after} after"
+    );
+    Ok(())
+}

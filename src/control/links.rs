@@ -191,6 +191,17 @@ impl Control {
     /// a read-only mirrored topic (of a link that is not `STOPPED`).
     pub fn read_only(&self, topic: &str, version: i16) -> Option<(Refusal, String)> {
         let link = self.links.iter().find(|l| l.mirrors_topic(topic))?;
+        // Until the state topic is loaded the link's state is unknown (it
+        // may be STOPPED, or MIRRORING): a retriable refusal either way.
+        if let Some(why) = self.state.as_ref().and_then(|s| s.not_ready_reason()) {
+            return Some((
+                Refusal::StateNotLoaded,
+                format!(
+                    "topic '{topic}' is mirrored by link '{}', whose state is not loaded yet ({why}); retry",
+                    link.name()
+                ),
+            ));
+        }
         let status = self.status(link);
         if !status.state.read_only() {
             return None;
@@ -216,10 +227,13 @@ impl Control {
         Some((refusal, message))
     }
 
-    /// Whether any link makes some topic read-only now (the local Produce
-    /// path only looks at topics then).
+    /// Whether any link makes some topic read-only now, or may (state not
+    /// loaded): the local Produce path only looks at topics then.
     pub fn any_read_only(&self) -> bool {
-        self.links.iter().any(|l| self.status(l).state.read_only())
+        let unknown = self.state.as_ref().is_some_and(|s| !s.is_loaded());
+        self.links
+            .iter()
+            .any(|l| unknown || self.status(l).state.read_only())
     }
 
     /// Count a refused local partition write.

@@ -85,12 +85,14 @@ pub enum Refusal {
     LinkFenced,
 }
 
-/// READ_ONLY_TOPIC: not in Kafka 4.4.0's `Errors` nor in kafka-protocol
-/// 0.18, so no client of a Produce version the proxy parses knows it.
+/// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
+/// (nor in kafka-protocol 0.18), where code 134 is GROUP_DELETION_FAILED:
+/// a Java client reading 134 from a Produce would report that.
 pub const READ_ONLY_TOPIC: i16 = 134;
 /// The first Produce version whose clients know READ_ONLY_TOPIC. Kafka
-/// 4.4.0 defines Produce up to v13 and no READ_ONLY_TOPIC error: every
-/// version the proxy parses falls back to POLICY_VIOLATION.
+/// 4.4.0 defines Produce up to v13 (ProduceRequest.json, "3-13") and no
+/// READ_ONLY_TOPIC: no KIP or Produce version introduced it there, so
+/// every version the proxy parses falls back to POLICY_VIOLATION.
 pub const READ_ONLY_TOPIC_MIN_PRODUCE_VERSION: i16 = 14;
 
 impl From<RefusalKind> for Refusal {

@@ -421,11 +421,14 @@ async fn requests(
             .links
             .by_client_id(h.client_id(&frame).unwrap_or(""))
         {
-            if link_session.is_none() && link.admits(subject.as_ref()) {
+            // A client without the link's certificate is not the link: its
+            // Produce is refused as spoofed further on.
+            let admitted = link.admits(subject.as_ref());
+            if link_session.is_none() && admitted {
                 let guard = shared.control.link_session(link.name());
                 link_session = Some((Arc::clone(link), guard));
             }
-            if let Some(message) = shared.control.fenced(link) {
+            if let Some(message) = admitted.then(|| shared.control.fenced(link)).flatten() {
                 shared.control.link_request_refused(link.name());
                 if api == ApiKey::Produce {
                     let action = refuse_produce(

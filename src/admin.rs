@@ -1,4 +1,7 @@
-//! The admin HTTP endpoint: health, readiness and Prometheus metrics.
+//! The admin HTTP endpoint: health, readiness, Prometheus metrics, and the
+//! link control API (`GET /links`, `GET /links/{name}`,
+//! `POST /links/{name}/failover?wait=SECONDS`, `POST /links/{name}/start`;
+//! JSON in and out, errors as `{"error": "..."}`).
 //!
 //! Bound to loopback unless a bearer token is configured (the configuration
 //! refuses anything else), so failover controls added later are never open
@@ -13,11 +16,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Path;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -67,6 +71,10 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/links", get(links))
+        .route("/links/{name}", get(link))
+        .route("/links/{name}/failover", post(failover))
+        .route("/links/{name}/start", post(start))
         .layer(middleware::from_fn_with_state(token, authorize))
         .with_state(shared)
 }
@@ -131,8 +139,44 @@ async fn authorize(State(token): State<Option<Token>>, request: Request, next: N
     next.run(request).await
 }
 
+/// How long `POST /links/{name}/failover` waits when `wait` is not given.
+pub const FAILOVER_WAIT_DEFAULT: Duration = Duration::from_secs(60);
+/// The longest `wait` honoured; a larger one is cut to this.
+pub const FAILOVER_WAIT_MAX: Duration = Duration::from_secs(600);
+/// Time beyond `wait` a failover request may take to answer (the state
+/// writes before and the report after).
+const FAILOVER_WAIT_SLACK: Duration = Duration::from_secs(15);
+
+/// The `wait` of a failover request: seconds, bounded by
+/// [`FAILOVER_WAIT_MAX`]; `None` when present but not a number.
+fn failover_wait(query: Option<&str>) -> Option<Duration> {
+    let Some(raw) = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("wait="))
+    else {
+        return Some(FAILOVER_WAIT_DEFAULT);
+    };
+    let secs: f64 = raw
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
+    Some(Duration::from_secs_f64(secs).min(FAILOVER_WAIT_MAX))
+}
+
+/// The time a request may take: the server's bound, or for a failover its
+/// wait plus slack (so `wait` is never cut by the request timeout).
+fn allowance(request: &Request, limit: Duration) -> Duration {
+    if request.method() == axum::http::Method::POST && request.uri().path().ends_with("/failover") {
+        let wait = failover_wait(request.uri().query()).unwrap_or(Duration::ZERO);
+        return limit.max(wait + FAILOVER_WAIT_SLACK);
+    }
+    limit
+}
+
 async fn limit_time(State(limit): State<Duration>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
+    let limit = allowance(&request, limit);
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
@@ -176,6 +220,105 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         shared.metrics.render(),
     )
         .into_response()
+}
+
+fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    json_response(status, serde_json::json!({ "error": message.to_string() }))
+}
+
+fn control_error(e: crate::control::links::ControlError) -> Response {
+    use crate::control::links::ControlError;
+    let status = match &e {
+        ControlError::UnknownLink(_) => StatusCode::NOT_FOUND,
+        ControlError::Conflict(_) => StatusCode::CONFLICT,
+        ControlError::NotLoaded(_) | ControlError::Write(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e)
+}
+
+async fn links(State(shared): State<Arc<Shared>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        serde_json::json!({ "links": shared.control.links() }),
+    )
+}
+
+async fn link(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    match shared.control.link(&name) {
+        Ok(report) => json_response(StatusCode::OK, report),
+        Err(e) => control_error(e),
+    }
+}
+
+/// 200 with the per-partition results when the failover is complete, 202
+/// with the progress so far when `wait` ran out first.
+async fn failover(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Response {
+    let Some(wait) = failover_wait(request.uri().query()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "wait must be a number of seconds (e.g. ?wait=30)",
+        );
+    };
+    match shared.control.failover(&shared, &name, wait).await {
+        Ok((report, true)) => json_response(StatusCode::OK, report),
+        Ok((report, false)) => json_response(StatusCode::ACCEPTED, report),
+        Err(e) => control_error(e),
+    }
+}
+
+/// Optional body `{"source_cluster_id": "..."}`.
+async fn start(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let mut source = None;
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&body);
+        let Ok(value) = parsed else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "the body must be JSON: {\"source_cluster_id\": \"...\"} or nothing",
+            );
+        };
+        match value.get("source_cluster_id") {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::String(s)) => {
+                match crate::mirror::pid::ClusterId::parse_canonical(s) {
+                    Ok(id) => source = Some(id),
+                    Err(e) => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            format!("source_cluster_id {s:?} is not a Kafka cluster id: {e}"),
+                        )
+                    }
+                }
+            }
+            Some(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "source_cluster_id must be a string",
+                )
+            }
+        }
+    }
+    match shared.control.start_link(&name, source).await {
+        Ok(report) => json_response(StatusCode::OK, report),
+        Err(e) => control_error(e),
+    }
 }
 
 #[cfg(test)]
@@ -296,6 +439,33 @@ mod tests {
         let bearer = format!("Bearer {TOKEN}");
         let answer = exchange(addr, &request("/healthz", Some(&bearer))).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
+    #[test]
+    fn failover_wait_is_bounded() {
+        assert_eq!(failover_wait(None), Some(FAILOVER_WAIT_DEFAULT));
+        assert_eq!(failover_wait(Some("wait=5")), Some(Duration::from_secs(5)));
+        assert_eq!(
+            failover_wait(Some("x=1&wait=0.5")),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(failover_wait(Some("wait=100000")), Some(FAILOVER_WAIT_MAX));
+        assert_eq!(failover_wait(Some("wait=soon")), None);
+        assert_eq!(failover_wait(Some("wait=-1")), None);
+        let req = |m: &str, uri: &str| {
+            Request::builder()
+                .method(m)
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .expect("request")
+        };
+        let limit = Duration::from_secs(10);
+        assert_eq!(
+            allowance(&req("POST", "/links/a/failover?wait=120"), limit),
+            Duration::from_secs(120) + FAILOVER_WAIT_SLACK
+        );
+        assert_eq!(allowance(&req("GET", "/links/a"), limit), limit);
+        assert_eq!(allowance(&req("POST", "/links/a/start"), limit), limit);
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::client::sasl::{Credentials, Mechanism};
+use crate::control::link_state::LinkState;
 use crate::mirror::link::{ControlBatchPolicy, Link, Links};
 use crate::mirror::pid::ClusterId;
 
@@ -115,6 +116,20 @@ pub struct Config {
     pub producer_expiration_ms: u64,
     /// Bound on the mirrored producer state (SPEC §6).
     pub producer_state_max_entries: usize,
+    /// How a local write to a read-only mirrored topic is refused.
+    pub read_only_error: ReadOnlyError,
+    /// How long a failover waits for every live instance to drain the link.
+    pub failover_drain_timeout_ms: u64,
+}
+
+/// The error a local Produce to a read-only mirrored topic gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOnlyError {
+    /// POLICY_VIOLATION (44), known to every client.
+    PolicyViolation,
+    /// READ_ONLY_TOPIC (134) at the Produce versions whose clients know it,
+    /// POLICY_VIOLATION below.
+    ReadOnlyTopic,
 }
 
 impl fmt::Debug for Config {
@@ -143,6 +158,8 @@ impl fmt::Debug for Config {
                 "producer_state_max_entries",
                 &self.producer_state_max_entries,
             )
+            .field("read_only_error", &self.read_only_error)
+            .field("failover_drain_timeout_ms", &self.failover_drain_timeout_ms)
             .finish()
     }
 }
@@ -179,11 +196,14 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy."),
     ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it."),
     ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used is evicted first (counted). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
+    ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),
+    ("FAILOVER_DRAIN_TIMEOUT_MS", "30000", "How long a failover waits for every live proxy instance to confirm it closed the link's connections before placing the barriers anyway; instances that did not confirm are named in the failover's result."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
     ("LINK_<NAME>_TOPICS", "(required per link)", "Comma-separated mirrored topics: names or regular expressions, each matched against the whole topic name."),
     ("LINK_<NAME>_TLS_SUBJECT", "(none)", "When set, only a TLS client whose certificate subject matches may act as the link (`CN=name` matches the common name; anything else the full subject, e.g. `CN=replicator,O=acme`)."),
+    ("LINK_<NAME>_INITIAL_STATE", "MIRRORING", "The link's state while the state topic has no record of it (a record, once written by a failover or start, always wins): `MIRRORING`, `STOPPING` or `STOPPED`."),
     ("LINK_<NAME>_CONTROL_BATCHES", "drop", "Control batches arriving on the link: `drop` (acknowledge without writing, counted) or `forward` (send on, remapped, for the broker to decide)."),
 ];
 
@@ -468,6 +488,18 @@ impl Config {
         let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
         let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
         let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
+        let failover_drain_timeout_ms = ms("FAILOVER_DRAIN_TIMEOUT_MS", 30_000);
+        let read_only_error = env
+            .parse(
+                "READ_ONLY_ERROR",
+                "`policy_violation` or `read_only_topic`",
+                |s| match s {
+                    "policy_violation" => Some(ReadOnlyError::PolicyViolation),
+                    "read_only_topic" => Some(ReadOnlyError::ReadOnlyTopic),
+                    _ => None,
+                },
+            )
+            .unwrap_or(ReadOnlyError::PolicyViolation);
         let state_topic = env
             .parse(
                 "STATE_TOPIC",
@@ -521,6 +553,8 @@ impl Config {
                 state_topic,
                 producer_expiration_ms,
                 producer_state_max_entries,
+                read_only_error,
+                failover_drain_timeout_ms,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -761,15 +795,25 @@ impl Config {
                     },
                 )
                 .unwrap_or(ControlBatchPolicy::Drop);
+            let initial_state = env
+                .parse(
+                    &var("INITIAL_STATE"),
+                    "`MIRRORING`, `STOPPING` or `STOPPED`",
+                    LinkState::parse,
+                )
+                .unwrap_or(LinkState::Mirroring);
             if let (Some(source_cluster_id), Some(topics)) = (source_cluster_id, topics) {
-                links.push(Link::new(
-                    name.to_string(),
-                    source_cluster_id,
-                    client_id,
-                    topics,
-                    tls_subject,
-                    control_batches,
-                ));
+                links.push(
+                    Link::new(
+                        name.to_string(),
+                        source_cluster_id,
+                        client_id,
+                        topics,
+                        tls_subject,
+                        control_batches,
+                    )
+                    .with_initial_state(initial_state),
+                );
             }
         }
         Links::new(links)
@@ -1045,6 +1089,52 @@ mod tests {
         let p = problems(&[("BOOTSTRAP_SERVERS", "b:9092")]);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].variable, "MIRROR_PROXY_ADVERTISED_HOST");
+    }
+
+    #[test]
+    fn failover_settings_are_validated_together() {
+        let base = [
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+            ("LINKS", "east"),
+            ("LINK_EAST_SOURCE_CLUSTER_ID", "MkU3OEVBNTcwNTJENDM2Qk"),
+            ("LINK_EAST_TOPICS", "orders"),
+        ];
+        let c = Config::from_vars(&vars(&base)).expect("valid");
+        assert_eq!(c.read_only_error, ReadOnlyError::PolicyViolation);
+        assert_eq!(c.failover_drain_timeout_ms, 30_000);
+        let east = c.links.iter().next().expect("one link");
+        assert_eq!(east.initial_state(), LinkState::Mirroring);
+
+        let mut set = base.to_vec();
+        set.extend([
+            ("READ_ONLY_ERROR", "read_only_topic"),
+            ("FAILOVER_DRAIN_TIMEOUT_MS", "5000"),
+            ("LINK_EAST_INITIAL_STATE", "stopped"),
+        ]);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
+        assert_eq!(c.read_only_error, ReadOnlyError::ReadOnlyTopic);
+        assert_eq!(c.failover_drain_timeout_ms, 5000);
+        let east = c.links.iter().next().expect("one link");
+        assert_eq!(east.initial_state(), LinkState::Stopped);
+
+        let mut bad = base.to_vec();
+        bad.extend([
+            ("READ_ONLY_ERROR", "read_only"),
+            ("FAILOVER_DRAIN_TIMEOUT_MS", "0"),
+            ("LINK_EAST_INITIAL_STATE", "paused"),
+        ]);
+        let names: Vec<String> = problems(&bad).into_iter().map(|p| p.variable).collect();
+        for want in [
+            "MIRROR_PROXY_READ_ONLY_ERROR",
+            "MIRROR_PROXY_FAILOVER_DRAIN_TIMEOUT_MS",
+            "MIRROR_PROXY_LINK_EAST_INITIAL_STATE",
+        ] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{want} missing from {names:?}"
+            );
+        }
     }
 
     #[test]

@@ -145,6 +145,80 @@ pub struct Metrics {
     links: HashMap<String, LinkMetrics>,
     /// The state topic (`state`).
     pub state: StateMetrics,
+    /// Link control (failover).
+    control: ControlMetrics,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// Link states, failovers, barriers and fencing. Label values are link
+/// names from the configuration and fixed results: bounded.
+struct ControlMetrics {
+    link_state: Family<LinkLabels, Gauge>,
+    failovers: Family<LinkLabels, Counter>,
+    failovers_completed: Family<LinkLabels, Counter>,
+    failover_seconds: prometheus_client::metrics::histogram::Histogram,
+    barriers: Family<ResultLabels, Counter>,
+    local_writes_refused: Family<LinkLabels, Counter>,
+    connections_fenced: Family<LinkLabels, Counter>,
+}
+
+impl ControlMetrics {
+    fn register(registry: &mut Registry) -> ControlMetrics {
+        let m = ControlMetrics {
+            link_state: Family::default(),
+            failovers: Family::default(),
+            failovers_completed: Family::default(),
+            failover_seconds: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.1, 2.0, 14),
+            ),
+            barriers: Family::default(),
+            local_writes_refused: Family::default(),
+            connections_fenced: Family::default(),
+        };
+        registry.register(
+            "link_state",
+            "Each link's state: 0 MIRRORING, 1 STOPPING, 2 STOPPED",
+            m.link_state.clone(),
+        );
+        registry.register(
+            "failovers",
+            "Failovers started on this instance, by link",
+            m.failovers.clone(),
+        );
+        registry.register(
+            "failovers_completed",
+            "Failovers this instance ran to STOPPED, by link",
+            m.failovers_completed.clone(),
+        );
+        registry.register(
+            "failover_duration_seconds",
+            "Time a failover run took on this instance, from its start (or resumption) to STOPPED",
+            m.failover_seconds.clone(),
+        );
+        registry.register(
+            "failover_barriers",
+            "Partition barriers placed by this instance, by result (accepted, refused, failed)",
+            m.barriers.clone(),
+        );
+        registry.register(
+            "local_writes_refused",
+            "Partitions of local Produce requests refused because the topic is a read-only mirror, by link",
+            m.local_writes_refused.clone(),
+        );
+        registry.register(
+            "link_connections_fenced",
+            "Client connections of a link closed or refused because the link is STOPPING or STOPPED, by link",
+            m.connections_fenced.clone(),
+        );
+        for result in ["accepted", "refused", "failed"] {
+            let _ = m.barriers.get_or_create(&ResultLabels { result });
+        }
+        m
+    }
 }
 
 impl Default for Metrics {
@@ -251,6 +325,7 @@ impl Metrics {
         );
 
         let state = StateMetrics::register(&mut registry);
+        let control = ControlMetrics::register(&mut registry);
 
         let slots = ApiKey::iter().map(|k| k as usize + 1).max().unwrap_or(0);
         let links = links
@@ -286,6 +361,7 @@ impl Metrics {
             producer_state_evictions,
             links,
             state,
+            control,
         };
         // The bootstrap listener always exists: show its series before the
         // first connection.
@@ -422,6 +498,60 @@ impl Metrics {
                 link: Arc::from(link),
             })
             .inc_by(n);
+    }
+
+    fn link_label(&self, link: &str) -> LinkLabels {
+        LinkLabels {
+            link: match self.links.get(link) {
+                Some(l) => Arc::clone(&l.name),
+                None => Arc::from(link),
+            },
+        }
+    }
+
+    /// `link` is in the state with `code` (0 MIRRORING, 1 STOPPING, 2 STOPPED).
+    pub fn link_state(&self, link: &str, code: i8) {
+        self.control
+            .link_state
+            .get_or_create(&self.link_label(link))
+            .set(i64::from(code));
+    }
+
+    pub fn failover_started(&self, link: &str) {
+        self.control
+            .failovers
+            .get_or_create(&self.link_label(link))
+            .inc();
+    }
+
+    pub fn failover_finished(&self, link: &str, seconds: f64) {
+        self.control
+            .failovers_completed
+            .get_or_create(&self.link_label(link))
+            .inc();
+        self.control.failover_seconds.observe(seconds);
+    }
+
+    /// A partition barrier ended with `result` (a fixed label).
+    pub fn barrier(&self, result: &'static str) {
+        self.control
+            .barriers
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn local_write_refused(&self, link: &str) {
+        self.control
+            .local_writes_refused
+            .get_or_create(&self.link_label(link))
+            .inc();
+    }
+
+    pub fn link_connection_fenced(&self, link: &str) {
+        self.control
+            .connections_fenced
+            .get_or_create(&self.link_label(link))
+            .inc();
     }
 
     /// `n` more mirrored producers were evicted from the producer state.

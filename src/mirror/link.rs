@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use regex::Regex;
 
+use crate::control::link_state::LinkState;
 use crate::mirror::pid::{cluster_hash, ClusterId};
 
 /// What a link does with control batches (transaction markers copied from
@@ -36,6 +37,7 @@ pub struct Link {
     topic_patterns: Vec<Regex>,
     tls_subject: Option<String>,
     control_batches: ControlBatchPolicy,
+    initial_state: LinkState,
 }
 
 /// The name a pattern `^(?:name)$` matches when `name` is made only of
@@ -70,7 +72,19 @@ impl Link {
             topic_patterns: patterns,
             tls_subject,
             control_batches,
+            initial_state: LinkState::Mirroring,
         }
+    }
+
+    /// The state the link has while the state topic has no record of it
+    /// (`MIRROR_PROXY_LINK_<NAME>_INITIAL_STATE`).
+    pub fn with_initial_state(mut self, state: LinkState) -> Link {
+        self.initial_state = state;
+        self
+    }
+
+    pub fn initial_state(&self) -> LinkState {
+        self.initial_state
     }
 
     pub fn name(&self) -> &str {

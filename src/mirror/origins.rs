@@ -208,8 +208,8 @@ impl Origins {
                 self.unclaim(key);
                 self.tombstones.insert(key, offset);
             }
-            // Barriers are the state store's, not the origins'.
-            StateRecord::Barrier(..) => {}
+            // Barriers and link control are the state store's, not the origins'.
+            StateRecord::Barrier(..) | StateRecord::LinkState(..) | StateRecord::Drained(..) => {}
         }
     }
 

@@ -76,7 +76,24 @@ pub enum Refusal {
     /// Mirrored producer state: the same batch is in flight to the broker
     /// on another request; answered retriable rather than appended twice.
     RetryInFlight,
+    /// A local write to a topic of a link that is not `STOPPED` (read-only
+    /// mirrored topic): POLICY_VIOLATION.
+    ReadOnly,
+    /// The same, answered READ_ONLY_TOPIC (`MIRROR_PROXY_READ_ONLY_ERROR`).
+    ReadOnlyTopic,
+    /// A Produce of a link that is failing over or failed over.
+    LinkFenced,
 }
+
+/// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
+/// (nor in kafka-protocol 0.18), where code 134 is GROUP_DELETION_FAILED:
+/// a Java client reading 134 from a Produce would report that.
+pub const READ_ONLY_TOPIC: i16 = 134;
+/// The first Produce version whose clients know READ_ONLY_TOPIC. Kafka
+/// 4.4.0 defines Produce up to v13 (ProduceRequest.json, "3-13") and no
+/// READ_ONLY_TOPIC: no KIP or Produce version introduced it there, so
+/// every version the proxy parses falls back to POLICY_VIOLATION.
+pub const READ_ONLY_TOPIC_MIN_PRODUCE_VERSION: i16 = 14;
 
 impl From<RefusalKind> for Refusal {
     fn from(kind: RefusalKind) -> Refusal {
@@ -100,6 +117,8 @@ impl Refusal {
             Refusal::InvalidProducerEpoch => "invalid_producer_epoch",
             Refusal::OutOfOrderSequence => "out_of_order_sequence",
             Refusal::RetryInFlight => "retry_in_flight",
+            Refusal::ReadOnly | Refusal::ReadOnlyTopic => "read_only",
+            Refusal::LinkFenced => "link_fenced",
         }
     }
 
@@ -120,6 +139,13 @@ impl Refusal {
             // idempotent producer resends the batch with the same epoch and
             // sequence), and by then the first attempt has an outcome.
             Refusal::RetryInFlight => ResponseError::RequestTimedOut,
+            // Non-retriable for every client (Java: PolicyViolationException).
+            Refusal::ReadOnly => ResponseError::PolicyViolation,
+            Refusal::ReadOnlyTopic => ResponseError::Unknown(READ_ONLY_TOPIC),
+            // Fatal for an idempotent or transactional producer (Java and
+            // librdkafka stop it: it must be closed), non-retriable for any
+            // other: the replicator is fenced, not paused.
+            Refusal::LinkFenced => ResponseError::ProducerFenced,
         }
     }
 }
@@ -674,6 +700,29 @@ pub fn refuse_all(
                 message: message.to_string(),
             },
         });
+        Ok(())
+    })?;
+    Ok(plan)
+}
+
+/// Plan that answers the partitions `decide` refuses and forwards the rest
+/// (`forwarded_partitions` counts those).
+pub fn refuse_where(
+    frame: &Bytes,
+    body_offset: usize,
+    version: i16,
+    mut decide: impl FnMut(&TopicRef) -> Option<(Refusal, String)>,
+) -> Result<ProducePlan, ProduceError> {
+    let mut plan = ProducePlan::default();
+    for_each_partition(frame, body_offset, version, |p| {
+        match decide(p.topic) {
+            Some((refusal, message)) => plan.local.push(LocalPartition {
+                topic: p.topic.clone(),
+                partition: p.index,
+                outcome: LocalOutcome::Refused { refusal, message },
+            }),
+            None => plan.forwarded_partitions += 1,
+        }
         Ok(())
     })?;
     Ok(plan)

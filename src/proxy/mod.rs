@@ -101,6 +101,10 @@ pub struct Shared {
     pub state: Option<Arc<StateStore>>,
     /// Mirrored producer state (SPEC §6), for link Produce requests.
     pub dedupe: Arc<crate::mirror::produce_filter::Dedupe>,
+    /// The live proxy instances on the state topic.
+    pub members: Arc<crate::control::members::Members>,
+    /// Link states, fencing and failovers.
+    pub control: Arc<crate::control::Control>,
     /// Client connections open now.
     connections: watch::Sender<usize>,
     shutdown: watch::Sender<bool>,
@@ -463,9 +467,20 @@ impl Proxy {
         if let Some(state) = &state {
             state.expire_with(Arc::clone(&dedupe));
         }
+        let members = Arc::new(crate::control::members::Members::new());
+        let control = crate::control::Control::new(
+            config.links.clone(),
+            state.clone(),
+            Arc::clone(&members),
+            Arc::clone(&metrics),
+            config.read_only_error,
+            Duration::from_millis(config.failover_drain_timeout_ms),
+        );
         let shared = Arc::new(Shared {
             budget,
             dedupe,
+            members,
+            control,
             connections: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
             refusals: Mutex::new(RefusalLog::default()),
@@ -484,6 +499,7 @@ impl Proxy {
             topic_ids: RwLock::new(HashMap::new()),
             state,
         });
+        shared.control.start(Arc::clone(&shared));
         let health = Arc::clone(&shared.bootstrap_health);
         spawn_accept_loop(
             Arc::clone(&shared),

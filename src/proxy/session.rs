@@ -143,6 +143,9 @@ enum Pending {
 enum End {
     ClientClosed,
     Shutdown,
+    /// A connection of a link that is STOPPING or STOPPED, closed once its
+    /// in-flight requests were answered.
+    Fenced(String),
 }
 
 /// What the idle timeout needs from the response loop.
@@ -198,6 +201,11 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
         Ok(End::Shutdown) => {
             tracing::debug!(%peer, "closed for shutdown after delivering every response owed");
             "shutdown"
+        }
+        Ok(End::Fenced(link)) => {
+            tracing::info!(%peer, link, "closed a connection of a fenced link (STOPPING or STOPPED) after answering its requests in flight");
+            shared.control.connection_fenced(&link);
+            "link_fenced"
         }
         // Routine: clients reconnect when they need to.
         Err(e @ SessionError::Idle { .. }) => {
@@ -346,6 +354,13 @@ async fn requests(
 ) -> Result<End, SessionError> {
     let idle_ms = shared.config.connections_max_idle_ms;
     let idle = Duration::from_millis(idle_ms);
+    // Set once a request speaks as a link: the connection counts as the
+    // link's (for draining) and closes when the link is fenced.
+    let mut link_session: Option<(
+        Arc<crate::mirror::link::Link>,
+        crate::control::links::LinkSession,
+    )> = None;
+    let mut changes = shared.control.changes();
     loop {
         // Frames are only ever taken whole: a frame cut short by shutdown
         // was never forwarded, so nothing is left half-answered.
@@ -356,6 +371,16 @@ async fn requests(
         let frame = tokio::select! {
             biased;
             _ = shared.shutting_down() => return Ok(End::Shutdown),
+            // A link connection stops reading when its link is fenced; what
+            // is in flight is still answered.
+            _ = link_state_changed(&mut changes, link_session.is_some()) => {
+                if let Some((link, _)) = &link_session {
+                    if shared.control.fenced(link).is_some() {
+                        return Ok(End::Fenced(link.name().to_string()));
+                    }
+                }
+                continue;
+            }
             f = client.read_frame() => f.map_err(SessionError::ClientFrame)?,
             _ = tokio::time::sleep_until(wake) => {
                 match activity.idle_since(&client, &tx) {
@@ -391,6 +416,37 @@ async fn requests(
             version: h.api_version,
             handling,
         };
+        if let Some(link) = shared
+            .config
+            .links
+            .by_client_id(h.client_id(&frame).unwrap_or(""))
+        {
+            // A client without the link's certificate is not the link: its
+            // Produce is refused as spoofed further on.
+            let admitted = link.admits(subject.as_ref());
+            if link_session.is_none() && admitted {
+                let guard = shared.control.link_session(link.name());
+                link_session = Some((Arc::clone(link), guard));
+            }
+            if let Some(message) = admitted.then(|| shared.control.fenced(link)).flatten() {
+                shared.control.link_request_refused(link.name());
+                if api == ApiKey::Produce {
+                    let action = refuse_produce(
+                        shared,
+                        link.name(),
+                        &h,
+                        frame.freeze(),
+                        Refusal::LinkFenced,
+                        &message,
+                    )?;
+                    if let Some(p) = action.pending {
+                        send(&tx, p).await;
+                    }
+                }
+                tracing::debug!(link = link.name(), api = ?api, "refused a request of a fenced link; closing its connection");
+                return Ok(End::Fenced(link.name().to_string()));
+            }
+        }
         match api {
             ApiKey::Produce => {
                 let action = produce(shared, subject.as_ref(), &h, frame.freeze()).await?;
@@ -431,6 +487,50 @@ async fn requests(
             }
         }
     }
+}
+
+/// Resolves when the link states change, for a link connection; never
+/// otherwise.
+async fn link_state_changed(
+    changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
+    watching: bool,
+) {
+    match changes {
+        Some(rx) if watching => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// Every partition of a Produce answered here with `refusal`.
+fn refuse_produce(
+    shared: &Arc<Shared>,
+    link: &str,
+    h: &RequestHeaderPeek,
+    frame: Bytes,
+    refusal: Refusal,
+    message: &str,
+) -> Result<ProduceAction, SessionError> {
+    let version = h.api_version;
+    let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
+    let acks = produce_acks(&frame, body_offset, version)?;
+    let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
+    count_local(shared, link, &plan.local);
+    let pending = match acks != 0 {
+        true => Some(Pending::Local(produce::local_response(
+            h.correlation_id,
+            version,
+            &plan.local,
+        )?)),
+        false => None,
+    };
+    Ok(ProduceAction {
+        pending,
+        forward: None,
+    })
 }
 
 async fn send(tx: &mpsc::Sender<Pending>, p: Pending) {
@@ -503,6 +603,44 @@ async fn produce(
         Origin::Local => {
             if addresses::carries_addresses(ApiKey::Produce, version) {
                 check_parseable(ApiKey::Produce, version)?;
+            }
+            // Read-only mirrored topics: refused per partition.
+            if shared.control.any_read_only() {
+                let control = &shared.control;
+                let plan = produce::refuse_where(&frame, body_offset, version, |t| {
+                    let name = match version >= 13 {
+                        true => shared.topic_name(t.topic_id)?,
+                        false => t.name.to_string(),
+                    };
+                    let refusal = control.read_only(&name, version)?;
+                    control.local_write_refused(&name);
+                    Some(refusal)
+                })?;
+                if !plan.local.is_empty() {
+                    if let Some(LocalPartition {
+                        outcome: LocalOutcome::Refused { message, .. },
+                        ..
+                    }) = plan.local.first()
+                    {
+                        tracing::debug!(partitions = plan.local.len(), %message, "refused a local write to a read-only mirrored topic");
+                    }
+                    if plan.forwarded_partitions == 0 {
+                        return Ok(ProduceAction {
+                            pending: local_only(&plan.local)?,
+                            forward: None,
+                        });
+                    }
+                    let reduced = produce::without_local_partitions(
+                        &frame,
+                        body_offset,
+                        version,
+                        &plan.local,
+                    )?;
+                    return Ok(ProduceAction {
+                        pending: broker(plan.local, Tracked::none()),
+                        forward: Some(reduced),
+                    });
+                }
             }
             let frame = BytesMut::from(frame); // unique: no copy
             return Ok(ProduceAction {

@@ -43,12 +43,15 @@ use uuid::Uuid;
 use crate::client::protocol::{OffsetSpec, Produced};
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::Config;
+use crate::control::link_state::{follows, LinkStatus};
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
 use crate::mirror::produce::Unresolved;
 use crate::mirror::produce_filter::Dedupe;
 use crate::proxy::tls::TlsSetupError;
-use records::{BarrierKey, BarrierValue, CollisionValue, OriginValue, StateRecord};
+use records::{
+    BarrierKey, BarrierValue, CollisionValue, DrainedKey, DrainedValue, OriginValue, StateRecord,
+};
 
 /// Bytes asked for per Fetch of the state topic.
 const FETCH_BYTES: i32 = 1024 * 1024;
@@ -109,6 +112,12 @@ pub struct StateStore {
     barriers: RwLock<HashMap<BarrierKey, AppliedBarrier>>,
     /// The producer state a barrier expires (set once the proxy has one).
     expires: OnceLock<Arc<Dedupe>>,
+    /// Every link's latest applied state record (record type 5).
+    links: RwLock<HashMap<String, LinkStatus>>,
+    /// Which instance drained which link for which failover (type 7).
+    drained: RwLock<HashMap<DrainedKey, DrainedValue>>,
+    /// Bumped whenever a link state or drained record is applied.
+    control_changed: watch::Sender<u64>,
 }
 
 /// A barrier record as this instance applied it.
@@ -189,6 +198,9 @@ impl StateStore {
             expiration_ms,
             barriers: RwLock::new(HashMap::new()),
             expires: OnceLock::new(),
+            links: RwLock::new(HashMap::new()),
+            drained: RwLock::new(HashMap::new()),
+            control_changed: watch::Sender::new(0),
         })
     }
 
@@ -251,6 +263,90 @@ impl StateStore {
                 key.link, key.partition
             ))),
         }
+    }
+
+    /// Every barrier of `link` read from the topic.
+    pub fn barriers_of(&self, link: &str) -> Vec<(BarrierKey, AppliedBarrier)> {
+        read(&self.barriers)
+            .iter()
+            .filter(|(k, _)| k.link == link)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The latest state record of `link` applied, if the topic has one.
+    pub fn link_status(&self, link: &str) -> Option<LinkStatus> {
+        read(&self.links).get(link).copied()
+    }
+
+    /// The instances that drained `link` for failover `failover_id`.
+    pub fn drained(&self, link: &str, failover_id: i64) -> Vec<String> {
+        read(&self.drained)
+            .iter()
+            .filter(|(k, v)| k.link == link && v.failover_id == failover_id)
+            .map(|(k, _)| k.instance.clone())
+            .collect()
+    }
+
+    /// Changes whenever a link state or drained record is applied.
+    pub fn control_changes(&self) -> watch::Receiver<u64> {
+        self.control_changed.subscribe()
+    }
+
+    /// Persist `status` for `link` (acks=all) and return once this instance
+    /// has applied it; `Ok(false)` when it did not apply because another
+    /// record won the race (the store's status is then the winner's).
+    pub async fn write_link_state(
+        &self,
+        link: &str,
+        status: LinkStatus,
+    ) -> Result<bool, ResolveError> {
+        self.write(&[StateRecord::LinkState(link.to_string(), Some(status))])
+            .await?;
+        Ok(self.link_status(link) == Some(status))
+    }
+
+    /// Persist that this instance drained `key.link` for a failover.
+    pub async fn write_drained(
+        &self,
+        key: DrainedKey,
+        value: DrainedValue,
+    ) -> Result<(), ResolveError> {
+        self.write(&[StateRecord::Drained(key, Some(value))])
+            .await
+            .map(|_| ())
+    }
+
+    /// Apply link state and drained records in log order.
+    fn apply_control(&self, applied: Vec<StateRecord>) {
+        if applied.is_empty() {
+            return;
+        }
+        for record in applied {
+            match record {
+                StateRecord::LinkState(link, Some(next)) => {
+                    let mut links = write(&self.links);
+                    let current = links.get(&link).copied();
+                    if current.is_none_or(|c| follows(&c, &next)) {
+                        tracing::info!(link = %link, state = next.state.as_str(), failover_id = next.failover_id, "link state applied");
+                        links.insert(link, next);
+                    } else if let Some(c) = current {
+                        tracing::info!(link = %link, current = c.state.as_str(), current_failover = c.failover_id, ignored = next.state.as_str(), ignored_failover = next.failover_id, "link state record ignored: it does not follow the current state (a lost race)");
+                    }
+                }
+                StateRecord::LinkState(link, None) => {
+                    write(&self.links).remove(&link);
+                }
+                StateRecord::Drained(k, Some(v)) => {
+                    write(&self.drained).insert(k, v);
+                }
+                StateRecord::Drained(k, None) => {
+                    write(&self.drained).remove(&k);
+                }
+                _ => {}
+            }
+        }
+        self.control_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Apply barrier records read from the topic: remember them, and expire
@@ -323,6 +419,14 @@ impl StateStore {
     /// The origins view (do not hold across an await).
     pub fn view(&self) -> RwLockReadGuard<'_, Origins> {
         read(&self.view)
+    }
+
+    /// The name of a topic id the store looked up itself.
+    pub fn topic_name(&self, id: Uuid) -> Option<String> {
+        read(&self.topic_ids)
+            .iter()
+            .find(|(_, v)| **v == id)
+            .map(|(k, _)| k.clone())
     }
 
     /// A topic id the store looked up itself.
@@ -423,10 +527,12 @@ impl StateStore {
             return from;
         }
         let mut barriers = Vec::new();
+        let mut control = Vec::new();
         let next = {
             let mut view = write(&self.view);
             let next = topic::read_batches(records, from, |offset, r| match r {
                 Ok(StateRecord::Barrier(k, v)) => barriers.push((k, v)),
+                Ok(r @ (StateRecord::LinkState(..) | StateRecord::Drained(..))) => control.push(r),
                 Ok(record) => view.apply(offset, &record),
                 Err(e) => {
                     tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
@@ -436,6 +542,7 @@ impl StateStore {
             next
         };
         self.apply_barriers(barriers);
+        self.apply_control(control);
         self.applied.send_if_modified(|a| {
             let moved = next > *a;
             if moved {

@@ -10,8 +10,9 @@
 //! |---|---|---|
 //! | 3 | `MirrorPidCollisionKey` | `MirrorPidCollisionValue` (flexible) |
 //! | 4 | `MirrorPidOriginKey` | `MirrorPidOriginValue` (flexible) |
-//! | 5 | reserved for link state | |
+//! | 5 | `MirrorLinkStateKey` | `MirrorLinkStateValue` (flexible) |
 //! | 6 | `MirrorBarrierKey` | `MirrorBarrierValue` (flexible) |
+//! | 7 | `MirrorLinkDrainedKey` | `MirrorLinkDrainedValue` (flexible) |
 //!
 //! The keys of types 3 and 4 have the same layout (not flexible): TopicId
 //! uuid, Partition int32, SourceClusterId string (int16 length),
@@ -23,6 +24,7 @@
 use thiserror::Error;
 use uuid::Uuid;
 
+use crate::control::link_state::{LinkState, LinkStatus};
 use crate::mirror::pid::ClusterId;
 use crate::wire::header::read_uvarint;
 
@@ -30,10 +32,15 @@ use crate::wire::header::read_uvarint;
 pub const COLLISION_TYPE: i16 = 3;
 /// Record type of `MirrorPidOriginKey`.
 pub const ORIGIN_TYPE: i16 = 4;
-/// Record type reserved for link state (issue 10); skipped when read.
+/// Record type of `MirrorLinkStateKey`: a link's state.
 pub const LINK_STATE_TYPE: i16 = 5;
 /// Record type of `MirrorBarrierKey`: a failover's barrier in one partition.
 pub const BARRIER_TYPE: i16 = 6;
+/// Record type of `MirrorLinkDrainedKey`: an instance drained a link's
+/// connections for a failover.
+pub const DRAINED_TYPE: i16 = 7;
+/// Longest instance id a drained key may carry.
+pub const MAX_INSTANCE_ID: usize = 249;
 /// Longest link name a barrier key may carry (names come from the
 /// configuration, which allows far less).
 pub const MAX_LINK_NAME: usize = 249;
@@ -106,6 +113,24 @@ pub enum StateRecord {
     Collision(OriginKey, Option<CollisionValue>),
     Origin(OriginKey, Option<OriginValue>),
     Barrier(BarrierKey, Option<BarrierValue>),
+    /// Key: the link name.
+    LinkState(String, Option<LinkStatus>),
+    Drained(DrainedKey, Option<DrainedValue>),
+}
+
+/// `MirrorLinkDrainedKey` v0: one instance's drain of one link.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DrainedKey {
+    pub link: String,
+    pub instance: String,
+}
+
+/// `MirrorLinkDrainedValue` v0: the instance closed every connection of the
+/// link (their requests answered) for failover `failover_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainedValue {
+    pub failover_id: i64,
+    pub timestamp_ms: i64,
 }
 
 /// Why a record could not be decoded.
@@ -115,8 +140,6 @@ pub enum RecordError {
     NoKey,
     #[error("unknown record type {0}")]
     UnknownType(i16),
-    #[error("record type {0} is reserved and not read by this version")]
-    Reserved(i16),
     #[error("unknown value version {version} for record type {record_type}")]
     UnknownVersion { record_type: i16, version: i16 },
     #[error("{what} is truncated")]
@@ -127,6 +150,8 @@ pub enum RecordError {
     ClusterId { what: &'static str },
     #[error("{what}: invalid string")]
     String { what: &'static str },
+    #[error("link state record: unknown state code")]
+    LinkState,
 }
 
 impl StateRecord {
@@ -136,6 +161,19 @@ impl StateRecord {
             StateRecord::Collision(k, _) => encode_key(COLLISION_TYPE, k),
             StateRecord::Origin(k, _) => encode_key(ORIGIN_TYPE, k),
             StateRecord::Barrier(k, _) => encode_barrier_key(k),
+            StateRecord::LinkState(link, _) => {
+                let mut out = Vec::with_capacity(2 + 2 + link.len());
+                out.extend_from_slice(&LINK_STATE_TYPE.to_be_bytes());
+                put_string(&mut out, link);
+                out
+            }
+            StateRecord::Drained(k, _) => {
+                let mut out = Vec::with_capacity(2 + 2 + k.link.len() + 2 + k.instance.len());
+                out.extend_from_slice(&DRAINED_TYPE.to_be_bytes());
+                put_string(&mut out, &k.link);
+                put_string(&mut out, &k.instance);
+                out
+            }
         }
     }
 
@@ -145,6 +183,15 @@ impl StateRecord {
             StateRecord::Collision(_, v) => v.as_ref().map(encode_collision_value),
             StateRecord::Origin(_, v) => v.as_ref().map(encode_origin_value),
             StateRecord::Barrier(_, v) => v.as_ref().map(encode_barrier_value),
+            StateRecord::LinkState(_, v) => v.as_ref().map(encode_link_state_value),
+            StateRecord::Drained(_, v) => v.as_ref().map(|v| {
+                let mut out = Vec::with_capacity(2 + 16 + 1);
+                out.extend_from_slice(&0i16.to_be_bytes());
+                out.extend_from_slice(&v.failover_id.to_be_bytes());
+                out.extend_from_slice(&v.timestamp_ms.to_be_bytes());
+                out.push(0); // no tagged fields
+                out
+            }),
         }
     }
 
@@ -156,7 +203,8 @@ impl StateRecord {
         match record_type {
             COLLISION_TYPE | ORIGIN_TYPE => {}
             BARRIER_TYPE => return decode_barrier(r, value),
-            LINK_STATE_TYPE => return Err(RecordError::Reserved(record_type)),
+            LINK_STATE_TYPE => return decode_link_state(r, value),
+            DRAINED_TYPE => return decode_drained(r, value),
             t => return Err(RecordError::UnknownType(t)),
         }
         let k = OriginKey {
@@ -232,6 +280,80 @@ fn decode_barrier(mut r: Reader<'_>, value: Option<&[u8]>) -> Result<StateRecord
     r.tagged_fields()?;
     r.finish()?;
     Ok(StateRecord::Barrier(k, Some(v)))
+}
+
+/// An int16-length string (callers bound the length far below i16::MAX).
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as i16).to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// The value reader after its version, which must be 0.
+fn value_v0(value: &[u8], record_type: i16) -> Result<Reader<'_>, RecordError> {
+    let mut r = Reader::new(value, "value");
+    let version = r.i16()?;
+    if version != 0 {
+        return Err(RecordError::UnknownVersion {
+            record_type,
+            version,
+        });
+    }
+    Ok(r)
+}
+
+fn decode_link_state(mut r: Reader<'_>, value: Option<&[u8]>) -> Result<StateRecord, RecordError> {
+    let link = r.string(MAX_LINK_NAME)?;
+    r.finish()?;
+    let Some(value) = value else {
+        return Ok(StateRecord::LinkState(link, None));
+    };
+    let mut r = value_v0(value, LINK_STATE_TYPE)?;
+    let state = LinkState::from_code(r.i8()?).ok_or(RecordError::LinkState)?;
+    let v = LinkStatus {
+        state,
+        since_ms: r.i64()?,
+        source: r.cluster_id_compact()?,
+        failover_id: r.i64()?,
+        failover_started_ms: r.i64()?,
+        failover_finished_ms: r.i64()?,
+    };
+    r.tagged_fields()?;
+    r.finish()?;
+    Ok(StateRecord::LinkState(link, Some(v)))
+}
+
+fn encode_link_state_value(v: &LinkStatus) -> Vec<u8> {
+    let source = v.source.to_string();
+    let mut out = Vec::with_capacity(2 + 1 + 8 + 1 + source.len() + 24 + 1);
+    out.extend_from_slice(&0i16.to_be_bytes());
+    out.push(v.state.code() as u8);
+    out.extend_from_slice(&v.since_ms.to_be_bytes());
+    out.push(source.len() as u8 + 1);
+    out.extend_from_slice(source.as_bytes());
+    out.extend_from_slice(&v.failover_id.to_be_bytes());
+    out.extend_from_slice(&v.failover_started_ms.to_be_bytes());
+    out.extend_from_slice(&v.failover_finished_ms.to_be_bytes());
+    out.push(0); // no tagged fields
+    out
+}
+
+fn decode_drained(mut r: Reader<'_>, value: Option<&[u8]>) -> Result<StateRecord, RecordError> {
+    let k = DrainedKey {
+        link: r.string(MAX_LINK_NAME)?,
+        instance: r.string(MAX_INSTANCE_ID)?,
+    };
+    r.finish()?;
+    let Some(value) = value else {
+        return Ok(StateRecord::Drained(k, None));
+    };
+    let mut r = value_v0(value, DRAINED_TYPE)?;
+    let v = DrainedValue {
+        failover_id: r.i64()?,
+        timestamp_ms: r.i64()?,
+    };
+    r.tagged_fields()?;
+    r.finish()?;
+    Ok(StateRecord::Drained(k, Some(v)))
 }
 
 fn encode_barrier_key(k: &BarrierKey) -> Vec<u8> {
@@ -500,6 +622,91 @@ mod tests {
     }
 
     #[test]
+    fn link_state_record_bytes() {
+        let v = LinkStatus {
+            state: LinkState::Stopping,
+            since_ms: 1_700_000_000_000,
+            source: key().source,
+            failover_id: 1_700_000_000_000,
+            failover_started_ms: 1_700_000_000_000,
+            failover_finished_ms: -1,
+        };
+        let r = StateRecord::LinkState("east".into(), Some(v));
+        let key_hex = "0005 0004 65617374";
+        assert_eq!(r.encode_key(), hex(key_hex));
+        let value_hex = format!(
+            "0000 01 0000018bcfe56800 17 {CLUSTER_HEX} 0000018bcfe56800 0000018bcfe56800 ffffffffffffffff 00"
+        );
+        assert_eq!(r.encode_value().unwrap(), hex(&value_hex));
+        assert_eq!(r.encode_value().unwrap().len(), 59);
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), Some(&hex(&value_hex))),
+            Ok(r)
+        );
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), None),
+            Ok(StateRecord::LinkState("east".into(), None))
+        );
+        let (kb, vb) = (hex(key_hex), hex(&value_hex));
+        for n in 0..vb.len() {
+            assert!(
+                StateRecord::decode(Some(&kb), Some(&vb[..n])).is_err(),
+                "{n}"
+            );
+        }
+        for n in 0..kb.len() {
+            assert!(StateRecord::decode(Some(&kb[..n]), None).is_err(), "{n}");
+        }
+        let mut bad = vb.clone();
+        bad[2] = 3;
+        assert_eq!(
+            StateRecord::decode(Some(&kb), Some(&bad)),
+            Err(RecordError::LinkState)
+        );
+        // A link name longer than any allowed is refused before it is read.
+        let long = hex("0005 7fff");
+        assert_eq!(
+            StateRecord::decode(Some(&long), None),
+            Err(RecordError::String { what: "key" })
+        );
+    }
+
+    #[test]
+    fn drained_record_bytes() {
+        let k = DrainedKey {
+            link: "east".into(),
+            instance: "i-1".into(),
+        };
+        let v = DrainedValue {
+            failover_id: 42,
+            timestamp_ms: 1_700_000_000_000,
+        };
+        let r = StateRecord::Drained(k.clone(), Some(v));
+        let key_hex = "0007 0004 65617374 0003 692d31";
+        assert_eq!(r.encode_key(), hex(key_hex));
+        let value_hex = "0000 000000000000002a 0000018bcfe56800 00";
+        assert_eq!(r.encode_value().unwrap(), hex(value_hex));
+        assert_eq!(r.encode_value().unwrap().len(), 19);
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), Some(&hex(value_hex))),
+            Ok(r)
+        );
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), None),
+            Ok(StateRecord::Drained(k, None))
+        );
+        let mut v1 = hex(value_hex);
+        v1[1] = 1;
+        assert_eq!(
+            StateRecord::decode(Some(&hex(key_hex)), Some(&v1)),
+            Err(RecordError::UnknownVersion {
+                record_type: 7,
+                version: 1
+            })
+        );
+    }
+
+    #[test]
     fn barrier_record_bytes() {
         let k = BarrierKey {
             link: "east".into(),
@@ -610,10 +817,8 @@ mod tests {
             StateRecord::decode(Some(&k.clone().replace_type(9)), Some(&v)),
             Err(RecordError::UnknownType(9))
         );
-        assert_eq!(
-            StateRecord::decode(Some(&k.clone().replace_type(5)), None),
-            Err(RecordError::Reserved(5))
-        );
+        // An origin key read as a link state key: not a valid link name.
+        assert!(StateRecord::decode(Some(&k.clone().replace_type(5)), None).is_err());
         let mut v1 = v.clone();
         v1[1] = 1;
         assert_eq!(

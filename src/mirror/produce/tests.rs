@@ -565,3 +565,54 @@ fn batches_with_a_sequence_are_tracked_with_their_mapped_pid_and_offset_delta() 
         vec![(MAPPED_5, 3, 10, 11, 0), (MAPPED_5, 3, 10, 10, 3)]
     );
 }
+
+#[test]
+fn local_writes_to_read_only_topics_are_refused_per_partition() {
+    let frame = request(
+        9,
+        "app",
+        &[
+            ("orders", 0, batch(-1, false, &["a"])),
+            ("orders", 1, batch(-1, false, &["b"])),
+            ("other", 0, batch(-1, false, &["c"])),
+        ],
+    );
+    let offset = body_offset(&frame, 9);
+    let p = refuse_where(&frame, offset, 9, |t| {
+        (t.name.as_str() == "orders").then(|| (Refusal::ReadOnly, "read-only".to_string()))
+    })
+    .expect("plan");
+    assert_eq!(p.forwarded_partitions, 1);
+    assert_eq!(
+        p.local.iter().map(|l| l.partition).collect::<Vec<_>>(),
+        [0, 1]
+    );
+    // The broker gets only the other topic, untouched.
+    let reduced = without_local_partitions(&frame, offset, 9, &p.local)
+        .expect("re-encode")
+        .freeze();
+    let decoded = decode(&reduced, offset, 9).expect("decode");
+    assert_eq!(decoded.topic_data.len(), 1);
+    assert_eq!(decoded.topic_data[0].name.0.as_str(), "other");
+    // The client gets POLICY_VIOLATION with the message for both partitions.
+    let mut response = ProduceResponse::default();
+    merge_local(&mut response, 9, &p.local);
+    let parts = &response.responses[0].partition_responses;
+    assert_eq!(parts.len(), 2);
+    assert!(parts
+        .iter()
+        .all(|p| p.error_code == ResponseError::PolicyViolation.code()
+            && p.error_message
+                .as_ref()
+                .is_some_and(|m| m.as_str() == "read-only")));
+
+    // READ_ONLY_TOPIC and PRODUCER_FENCED codes.
+    let p = refuse_all(&frame, offset, 9, Refusal::ReadOnlyTopic, "x").expect("plan");
+    let r = local_response(1, 9, &p.local).expect("encode").freeze();
+    let (_, decoded) = decode_response(&r, 9).expect("decode");
+    assert_eq!(decoded.responses[0].partition_responses[0].error_code, 134);
+    let p = refuse_all(&frame, offset, 9, Refusal::LinkFenced, "x").expect("plan");
+    let r = local_response(1, 9, &p.local).expect("encode").freeze();
+    let (_, decoded) = decode_response(&r, 9).expect("decode");
+    assert_eq!(decoded.responses[0].partition_responses[0].error_code, 90);
+}

@@ -1,0 +1,228 @@
+//! A link's state machine (pure): `MIRRORING` → `STOPPING` → `STOPPED` →
+//! (start) `MIRRORING`, and which persisted record may follow which.
+//!
+//! The state topic orders every instance's writes; each instance applies the
+//! records in that order with [`follows`], so all of them end up in the same
+//! state even when two operators act at once on two instances.
+
+use crate::mirror::pid::ClusterId;
+
+/// Where a link is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinkState {
+    /// Mirrored traffic flows; local producers may not write the link's topics.
+    Mirroring,
+    /// Failing over: the link is fenced on every instance; barriers are
+    /// being placed.
+    Stopping,
+    /// Failed over: the link is fenced, its topics take local writes.
+    Stopped,
+}
+
+impl LinkState {
+    /// As persisted (int8 of `MirrorLinkStateValue`).
+    pub fn code(self) -> i8 {
+        match self {
+            LinkState::Mirroring => 0,
+            LinkState::Stopping => 1,
+            LinkState::Stopped => 2,
+        }
+    }
+
+    pub fn from_code(code: i8) -> Option<LinkState> {
+        match code {
+            0 => Some(LinkState::Mirroring),
+            1 => Some(LinkState::Stopping),
+            2 => Some(LinkState::Stopped),
+            _ => None,
+        }
+    }
+
+    /// As the admin API and the configuration spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkState::Mirroring => "MIRRORING",
+            LinkState::Stopping => "STOPPING",
+            LinkState::Stopped => "STOPPED",
+        }
+    }
+
+    /// `MIRRORING`, `STOPPING` or `STOPPED`, any case.
+    pub fn parse(s: &str) -> Option<LinkState> {
+        match s.to_ascii_uppercase().as_str() {
+            "MIRRORING" => Some(LinkState::Mirroring),
+            "STOPPING" => Some(LinkState::Stopping),
+            "STOPPED" => Some(LinkState::Stopped),
+            _ => None,
+        }
+    }
+
+    /// Whether the link's own traffic is refused (and its connections closed).
+    pub fn fences_link(self) -> bool {
+        self != LinkState::Mirroring
+    }
+
+    /// Whether local producers may not write the link's topics.
+    pub fn read_only(self) -> bool {
+        self != LinkState::Stopped
+    }
+}
+
+/// `MirrorLinkStateValue` v0: a link's persisted status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStatus {
+    pub state: LinkState,
+    /// When the link entered `state` (wall-clock ms).
+    pub since_ms: i64,
+    /// The source cluster the link mirrors (`start` may change it).
+    pub source: ClusterId,
+    /// The current or last failover; -1 if none.
+    pub failover_id: i64,
+    /// When that failover started; -1 if none.
+    pub failover_started_ms: i64,
+    /// When that failover finished (the link became `STOPPED`); -1 if not.
+    pub failover_finished_ms: i64,
+}
+
+impl LinkStatus {
+    /// The status a link has before any record names it.
+    pub fn initial(state: LinkState, source: ClusterId) -> LinkStatus {
+        LinkStatus {
+            state,
+            since_ms: -1,
+            source,
+            failover_id: -1,
+            failover_started_ms: -1,
+            failover_finished_ms: -1,
+        }
+    }
+}
+
+/// Why an operator's transition cannot happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Conflict {
+    #[error("link '{link}' is already STOPPED (failover {failover_id} finished); `POST /links/{link}/start` makes it MIRRORING again")]
+    AlreadyStopped { link: String, failover_id: i64 },
+    #[error("link '{link}' is {state}; only a STOPPED link can be started (`POST /links/{link}/failover` first)")]
+    NotStopped { link: String, state: &'static str },
+    #[error("link '{link}' changed meanwhile (another instance or operator): it is now {state}")]
+    Raced { link: String, state: &'static str },
+}
+
+/// What `failover` does from `current`: `Ok(true)` start a new failover,
+/// `Ok(false)` resume the one in progress.
+pub fn failover_from(link: &str, current: &LinkStatus) -> Result<bool, Conflict> {
+    match current.state {
+        LinkState::Mirroring => Ok(true),
+        LinkState::Stopping => Ok(false),
+        LinkState::Stopped => Err(Conflict::AlreadyStopped {
+            link: link.to_string(),
+            failover_id: current.failover_id,
+        }),
+    }
+}
+
+/// Whether `start` may leave `current`.
+pub fn start_from(link: &str, current: &LinkStatus) -> Result<(), Conflict> {
+    match current.state {
+        LinkState::Stopped => Ok(()),
+        state => Err(Conflict::NotStopped {
+            link: link.to_string(),
+            state: state.as_str(),
+        }),
+    }
+}
+
+/// A failover id for a failover starting at `now_ms` after `current`:
+/// its start time, strictly greater than any id the link had.
+pub fn next_failover_id(current: &LinkStatus, now_ms: i64) -> i64 {
+    now_ms.max(current.failover_id.saturating_add(1))
+}
+
+/// Whether a persisted `next` applies on top of `current` (every instance
+/// decides the same, in log order). The first `STOPPING` of a failover wins
+/// a race: a second one with another id, or a `STOPPED` of another
+/// failover, is ignored; so is anything out of the MIRRORING → STOPPING →
+/// STOPPED → MIRRORING order.
+pub fn follows(current: &LinkStatus, next: &LinkStatus) -> bool {
+    use LinkState::*;
+    match (current.state, next.state) {
+        (Mirroring, Stopping) => next.failover_id > current.failover_id,
+        (Stopping, Stopping) | (Stopping, Stopped) => next.failover_id == current.failover_id,
+        (Stopped, Mirroring) => true,
+        // Rewrites of the same state (e.g. a repeated start) are harmless.
+        (Mirroring, Mirroring) | (Stopped, Stopped) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(state: LinkState, failover_id: i64) -> LinkStatus {
+        LinkStatus {
+            failover_id,
+            ..LinkStatus::initial(state, ClusterId::parse("AAAAAAAAAAAAAAAAAAAAAA").unwrap())
+        }
+    }
+
+    #[test]
+    fn operator_transitions() {
+        use LinkState::*;
+        assert_eq!(failover_from("a", &status(Mirroring, -1)), Ok(true));
+        assert_eq!(failover_from("a", &status(Stopping, 5)), Ok(false));
+        let e = failover_from("a", &status(Stopped, 5)).unwrap_err();
+        assert!(e.to_string().contains("already STOPPED"), "{e}");
+        assert!(e.to_string().contains("/links/a/start"), "{e}");
+        assert_eq!(start_from("a", &status(Stopped, 5)), Ok(()));
+        for s in [Mirroring, Stopping] {
+            let e = start_from("a", &status(s, 5)).unwrap_err();
+            assert!(e.to_string().contains(s.as_str()), "{e}");
+        }
+    }
+
+    #[test]
+    fn records_follow_in_order_and_the_first_stopping_wins() {
+        use LinkState::*;
+        assert!(follows(&status(Mirroring, -1), &status(Stopping, 10)));
+        assert!(!follows(&status(Mirroring, 10), &status(Stopping, 10)));
+        assert!(follows(&status(Stopping, 10), &status(Stopping, 10)));
+        assert!(!follows(&status(Stopping, 10), &status(Stopping, 11)));
+        assert!(follows(&status(Stopping, 10), &status(Stopped, 10)));
+        assert!(!follows(&status(Stopping, 10), &status(Stopped, 11)));
+        assert!(!follows(&status(Stopping, 10), &status(Mirroring, 10)));
+        assert!(follows(&status(Stopped, 10), &status(Mirroring, 10)));
+        assert!(!follows(&status(Stopped, 10), &status(Stopping, 11)));
+        assert!(!follows(&status(Mirroring, -1), &status(Stopped, 10)));
+    }
+
+    #[test]
+    fn failover_ids_only_grow() {
+        assert_eq!(
+            next_failover_id(&status(LinkState::Mirroring, -1), 1000),
+            1000
+        );
+        assert_eq!(
+            next_failover_id(&status(LinkState::Mirroring, 5000), 1000),
+            5001
+        );
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            LinkState::Mirroring,
+            LinkState::Stopping,
+            LinkState::Stopped,
+        ] {
+            assert_eq!(LinkState::from_code(s.code()), Some(s));
+            assert_eq!(LinkState::parse(&s.as_str().to_lowercase()), Some(s));
+        }
+        assert_eq!(LinkState::from_code(3), None);
+        assert_eq!(LinkState::parse("paused"), None);
+        assert!(LinkState::Mirroring.read_only() && LinkState::Stopping.read_only());
+        assert!(!LinkState::Stopped.read_only());
+        assert!(!LinkState::Mirroring.fences_link() && LinkState::Stopping.fences_link());
+    }
+}

@@ -1,0 +1,757 @@
+//! [`Control`]: every link's state as this instance follows it from the
+//! state topic, what the Produce path asks of it (is this topic read-only,
+//! is this link fenced), the link connections it tracks for draining, and
+//! the failover runner the admin API starts.
+//!
+//! Every instance, for a link found `STOPPING`: its sessions of the link
+//! refuse new requests and close once their in-flight requests are
+//! answered; when none is left it writes its drained record (type 7). The
+//! instance running the failover (the one the operator called, or the one
+//! that finds the link `STOPPING` at start-up and resumes): waits for every
+//! live instance's drained record (bounded by
+//! `MIRROR_PROXY_FAILOVER_DRAIN_TIMEOUT_MS`), places every partition's
+//! barrier (`barriers::place`, idempotent, retried), then persists
+//! `STOPPED`. Every transition is written (acks=all) before it takes effect:
+//! it takes effect when the state topic's tailer applies it, on every
+//! instance alike.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use super::barriers::{self, BarrierOutcome, BarrierResult};
+use super::link_state::{self, Conflict, LinkState, LinkStatus};
+use super::members::Members;
+use crate::config::ReadOnlyError;
+use crate::metrics::Metrics;
+use crate::mirror::link::{Link, Links};
+use crate::mirror::pid::ClusterId;
+use crate::mirror::produce::{Refusal, READ_ONLY_TOPIC_MIN_PRODUCE_VERSION};
+use crate::state::records::{DrainedKey, DrainedValue};
+use crate::state::{now_ms, StateStore};
+
+/// Attempts per partition before its barrier is reported failed.
+const BARRIER_ATTEMPTS: u32 = 5;
+/// Partitions whose barriers are placed at once.
+const BARRIER_CONCURRENCY: usize = 16;
+/// Pause between two attempts of a failed barrier.
+const BARRIER_RETRY: Duration = Duration::from_millis(500);
+/// How often the drain wait asks the group for its live members again.
+const MEMBERS_POLL: Duration = Duration::from_millis(500);
+
+/// Why a control operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no mirror link named '{0}'")]
+    UnknownLink(String),
+    #[error(transparent)]
+    Conflict(#[from] Conflict),
+    #[error("the state topic is not loaded yet ({0}); retry")]
+    NotLoaded(String),
+    #[error("writing the link state to the state topic failed: {0}")]
+    Write(String),
+}
+
+/// One partition of a failover, as the operator sees it.
+#[derive(Debug, Clone)]
+pub enum PartitionProgress {
+    Pending { topic: String, partition: i32 },
+    Done(BarrierOutcome),
+}
+
+/// A failover this instance runs (or ran): its progress in memory.
+#[derive(Debug, Default, Clone)]
+struct Progress {
+    partitions: Vec<PartitionProgress>,
+    unconfirmed: Vec<String>,
+    /// Why the run stopped short (it can be resumed with another failover call).
+    error: Option<String>,
+    finished: bool,
+}
+
+struct Run {
+    id: i64,
+    progress: Mutex<Progress>,
+    finished: watch::Sender<bool>,
+}
+
+/// Per-link counters reported by the admin API.
+#[derive(Default)]
+struct Counters {
+    local_writes_refused: AtomicU64,
+    link_requests_refused: AtomicU64,
+    connections_fenced: AtomicU64,
+}
+
+/// The link control of this instance.
+pub struct Control {
+    links: Links,
+    state: Option<Arc<StateStore>>,
+    pub members: Arc<Members>,
+    metrics: Arc<Metrics>,
+    read_only_error: ReadOnlyError,
+    drain_timeout: Duration,
+    /// Open client connections that spoke as each link.
+    sessions: watch::Sender<HashMap<String, usize>>,
+    runs: Mutex<HashMap<String, Arc<Run>>>,
+    counters: HashMap<String, Counters>,
+}
+
+/// One connection's place among a link's connections, given back on drop.
+pub struct LinkSession {
+    control: Arc<Control>,
+    link: String,
+}
+
+impl Drop for LinkSession {
+    fn drop(&mut self) {
+        self.control.sessions.send_modify(|m| {
+            if let Some(n) = m.get_mut(&self.link) {
+                *n = n.saturating_sub(1);
+            }
+        });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Control {
+    pub fn new(
+        links: Links,
+        state: Option<Arc<StateStore>>,
+        members: Arc<Members>,
+        metrics: Arc<Metrics>,
+        read_only_error: ReadOnlyError,
+        drain_timeout: Duration,
+    ) -> Arc<Control> {
+        let counters = links
+            .iter()
+            .map(|l| (l.name().to_string(), Counters::default()))
+            .collect();
+        Arc::new(Control {
+            links,
+            state,
+            members,
+            metrics,
+            read_only_error,
+            drain_timeout,
+            sessions: watch::Sender::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
+            counters,
+        })
+    }
+
+    fn link_by_name(&self, name: &str) -> Result<&Arc<Link>, ControlError> {
+        self.links
+            .iter()
+            .find(|l| l.name() == name)
+            .ok_or_else(|| ControlError::UnknownLink(name.to_string()))
+    }
+
+    /// The link's status: its latest state record, or its initial state
+    /// (`MIRROR_PROXY_LINK_<NAME>_INITIAL_STATE`) while there is none.
+    pub fn status(&self, link: &Link) -> LinkStatus {
+        self.state
+            .as_ref()
+            .and_then(|s| s.link_status(link.name()))
+            .unwrap_or_else(|| LinkStatus::initial(link.initial_state(), *link.source_cluster_id()))
+    }
+
+    /// Changes whenever a link state is applied (sessions watch it to fence).
+    pub fn changes(&self) -> Option<watch::Receiver<u64>> {
+        self.state.as_ref().map(|s| s.control_changes())
+    }
+
+    // ---- the Produce path (no await, no allocation unless refusing) ----
+
+    /// Whether `link`'s own requests are refused now, with the message.
+    pub fn fenced(&self, link: &Link) -> Option<String> {
+        let status = self.status(link);
+        if !status.state.fences_link() {
+            return None;
+        }
+        let what = match status.state {
+            LinkState::Stopping => "is failing over (STOPPING)",
+            _ => "is failed over (STOPPED)",
+        };
+        Some(format!(
+            "mirror link '{}' {what}: its replicator is fenced; `POST /links/{}/start` on the proxy's admin API makes it MIRRORING again",
+            link.name(),
+            link.name()
+        ))
+    }
+
+    /// A local Produce to `topic` at `version`: the refusal if the topic is
+    /// a read-only mirrored topic (of a link that is not `STOPPED`).
+    pub fn read_only(&self, topic: &str, version: i16) -> Option<(Refusal, String)> {
+        let link = self.links.iter().find(|l| l.mirrors_topic(topic))?;
+        // Until the state topic is loaded the link's state is unknown (it
+        // may be STOPPED, or MIRRORING): a retriable refusal either way.
+        if let Some(why) = self.state.as_ref().and_then(|s| s.not_ready_reason()) {
+            return Some((
+                Refusal::StateNotLoaded,
+                format!(
+                    "topic '{topic}' is mirrored by link '{}', whose state is not loaded yet ({why}); retry",
+                    link.name()
+                ),
+            ));
+        }
+        let status = self.status(link);
+        if !status.state.read_only() {
+            return None;
+        }
+        let refusal = match self.read_only_error {
+            ReadOnlyError::ReadOnlyTopic if version >= READ_ONLY_TOPIC_MIN_PRODUCE_VERSION => {
+                Refusal::ReadOnlyTopic
+            }
+            _ => Refusal::ReadOnly,
+        };
+        let message = match status.state {
+            LinkState::Stopping => format!(
+                "topic '{topic}' is mirrored by link '{}', which is failing over (STOPPING): local writes are accepted once it is STOPPED",
+                link.name()
+            ),
+            _ => format!(
+                "topic '{topic}' is a read-only mirror of link '{}' (MIRRORING): fail the link over first (`POST /links/{}/failover` on the proxy's admin API, or `kafka-mirror-proxy failover {}`)",
+                link.name(),
+                link.name(),
+                link.name()
+            ),
+        };
+        Some((refusal, message))
+    }
+
+    /// Whether any link makes some topic read-only now, or may (state not
+    /// loaded): the local Produce path only looks at topics then.
+    pub fn any_read_only(&self) -> bool {
+        let unknown = self.state.as_ref().is_some_and(|s| !s.is_loaded());
+        self.links
+            .iter()
+            .any(|l| unknown || self.status(l).state.read_only())
+    }
+
+    /// Count a refused local partition write.
+    pub fn local_write_refused(&self, topic: &str) {
+        if let Some(link) = self.links.iter().find(|l| l.mirrors_topic(topic)) {
+            if let Some(c) = self.counters.get(link.name()) {
+                c.local_writes_refused.fetch_add(1, Ordering::Relaxed);
+            }
+            self.metrics.local_write_refused(link.name());
+        }
+    }
+
+    /// Count a refused request of a fenced link.
+    pub fn link_request_refused(&self, link: &str) {
+        if let Some(c) = self.counters.get(link) {
+            c.link_requests_refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A connection of `link` was closed by fencing.
+    pub fn connection_fenced(&self, link: &str) {
+        if let Some(c) = self.counters.get(link) {
+            c.connections_fenced.fetch_add(1, Ordering::Relaxed);
+        }
+        self.metrics.link_connection_fenced(link);
+    }
+
+    /// Count a connection as one of `link`'s until the guard is dropped.
+    pub fn link_session(self: &Arc<Self>, link: &str) -> LinkSession {
+        self.sessions
+            .send_modify(|m| *m.entry(link.to_string()).or_insert(0) += 1);
+        LinkSession {
+            control: Arc::clone(self),
+            link: link.to_string(),
+        }
+    }
+
+    fn open_sessions(&self, link: &str) -> usize {
+        self.sessions.borrow().get(link).copied().unwrap_or(0)
+    }
+
+    // ---- every instance: draining, resuming ----
+
+    /// Start the instance's background work: drained records for every
+    /// fenced link, and (once the state topic is loaded) the resumption of
+    /// any failover found `STOPPING`.
+    pub fn start(self: &Arc<Self>, shared: Arc<crate::proxy::Shared>) {
+        let Some(state) = self.state.clone() else {
+            return;
+        };
+        let me = Arc::clone(self);
+        let store = Arc::clone(&state);
+        tokio::spawn(async move { me.drain_loop(store).await });
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while !state.is_loaded() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            for link in me.links.iter() {
+                let status = me.status(link);
+                me.metrics.link_state(link.name(), status.state.code());
+                if status.state == LinkState::Stopping {
+                    tracing::info!(
+                        link = link.name(),
+                        failover_id = status.failover_id,
+                        "link found STOPPING at start-up: resuming its failover"
+                    );
+                    // A failover id of -1 (STOPPING from INITIAL_STATE, never
+                    // persisted): `failover` gives it an id first.
+                    if let Err(e) = me.failover(&shared, link.name(), Duration::ZERO).await {
+                        tracing::warn!(link = link.name(), error = %e, "could not resume the failover");
+                    }
+                }
+            }
+        });
+    }
+
+    /// For every link that is `STOPPING`: once this instance has no open
+    /// connection of it, write its drained record for the failover.
+    async fn drain_loop(self: Arc<Self>, state: Arc<StateStore>) {
+        let mut changes = state.control_changes();
+        let mut sessions = self.sessions.subscribe();
+        loop {
+            if state.is_loaded() {
+                for link in self.links.iter() {
+                    let status = self.status(link);
+                    self.metrics.link_state(link.name(), status.state.code());
+                    if status.state != LinkState::Stopping || status.failover_id < 0 {
+                        continue;
+                    }
+                    let me = self.members.instance_id();
+                    if state
+                        .drained(link.name(), status.failover_id)
+                        .iter()
+                        .any(|i| i == me)
+                    {
+                        continue;
+                    }
+                    if self.open_sessions(link.name()) > 0 {
+                        continue; // the sessions change when they close
+                    }
+                    let key = DrainedKey {
+                        link: link.name().to_string(),
+                        instance: me.to_string(),
+                    };
+                    let value = DrainedValue {
+                        failover_id: status.failover_id,
+                        timestamp_ms: now_ms(),
+                    };
+                    match state.write_drained(key, value).await {
+                        Ok(()) => tracing::info!(
+                            link = link.name(),
+                            failover_id = status.failover_id,
+                            instance = me,
+                            "link drained on this instance: every connection of the link is closed"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(link = link.name(), error = %e, "could not record that the link is drained; retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                r = sessions.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    // ---- the operator's operations ----
+
+    fn loaded_state(&self) -> Result<&Arc<StateStore>, ControlError> {
+        match &self.state {
+            Some(s) if s.is_loaded() => Ok(s),
+            Some(s) => Err(ControlError::NotLoaded(
+                s.not_ready_reason().unwrap_or_default(),
+            )),
+            None => Err(ControlError::NotLoaded("no state store".into())),
+        }
+    }
+
+    /// Every link's report.
+    pub fn links(&self) -> Vec<Value> {
+        self.links.iter().map(|l| self.report(l)).collect()
+    }
+
+    /// One link's report.
+    pub fn link(&self, name: &str) -> Result<Value, ControlError> {
+        Ok(self.report(self.link_by_name(name)?))
+    }
+
+    /// Fail `name` over (or resume its failover) and wait up to `wait` for
+    /// it to finish. Returns the report and whether the failover is complete.
+    pub async fn failover(
+        self: &Arc<Self>,
+        shared: &Arc<crate::proxy::Shared>,
+        name: &str,
+        wait: Duration,
+    ) -> Result<(Value, bool), ControlError> {
+        let link = Arc::clone(self.link_by_name(name)?);
+        let state = self.loaded_state()?;
+        let current = self.status(&link);
+        let new = link_state::failover_from(name, &current)?;
+        let status = if new || current.failover_id < 0 {
+            let now = now_ms();
+            let id = link_state::next_failover_id(&current, now);
+            let next = LinkStatus {
+                state: LinkState::Stopping,
+                since_ms: now,
+                source: current.source,
+                failover_id: id,
+                failover_started_ms: now,
+                failover_finished_ms: -1,
+            };
+            let won = state
+                .write_link_state(name, next)
+                .await
+                .map_err(|e| ControlError::Write(e.to_string()))?;
+            let now_status = self.status(&link);
+            if !won && now_status.state != LinkState::Stopping {
+                return Err(Conflict::Raced {
+                    link: name.to_string(),
+                    state: now_status.state.as_str(),
+                }
+                .into());
+            }
+            if won {
+                tracing::info!(
+                    link = name,
+                    failover_id = id,
+                    "failover started: link STOPPING"
+                );
+                self.metrics.failover_started(name);
+            }
+            // A lost race to another STOPPING joins that failover.
+            now_status
+        } else {
+            current
+        };
+        let run = self.ensure_failover(shared, &link, status).await?;
+        let mut finished = run.finished.subscribe();
+        let _ = tokio::time::timeout(wait, finished.wait_for(|f| *f)).await;
+        let report = self.report(&link);
+        let complete = self.status(&link).state == LinkState::Stopped;
+        Ok((report, complete))
+    }
+
+    /// The run of `status`'s failover on this instance, started if needed.
+    async fn ensure_failover(
+        self: &Arc<Self>,
+        shared: &Arc<crate::proxy::Shared>,
+        link: &Arc<Link>,
+        status: LinkStatus,
+    ) -> Result<Arc<Run>, ControlError> {
+        let mut runs = lock(&self.runs);
+        if let Some(run) = runs.get(link.name()) {
+            if run.id == status.failover_id && !*run.finished.borrow() {
+                return Ok(Arc::clone(run));
+            }
+        }
+        let run = Arc::new(Run {
+            id: status.failover_id,
+            progress: Mutex::new(Progress::default()),
+            finished: watch::Sender::new(false),
+        });
+        runs.insert(link.name().to_string(), Arc::clone(&run));
+        drop(runs);
+        let me = Arc::clone(self);
+        let shared = Arc::clone(shared);
+        let link = Arc::clone(link);
+        let r = Arc::clone(&run);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = me.run_failover(&shared, &link, &r, status).await;
+            if let Err(e) = &outcome {
+                tracing::warn!(link = link.name(), failover_id = r.id, error = %e, "failover stopped short; `POST /links/{}/failover` resumes it", link.name());
+                lock(&r.progress).error = Some(e.clone());
+            } else {
+                me.metrics
+                    .failover_finished(link.name(), started.elapsed().as_secs_f64());
+            }
+            lock(&r.progress).finished = true;
+            r.finished.send_replace(true);
+        });
+        Ok(run)
+    }
+
+    async fn run_failover(
+        &self,
+        shared: &crate::proxy::Shared,
+        link: &Link,
+        run: &Run,
+        status: LinkStatus,
+    ) -> Result<(), String> {
+        let state = self.loaded_state().map_err(|e| e.to_string())?;
+        let name = link.name();
+        // 1. Every live instance drains the link (bounded).
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        let mut changes = state.control_changes();
+        let unconfirmed = loop {
+            let live = match self.members.live_instances().await {
+                Ok(live) => live,
+                Err(e) => {
+                    tracing::warn!(link = name, error = %e, "could not list the live proxy instances; retrying");
+                    vec![self.members.instance_id().to_string()]
+                }
+            };
+            let drained = state.drained(name, run.id);
+            let missing: Vec<String> = live.into_iter().filter(|i| !drained.contains(i)).collect();
+            lock(&run.progress).unconfirmed = missing.clone();
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                break missing;
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(MEMBERS_POLL) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        };
+        if !unconfirmed.is_empty() {
+            tracing::warn!(link = name, failover_id = run.id, unconfirmed = ?unconfirmed, "instances did not confirm draining the link within MIRROR_PROXY_FAILOVER_DRAIN_TIMEOUT_MS; placing the barriers anyway");
+        }
+        // 2. Every partition of the link's topics.
+        let cluster = state
+            .client()
+            .metadata(None)
+            .await
+            .map_err(|e| format!("listing the link's topics: {e}"))?;
+        let mut partitions: Vec<(String, i32)> = cluster
+            .topics
+            .iter()
+            .filter(|t| !t.is_internal && link.mirrors_topic(&t.name))
+            .flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition)))
+            .collect();
+        partitions.sort();
+        lock(&run.progress).partitions = partitions
+            .iter()
+            .map(|(topic, partition)| PartitionProgress::Pending {
+                topic: topic.clone(),
+                partition: *partition,
+            })
+            .collect();
+        // Up to BARRIER_CONCURRENCY partitions at a time: each waits for a
+        // Produce, a ListOffsets and a state-topic write read back.
+        let mut failed = 0usize;
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut todo = partitions.iter().cloned().enumerate();
+        loop {
+            while tasks.len() < BARRIER_CONCURRENCY {
+                let Some((i, (topic, partition))) = todo.next() else {
+                    break;
+                };
+                let state = Arc::clone(state);
+                let link = name.to_string();
+                let (source, id) = (status.source, run.id);
+                tasks.spawn(async move {
+                    let mut attempt = 1;
+                    loop {
+                        let o =
+                            barriers::place(&state, &link, &source, id, &topic, partition).await;
+                        if o.result != BarrierResult::Failed || attempt >= BARRIER_ATTEMPTS {
+                            return (i, o);
+                        }
+                        attempt += 1;
+                        tokio::time::sleep(BARRIER_RETRY).await;
+                    }
+                });
+            }
+            let Some(joined) = tasks.join_next().await else {
+                break;
+            };
+            let Ok((i, outcome)) = joined else {
+                failed += 1; // a panicked task: its partition stays pending
+                continue;
+            };
+            self.metrics.barrier(outcome.result.as_str());
+            if outcome.result == BarrierResult::Failed {
+                failed += 1;
+            }
+            if let Some(slot) = lock(&run.progress).partitions.get_mut(i) {
+                *slot = PartitionProgress::Done(outcome);
+            }
+        }
+        _ = shared; // the barriers use the state store's own client
+        if failed > 0 {
+            return Err(format!(
+                "{failed} of {} partition barrier(s) failed after {BARRIER_ATTEMPTS} attempts each; the link stays STOPPING",
+                partitions.len()
+            ));
+        }
+        // 3. STOPPED: the topics take local writes.
+        let now = now_ms();
+        let stopped = LinkStatus {
+            state: LinkState::Stopped,
+            since_ms: now,
+            failover_finished_ms: now,
+            ..status
+        };
+        let won = state
+            .write_link_state(name, stopped)
+            .await
+            .map_err(|e| format!("persisting STOPPED: {e}"))?;
+        if !won && self.status(link).state != LinkState::Stopped {
+            return Err(format!(
+                "persisting STOPPED lost to another record: the link is {}",
+                self.status(link).state.as_str()
+            ));
+        }
+        tracing::info!(
+            link = name,
+            failover_id = run.id,
+            partitions = partitions.len(),
+            "failover complete: link STOPPED, its topics take local writes"
+        );
+        Ok(())
+    }
+
+    /// `STOPPED` → `MIRRORING`, optionally with a new source cluster id.
+    pub async fn start_link(
+        &self,
+        name: &str,
+        new_source: Option<ClusterId>,
+    ) -> Result<Value, ControlError> {
+        let link = self.link_by_name(name)?;
+        let state = self.loaded_state()?;
+        let current = self.status(link);
+        link_state::start_from(name, &current)?;
+        let next = LinkStatus {
+            state: LinkState::Mirroring,
+            since_ms: now_ms(),
+            source: new_source.unwrap_or(current.source),
+            ..current
+        };
+        let won = state
+            .write_link_state(name, next)
+            .await
+            .map_err(|e| ControlError::Write(e.to_string()))?;
+        if !won {
+            return Err(Conflict::Raced {
+                link: name.to_string(),
+                state: self.status(link).state.as_str(),
+            }
+            .into());
+        }
+        if next.source != *link.source_cluster_id() {
+            tracing::warn!(link = name, configured = %link.source_cluster_id(), persisted = %next.source, "link started with a source cluster id other than MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID: barriers use the new one; the producer id mapping keeps the configured one until the configuration is changed");
+        }
+        tracing::info!(link = name, source_cluster = %next.source, "link started: MIRRORING");
+        Ok(self.report(link))
+    }
+
+    // ---- reports ----
+
+    fn report(&self, link: &Link) -> Value {
+        let status = self.status(link);
+        let run = lock(&self.runs).get(link.name()).cloned();
+        let failover = if status.failover_id < 0 && run.is_none() {
+            Value::Null
+        } else {
+            let progress = run
+                .as_ref()
+                .filter(|r| r.id == status.failover_id)
+                .map(|r| lock(&r.progress).clone());
+            let partitions: Vec<Value> = match &progress {
+                Some(p) => p.partitions.iter().map(partition_json).collect(),
+                None => self.recorded_partitions(link, status.failover_id),
+            };
+            let done = partitions
+                .iter()
+                .filter(|p| p["result"] != "pending")
+                .count();
+            json!({
+                "id": status.failover_id,
+                "started_ms": status.failover_started_ms,
+                "finished_ms": (status.failover_finished_ms >= 0).then_some(status.failover_finished_ms),
+                "complete": status.state == LinkState::Stopped,
+                "partitions_total": partitions.len(),
+                "partitions_done": done,
+                "partitions": partitions,
+                "unconfirmed_instances": progress.as_ref().map(|p| p.unconfirmed.clone()).unwrap_or_default(),
+                "error": progress.and_then(|p| p.error),
+            })
+        };
+        let c = self.counters.get(link.name());
+        let count = |f: fn(&Counters) -> &AtomicU64| c.map_or(0, |c| f(c).load(Ordering::Relaxed));
+        json!({
+            "name": link.name(),
+            "state": status.state.as_str(),
+            "since_ms": status.since_ms,
+            "source_cluster_id": status.source.to_string(),
+            "failover": failover,
+            "counters": {
+                "local_writes_refused": count(|c| &c.local_writes_refused),
+                "link_requests_refused": count(|c| &c.link_requests_refused),
+                "connections_fenced": count(|c| &c.connections_fenced),
+                "open_link_connections": self.open_sessions(link.name()),
+            },
+        })
+    }
+
+    /// The barriers of failover `id` as recorded in the state topic (for a
+    /// failover another instance ran).
+    fn recorded_partitions(&self, link: &Link, id: i64) -> Vec<Value> {
+        let Some(state) = &self.state else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, i32, Value)> = state
+            .barriers_of(link.name())
+            .into_iter()
+            .filter(|(_, b)| b.value.failover_id == id)
+            .map(|(k, b)| {
+                let topic = state
+                    .topic_name(k.topic_id)
+                    .unwrap_or_else(|| k.topic_id.to_string());
+                let result = if b.value.accepted {
+                    "accepted"
+                } else {
+                    "refused"
+                };
+                let v = json!({
+                    "topic": topic,
+                    "partition": k.partition,
+                    "result": result,
+                    "error_code": b.value.error_code,
+                    "message": Value::Null,
+                    "log_end_offset": b.value.log_end_offset,
+                    "expired_producers": b.expired_here,
+                });
+                (topic, k.partition, v)
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        out.into_iter().map(|(_, _, v)| v).collect()
+    }
+}
+
+fn partition_json(p: &PartitionProgress) -> Value {
+    match p {
+        PartitionProgress::Pending { topic, partition } => json!({
+            "topic": topic,
+            "partition": partition,
+            "result": "pending",
+            "error_code": -1,
+            "message": Value::Null,
+            "log_end_offset": -1,
+            "expired_producers": 0,
+        }),
+        PartitionProgress::Done(o) => json!({
+            "topic": o.topic,
+            "partition": o.partition,
+            "result": o.result.as_str(),
+            "error_code": o.error_code,
+            "message": o.message,
+            "log_end_offset": o.log_end_offset,
+            "expired_producers": o.expired_producers,
+        }),
+    }
+}

@@ -115,6 +115,8 @@ pub struct Config {
     pub producer_expiration_ms: u64,
     /// Bound on the mirrored producer state (SPEC §6).
     pub producer_state_max_entries: usize,
+    /// Bytes of a partition's tail read to rebuild that state.
+    pub producer_state_rebuild_bytes: i32,
 }
 
 impl fmt::Debug for Config {
@@ -142,6 +144,10 @@ impl fmt::Debug for Config {
             .field(
                 "producer_state_max_entries",
                 &self.producer_state_max_entries,
+            )
+            .field(
+                "producer_state_rebuild_bytes",
+                &self.producer_state_rebuild_bytes,
             )
             .finish()
     }
@@ -179,6 +185,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy."),
     ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it."),
     ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used is evicted first (counted). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
+    ("PRODUCER_STATE_REBUILD_BYTES", "4194304", "Bytes of a mirrored partition's log tail the proxy reads, on the first link Produce to it after start-up, to rebuild the producer state (so that a retry of a batch appended before a restart is still answered as a duplicate). Batches older than the tail that fits are not deduplicated."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
@@ -456,6 +463,13 @@ impl Config {
                 |s| s.parse::<usize>().ok().filter(|n| *n > 0),
             )
             .unwrap_or(100_000);
+        let producer_state_rebuild_bytes = env
+            .parse(
+                "PRODUCER_STATE_REBUILD_BYTES",
+                "a whole number of bytes from 1024 to 2147483647",
+                |s| s.parse::<i32>().ok().filter(|n| *n >= 1024),
+            )
+            .unwrap_or(4 * 1024 * 1024);
         let mut ms = |name: &str, default: u64| {
             env.parse(name, "a whole number of milliseconds greater than 0", |s| {
                 s.parse::<u64>().ok().filter(|n| *n > 0)
@@ -521,6 +535,7 @@ impl Config {
                 state_topic,
                 producer_expiration_ms,
                 producer_state_max_entries,
+                producer_state_rebuild_bytes,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -1057,6 +1072,7 @@ mod tests {
         assert_eq!(c.state_topic, "__mirror_state");
         assert_eq!(c.producer_expiration_ms, 86_400_000);
         assert_eq!(c.producer_state_max_entries, 100_000);
+        assert_eq!(c.producer_state_rebuild_bytes, 4 * 1024 * 1024);
         let mut set = base.to_vec();
         set.extend([
             ("STATE_TOPIC", "mirror.state-2"),
@@ -1071,6 +1087,10 @@ mod tests {
         zero.push(("PRODUCER_STATE_MAX_ENTRIES", "0"));
         let p = problems(&zero);
         assert_eq!(p[0].variable, "MIRROR_PROXY_PRODUCER_STATE_MAX_ENTRIES");
+        let mut small = base.to_vec();
+        small.push(("PRODUCER_STATE_REBUILD_BYTES", "100"));
+        let p = problems(&small);
+        assert_eq!(p[0].variable, "MIRROR_PROXY_PRODUCER_STATE_REBUILD_BYTES");
         for bad in ["has space", "..", "a/b", &"x".repeat(250)] {
             let mut set = base.to_vec();
             set.push(("STATE_TOPIC", bad));

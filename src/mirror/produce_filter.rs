@@ -10,16 +10,21 @@
 //! lost connection, a session ending, `acks=0`) ends their flight as failed,
 //! so a retry is checked afresh.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::ProduceResponse;
 
+use crate::client::protocol::OffsetSpec;
+use crate::client::{Client, ClientError};
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
     same_topic, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatch,
 };
-use crate::mirror::producer_state::{Check, ProducerStates};
+use crate::mirror::producer_state::{Check, ProducerStates, Replayed};
+use crate::wire::batch::{BatchHeader, Batches};
 
 /// What the state is kept per (with the mapped PID): a destination
 /// partition and the origin the mapped PID stands for. An origin that
@@ -32,6 +37,35 @@ pub struct Dedupe {
     states: Mutex<ProducerStates<StateKey>>,
     metrics: Arc<Metrics>,
     changed: tokio::sync::Notify,
+    /// Partitions whose state was rebuilt from their log tail since start.
+    rebuilt: Mutex<HashSet<PartitionId>>,
+    /// One rebuild at a time (each partition once after start-up).
+    rebuilding: tokio::sync::Mutex<()>,
+    /// Bound on the bytes of a partition's tail read for a rebuild.
+    rebuild_bytes: i32,
+}
+
+/// What a rebuild read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// The first offset read (the dedupe window starts about there).
+    pub from_offset: i64,
+    /// The log end offset when read.
+    pub log_end_offset: i64,
+    pub replayed: Replayed,
+}
+
+/// The end offset of the whole batches of `records`.
+fn whole_end(records: &[u8]) -> Option<i64> {
+    let mut end = None;
+    for b in Batches::new(records) {
+        let Ok(b) = b else { break };
+        let Ok(h) = BatchHeader::parse(&records[b.range()]) else {
+            break;
+        };
+        end = Some(h.base_offset() + i64::from(h.last_offset_delta()) + 1);
+    }
+    end
 }
 
 /// The batches of one request that were begun (marked in flight), for the
@@ -48,13 +82,119 @@ struct BegunPartition {
 }
 
 impl Dedupe {
-    /// At most `max_entries` producers over all partitions.
-    pub fn new(max_entries: usize, metrics: Arc<Metrics>) -> Arc<Dedupe> {
+    /// At most `max_entries` producers over all partitions; a rebuild
+    /// reads at most about `rebuild_bytes` of a partition's tail.
+    pub fn new(max_entries: usize, rebuild_bytes: i32, metrics: Arc<Metrics>) -> Arc<Dedupe> {
         Arc::new(Dedupe {
             states: Mutex::new(ProducerStates::new(max_entries)),
             metrics,
             changed: tokio::sync::Notify::new(),
+            rebuilt: Mutex::new(HashSet::new()),
+            rebuilding: tokio::sync::Mutex::new(()),
+            rebuild_bytes,
         })
+    }
+
+    fn is_rebuilt(&self, p: &PartitionId) -> bool {
+        self.rebuilt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(p)
+    }
+
+    /// The tracked partitions of `plan` whose state was not rebuilt yet
+    /// since start (each with its topic as the request names it).
+    pub fn unrebuilt(&self, plan: &ProducePlan) -> Vec<(PartitionId, TopicRef)> {
+        let rebuilt = self.rebuilt.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(PartitionId, TopicRef)> = Vec::new();
+        for tp in &plan.tracked {
+            if !rebuilt.contains(&tp.partition) && !out.iter().any(|(p, _)| *p == tp.partition) {
+                out.push((tp.partition, tp.topic.clone()));
+            }
+        }
+        out
+    }
+
+    /// Rebuild `partition`'s state from its log tail (SPEC §6): the longest
+    /// tail, ending at the log end, that fits in the byte bound (a window of
+    /// offsets widened fourfold until its batches no longer fit or it
+    /// reaches the log start; if not even the first fits, what the bound
+    /// returned of it). Mapped producers are keyed by `owner` (the origin a
+    /// mapped PID stands for; batches of unknown ones are skipped). Once per
+    /// partition: later calls return `None`.
+    pub async fn rebuild(
+        &self,
+        client: &Client,
+        topic: &str,
+        partition: PartitionId,
+        owner: &(dyn Fn(i64) -> Option<OriginId> + Sync),
+    ) -> Result<Option<Rebuilt>, ClientError> {
+        let _one = self.rebuilding.lock().await;
+        if self.is_rebuilt(&partition) {
+            return Ok(None);
+        }
+        let p = partition.partition;
+        let end = client
+            .list_offset(topic, p, OffsetSpec::Latest)
+            .await?
+            .offset;
+        let start = client
+            .list_offset(topic, p, OffsetSpec::Earliest)
+            .await?
+            .offset;
+        let mut best: Option<(i64, bytes::Bytes)> = None;
+        let mut span: i64 = 64;
+        // An empty log has nothing to replay.
+        let mut from = end;
+        while from > start {
+            from = end.saturating_sub(span).max(start);
+            let f = client
+                .fetch(topic, p, from, self.rebuild_bytes, Duration::ZERO)
+                .await?;
+            let fits = whole_end(&f.records).is_some_and(|e| e >= end);
+            if fits || best.is_none() {
+                best = Some((from, f.records));
+            }
+            if !fits {
+                break;
+            }
+            span = span.saturating_mul(4);
+        }
+        let mut out = Rebuilt {
+            from_offset: end,
+            log_end_offset: end,
+            replayed: Replayed::default(),
+        };
+        if let Some((from, records)) = best {
+            out.from_offset = from;
+            let mut states = self.lock();
+            out.replayed = states.replay_records_keyed(&records, |mapped| {
+                owner(mapped).map(|origin| (partition, origin))
+            });
+        }
+        self.rebuilt
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(partition);
+        Ok(Some(out))
+    }
+
+    /// Answer `partition` of `plan` locally (its state could not be
+    /// rebuilt): retriable, nothing of it forwarded.
+    pub fn refuse_partition(plan: &mut ProducePlan, partition: PartitionId, message: String) {
+        let Some(i) = plan.tracked.iter().position(|t| t.partition == partition) else {
+            return;
+        };
+        let tp = plan.tracked.remove(i);
+        plan.forwarded_partitions -= 1;
+        plan.local.push(LocalPartition {
+            topic: tp.topic,
+            partition: partition.partition,
+            outcome: LocalOutcome::Refused {
+                refusal: Refusal::StateNotLoaded,
+                message,
+            },
+        });
     }
 
     fn lock(&self) -> MutexGuard<'_, ProducerStates<StateKey>> {

@@ -516,11 +516,20 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// than -1, with a sequence); others are ignored. Returns whether the
     /// batch was taken.
     pub fn replay(&mut self, partition: &P, header: &BatchHeader<'_>) -> bool {
+        self.replay_keyed(header, |_| Some(*partition))
+    }
+
+    /// [`replay`](Self::replay) with the key chosen per batch from its
+    /// (mapped) producer id; `None` skips the batch.
+    fn replay_keyed(&mut self, header: &BatchHeader<'_>, key: impl Fn(i64) -> Option<P>) -> bool {
         let id = BatchId::from_header(header);
         if id.producer_id >= -1 || header.is_control() || id.first_seq < 0 {
             return false;
         }
-        self.entry_mut(partition, id.producer_id).record(
+        let Some(partition) = key(id.producer_id) else {
+            return false;
+        };
+        self.entry_mut(&partition, id.producer_id).record(
             &id,
             header.base_offset(),
             header.max_timestamp(),
@@ -533,6 +542,16 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// order. A trailing partial batch (the Fetch size bound cuts one) or a
     /// malformed one ends the walk.
     pub fn replay_records(&mut self, partition: &P, records: &[u8]) -> Replayed {
+        self.replay_records_keyed(records, |_| Some(*partition))
+    }
+
+    /// [`replay_records`](Self::replay_records) with the key chosen per
+    /// batch from its (mapped) producer id; `None` skips the batch.
+    pub fn replay_records_keyed(
+        &mut self,
+        records: &[u8],
+        key: impl Fn(i64) -> Option<P>,
+    ) -> Replayed {
         let mut out = Replayed::default();
         for batch in Batches::new(records) {
             let Ok(b) = batch else {
@@ -544,7 +563,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
                 break;
             };
             out.batches += 1;
-            if self.replay(partition, &header) {
+            if self.replay_keyed(&header, &key) {
                 out.taken += 1;
             }
             out.next_offset =

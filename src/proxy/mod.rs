@@ -458,6 +458,7 @@ impl Proxy {
         let budget = Budget::new(config.max_buffered_bytes);
         let dedupe = crate::mirror::produce_filter::Dedupe::new(
             config.producer_state_max_entries,
+            config.producer_state_rebuild_bytes,
             Arc::clone(&metrics),
         );
         let shared = Arc::new(Shared {

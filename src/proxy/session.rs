@@ -570,6 +570,41 @@ async fn produce(
         }
         plan = plan_now()?;
     }
+    // Mirrored producer state, rebuilt from each partition's log tail on
+    // its first link Produce since start-up.
+    for (partition, topic) in shared.dedupe.unrebuilt(&plan) {
+        let name = shared
+            .topic_name(partition.topic_id)
+            .unwrap_or_else(|| topic.name.0.to_string());
+        let owner = |mapped: i64| state.view().owner(partition, mapped);
+        match shared
+            .dedupe
+            .rebuild(state.client(), &name, partition, &owner)
+            .await
+        {
+            Ok(Some(r)) => tracing::info!(
+                link = link.name(),
+                topic = name,
+                partition = partition.partition,
+                from_offset = r.from_offset,
+                log_end_offset = r.log_end_offset,
+                batches = r.replayed.batches,
+                taken = r.replayed.taken,
+                "rebuilt the mirrored producer state from the log tail"
+            ),
+            Ok(None) => {}
+            Err(e) => {
+                let message = format!(
+                    "mirror link '{}': {name}-{}: the mirrored producer state could not be rebuilt from the log ({e}); retry",
+                    link.name(),
+                    partition.partition
+                );
+                crate::mirror::produce_filter::Dedupe::refuse_partition(
+                    &mut plan, partition, message,
+                );
+            }
+        }
+    }
     // Mirrored producer state: duplicates and refusals become local answers.
     // A retry of a batch still in flight waits for that attempt's outcome
     // (bounded: then it is answered retriable), never a second append.

@@ -222,6 +222,12 @@ impl StateStore {
         read(&self.view)
     }
 
+    /// The store's client (for other reads of the destination, e.g. the
+    /// mirrored producer state's rebuild from partition tails).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// A topic id the store looked up itself.
     pub fn topic_id(&self, name: &str) -> Option<Uuid> {
         read(&self.topic_ids).get(name).copied()

@@ -79,7 +79,7 @@ fn response(partition: i32, error_code: i16, base_offset: i64) -> ProduceRespons
 }
 
 fn dedupe() -> Arc<Dedupe> {
-    Dedupe::new(100, Arc::new(Metrics::default()))
+    Dedupe::new(100, 1 << 20, Arc::new(Metrics::default()))
 }
 
 #[test]

@@ -18,6 +18,11 @@
 #
 #   scripts/perf.sh                          # CASES=1k RECORDS=300000 ROUNDS=3
 #   CASES="1k small fixed" ROUNDS=5 scripts/perf.sh
+#   BASELINE_BIN=/path/to/older/kafka-mirror-proxy scripts/perf.sh
+#
+# With BASELINE_BIN, a second proxy runs that binary beside this build and
+# its paths (local@base, link@base) join the rotation, so a change is
+# compared with the code before it under the same load.
 #
 # On a noisy machine (broker, producer and proxy share the cores), trust
 # CPU s/GB and RSS first: they measure the proxy alone. Throughput and
@@ -34,10 +39,13 @@ FIXED_RATE=${FIXED_RATE:-5000}
 (cd "$KMP_ROOT" && cargo build --release --quiet)
 kmp_init
 kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
-kmp_start_proxy P "$B_PORT" \
-    MIRROR_PROXY_LINKS=perf \
-    MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
-    MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
+kmp_start_perf_proxy P "$B_PORT"
+
+PATHS="direct local link"
+if [ -n "${BASELINE_BIN:-}" ]; then
+    KMP_PROXY_BIN=$BASELINE_BIN kmp_start_perf_proxy Q "$B_PORT"
+    PATHS="direct local local@base link link@base"
+fi
 
 for t in perf-direct perf-local perf-link; do
     kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$B_PORT" \
@@ -47,8 +55,8 @@ done
 ticks=$(getconf CLK_TCK)
 # The proxy's CPU time so far, in clock ticks (utime + stime; the fields
 # after the parenthesised command name, which may hold spaces).
-proxy_ticks() { sed 's/^.*) //' "/proc/$P_PID/stat" | awk '{ print $12 + $13 }'; }
-proxy_hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$P_PID/status"; }
+proxy_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'; }
+proxy_hwm_kib() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status"; }
 
 # case_args CASE -> "SIZE THROUGHPUT EXTRA_PROPERTIES..."
 case_args() {
@@ -60,21 +68,21 @@ case_args() {
     esac
 }
 
-# run CASE LABEL BOOTSTRAP TOPIC CLIENT_ID RECORDS
+# run CASE LABEL BOOTSTRAP TOPIC CLIENT_ID RECORDS [PROXY_PID]
 #   -> "CASE LABEL records/s MB/s p50 p99 cpu_s_per_gb"
 run() {
-    local args size rate extra line before after records=$6
+    local args size rate extra line before after records=$6 pid=${7:-$P_PID}
     args=$(case_args "$1"); read -r size rate extra <<<"$args"
     if [ "$rate" != -1 ] && [ "$records" -gt $((rate * 30)) ]; then
         records=$((rate * 30)) # at most 30 s per fixed-rate run
     fi
-    before=$(proxy_ticks)
+    before=$(proxy_ticks "$pid")
     # shellcheck disable=SC2086
     line=$(kmp_java org.apache.kafka.tools.ProducerPerformance --topic "$4" \
         --num-records "$records" --record-size "$size" --throughput "$rate" \
         --bootstrap-server "$3" \
         --command-property acks=all enable.idempotence=true client.id="$5" $extra 2>/dev/null | tail -1)
-    after=$(proxy_ticks)
+    after=$(proxy_ticks "$pid")
     # "N records sent, R records/sec (M MB/sec), A ms avg latency, X ms max latency, P ms 50th, Q ms 95th, S ms 99th, ..."
     awk -v c="$1" -v l="$2" -v cpu=$((after - before)) -v hz="$ticks" -v bytes=$((records * size)) '{
         gsub(/[(),]/, " ")
@@ -92,14 +100,23 @@ echo "warm-up..." >&2
 run 1k warmup "127.0.0.1:$B_PORT" perf-direct perf-client 50000 >/dev/null
 run 1k warmup "127.0.0.1:$P_PORT" perf-local perf-client 50000 >/dev/null
 run 1k warmup "127.0.0.1:$P_PORT" perf-link mirror-perf 50000 >/dev/null
+if [ -n "${BASELINE_BIN:-}" ]; then
+    run 1k warmup "127.0.0.1:$Q_PORT" perf-link mirror-perf 50000 "$Q_PID" >/dev/null
+fi
 
 results=$(mktemp)
 for round in $(seq 1 "$ROUNDS"); do
     for c in $CASES; do
         echo "round $round of $ROUNDS, case $c..." >&2
-        run "$c" direct "127.0.0.1:$B_PORT" perf-direct perf-client "$RECORDS" | tee -a "$results" >&2
-        run "$c" local "127.0.0.1:$P_PORT" perf-local perf-client "$RECORDS" | tee -a "$results" >&2
-        run "$c" link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" | tee -a "$results" >&2
+        for path in $PATHS; do
+            case $path in
+                direct) run "$c" direct "127.0.0.1:$B_PORT" perf-direct perf-client "$RECORDS" ;;
+                local) run "$c" local "127.0.0.1:$P_PORT" perf-local perf-client "$RECORDS" ;;
+                link) run "$c" link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" ;;
+                local@base) run "$c" local@base "127.0.0.1:$Q_PORT" perf-local perf-client "$RECORDS" "$Q_PID" ;;
+                link@base) run "$c" link@base "127.0.0.1:$Q_PORT" perf-link mirror-perf "$RECORDS" "$Q_PID" ;;
+            esac | tee -a "$results" >&2
+        done
     done
 done
 
@@ -108,7 +125,7 @@ rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$P_PID/status")
 
 echo
 echo "ProducerPerformance, acks=all, idempotent, $RECORDS records per run (fixed: at most 30 s), median of $ROUNDS rounds"
-sort -k1,1 -k2,2 "$results" | awk -v cases="$CASES" '
+sort -k1,1 -k2,2 "$results" | awk -v cases="$CASES" -v paths="$PATHS" '
     function median(list,   n, a, i, j, t) {
         n = split(list, a, " ")
         for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
@@ -116,15 +133,18 @@ sort -k1,1 -k2,2 "$results" | awk -v cases="$CASES" '
     }
     { k = $1 " " $2; r[k] = r[k] " " $3; m[k] = m[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $7 }
     END {
-        printf "%-6s %-7s %10s %8s %8s %8s %10s %12s\n", "case", "path", "records/s", "MB/s", "p50 ms", "p99 ms", "vs direct", "proxy CPU s/GB"
+        printf "%-6s %-10s %10s %8s %8s %8s %10s %12s\n", "case", "path", "records/s", "MB/s", "p50 ms", "p99 ms", "vs direct", "proxy CPU s/GB"
         nc = split(cases, cs, " ")
-        split("direct local link", order, " ")
-        for (c = 1; c <= nc; c++) for (i = 1; i <= 3; i++) {
+        np = split(paths, order, " ")
+        for (c = 1; c <= nc; c++) for (i = 1; i <= np; i++) {
             k = cs[c] " " order[i]; d = cs[c] " direct"
             g = median(cpu[k])
-            printf "%-6s %-7s %10.0f %8.2f %8.0f %8.0f %9.3fx %12s\n", cs[c], order[i], median(r[k]), median(m[k]), median(p50[k]), median(p99[k]), median(r[k]) / median(r[d]), (g < 0 ? "-" : sprintf("%.2f", g))
+            printf "%-6s %-10s %10.0f %8.2f %8.0f %8.0f %9.3fx %12s\n", cs[c], order[i], median(r[k]), median(m[k]), median(p50[k]), median(p99[k]), median(r[k]) / median(r[d]), (g < 0 ? "-" : sprintf("%.2f", g))
         }
     }'
-echo "proxy peak RSS (VmHWM): $(proxy_hwm_kib) KiB; RSS now: ${rss} KiB"
+echo "proxy peak RSS (VmHWM): $(proxy_hwm_kib "$P_PID") KiB; RSS now: ${rss} KiB"
+if [ -n "${BASELINE_BIN:-}" ]; then
+    echo "baseline proxy peak RSS (VmHWM): $(proxy_hwm_kib "$Q_PID") KiB"
+fi
 echo "batches remapped by the proxy on link 'perf': ${remapped:-unknown}"
 rm -f "$results"

@@ -88,7 +88,8 @@ PROPS
     return 1
 }
 
-# kmp_start_proxy NAME BROKER_PORT [VAR=VALUE...]: runs the release binary;
+# kmp_start_proxy NAME BROKER_PORT [VAR=VALUE...]: runs the release binary
+# (or KMP_PROXY_BIN);
 # sets NAME_PORT (bootstrap), NAME_ADMIN and NAME_PID (the proxy process:
 # `env` execs it, so $! is the proxy).
 kmp_start_proxy() {
@@ -99,7 +100,7 @@ kmp_start_proxy() {
     env MIRROR_PROXY_BOOTSTRAP_SERVERS="127.0.0.1:$broker_port" \
         MIRROR_PROXY_LISTEN="127.0.0.1:$listen" \
         MIRROR_PROXY_ADMIN_LISTEN="127.0.0.1:$admin" \
-        "$@" "$KMP_ROOT/target/release/kafka-mirror-proxy" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
+        "$@" "${KMP_PROXY_BIN:-$KMP_ROOT/target/release/kafka-mirror-proxy}" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
     KMP_PIDS+=($!)
     local pid=$! i
     for i in $(seq 1 100); do
@@ -114,4 +115,13 @@ kmp_start_proxy() {
     done
     cat "$KMP_WORK/proxy-$name.log" >&2
     return 1
+}
+
+# kmp_start_perf_proxy NAME BROKER_PORT: kmp_start_proxy with the link the
+# benchmarks use: client id mirror-perf, topic perf-link.
+kmp_start_perf_proxy() {
+    kmp_start_proxy "$1" "$2" \
+        MIRROR_PROXY_LINKS=perf \
+        MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
+        MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
 }

@@ -489,6 +489,15 @@ async fn produce(
             false => None,
         })
     };
+    // Every partition of the request answered here with `refusal`.
+    let refuse_request = |link: &str, refusal: Refusal, message: &str| {
+        let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
+        count_local(shared, link, &plan.local);
+        Ok(ProduceAction {
+            pending: local_only(&plan.local)?,
+            forward: None,
+        })
+    };
     let origin = shared.config.links.classify(h.client_id(&frame), subject);
     let link = match origin {
         Origin::Local => {
@@ -509,18 +518,7 @@ async fn produce(
                 link.tls_subject().unwrap_or_default()
             );
             tracing::warn!(link = link.name(), subject = ?subject.map(|s| &s.full), "refused a Produce that claims a mirror link's client id");
-            let plan = produce::refuse_all(
-                &frame,
-                body_offset,
-                version,
-                Refusal::NotAuthorized,
-                &message,
-            )?;
-            count_local(shared, link.name(), &plan.local);
-            return Ok(ProduceAction {
-                pending: local_only(&plan.local)?,
-                forward: None,
-            });
+            return refuse_request(link.name(), Refusal::NotAuthorized, &message);
         }
         Origin::Link(link) => link,
     };
@@ -536,18 +534,7 @@ async fn produce(
                 "mirror link '{}': the proxy's producer id mapping state is not loaded yet ({why}); retry",
                 link.name()
             );
-            let plan = produce::refuse_all(
-                &frame,
-                body_offset,
-                version,
-                Refusal::StateNotLoaded,
-                &message,
-            )?;
-            count_local(shared, link.name(), &plan.local);
-            return Ok(ProduceAction {
-                pending: local_only(&plan.local)?,
-                forward: None,
-            });
+            return refuse_request(link.name(), Refusal::StateNotLoaded, &message);
         }
     };
     let plan_now = || {

@@ -391,6 +391,15 @@ pub fn console_produce(
         args.push("--compression-codec".into());
         args.push(codec.to_string());
     }
+    // ConsoleProducer also overwrites `request.timeout.ms` with its own
+    // `--request-timeout-ms`, default 1.5 s: on a loaded 2-core machine
+    // that times out healthy brokers. Kafka's producer default is 30 s.
+    let request_timeout = producer
+        .iter()
+        .find(|(k, _)| *k == "request.timeout.ms")
+        .map_or("30000", |(_, v)| *v);
+    args.push("--request-timeout-ms".into());
+    args.push(request_timeout.to_string());
     for (k, v) in reader {
         args.push("--reader-property".into());
         args.push(format!("{k}={v}"));

@@ -76,6 +76,10 @@ pub enum Refusal {
     /// Mirrored producer state: the same batch is in flight to the broker
     /// on another request; answered retriable rather than appended twice.
     RetryInFlight,
+    /// Mirrored producer state: the partition's state could not be rebuilt
+    /// from its log tail (unreadable, or still being rebuilt by another
+    /// request past the wait), so its batches cannot be checked yet.
+    StateNotRebuilt,
 }
 
 impl From<RefusalKind> for Refusal {
@@ -100,6 +104,7 @@ impl Refusal {
             Refusal::InvalidProducerEpoch => "invalid_producer_epoch",
             Refusal::OutOfOrderSequence => "out_of_order_sequence",
             Refusal::RetryInFlight => "retry_in_flight",
+            Refusal::StateNotRebuilt => "producer_state_not_rebuilt",
         }
     }
 
@@ -112,7 +117,7 @@ impl Refusal {
             // Both retriable for every Kafka client (Java: RetriableException;
             // librdkafka retries them), and neither makes a client refresh
             // anything it should not.
-            Refusal::StateNotLoaded => ResponseError::NotEnoughReplicas,
+            Refusal::StateNotLoaded | Refusal::StateNotRebuilt => ResponseError::NotEnoughReplicas,
             Refusal::StateWriteFailed => ResponseError::NotEnoughReplicasAfterAppend,
             Refusal::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
             Refusal::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,

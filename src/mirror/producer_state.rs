@@ -296,17 +296,32 @@ impl ProducerStateEntry {
         if self.find_duplicate(b).is_some() {
             return;
         }
-        if self.len == RETAINED_BATCHES {
-            self.batches.copy_within(1.., 0);
-            self.len -= 1;
-        }
-        self.batches[self.len] = AppendedBatch {
+        // Kept in log order (by base offset), whatever order they are
+        // recorded in: a rebuild replays older batches after a live
+        // response may have recorded newer ones, and merges, never
+        // reorders or overwrites. The oldest falls out past five.
+        let at = self.batches[..self.len]
+            .iter()
+            .position(|m| m.base_offset > base_offset)
+            .unwrap_or(self.len);
+        let new = AppendedBatch {
             first_seq: b.first_seq,
             last_seq: b.last_seq,
             base_offset,
             append_time_ms,
         };
-        self.len += 1;
+        if self.len == RETAINED_BATCHES {
+            if at == 0 {
+                // Older than every retained batch: not one of the last five.
+                return;
+            }
+            self.batches.copy_within(1..at, 0);
+            self.batches[at - 1] = new;
+        } else {
+            self.batches.copy_within(at..self.len, at + 1);
+            self.batches[at] = new;
+            self.len += 1;
+        }
     }
 
     fn clear_in_flight(&mut self, b: &BatchId) -> bool {

@@ -11,8 +11,8 @@
 //! No batch of a partition is begun before the partition's state has been
 //! rebuilt from its log tail ([`RebuildClaim::run`]): once after start-up,
 //! and again after its outcome became unknown (a [`Tracked`] dropped
-//! unsettled: a lost connection, a session ending, `acks=0`; or a timeout
-//! answer) or its leader moved. One request claims the rebuild; the
+//! unsettled: a lost connection, a session ending, an undecodable answer;
+//! or a timeout answer) or its leader moved. One request claims the rebuild; the
 //! partition's other requests wait for it. A rebuild merges into the state,
 //! so nothing recorded while it read is lost.
 
@@ -64,8 +64,7 @@ struct Inner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RebuildReason {
     /// A link batch was sent and its answer never came (connection lost,
-    /// undecodable answer, `acks=0`), or came as a timeout: it may be in
-    /// the log.
+    /// undecodable answer), or came as a timeout: it may be in the log.
     UnknownOutcome,
     /// The broker named another leader for the partition.
     LeaderMoved,
@@ -604,6 +603,25 @@ fn mark(inner: &mut Inner, partition: PartitionId) {
     inner.ready.remove(&partition);
     if let Some(marked) = inner.rebuilding.get_mut(&partition) {
         *marked = true;
+    }
+}
+
+impl Tracked {
+    /// No answer will come and none is awaited (`acks=0`): the batches'
+    /// flight ends without recording them, and, no client retrying what it
+    /// never heard about, their partitions are not marked for a rebuild.
+    pub fn unanswered(mut self) {
+        let Some(dedupe) = self.dedupe.take() else {
+            return;
+        };
+        let mut inner = dedupe.lock();
+        for bp in self.partitions.drain(..) {
+            for b in &bp.batches {
+                inner.states.failed(&(bp.partition, b.origin), &b.id);
+            }
+        }
+        drop(inner);
+        dedupe.changed.notify_waiters();
     }
 }
 

@@ -479,10 +479,15 @@ async fn produce(
     let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
     let acks = produce_acks(&frame, body_offset, version)?;
     let expects_response = acks != 0;
-    // With acks=0 the tracked batches are dropped with the entry that is
-    // never queued, which fails them: nothing is recorded without an answer.
+    // With acks=0 nothing is recorded without an answer: the tracked
+    // batches are failed. No client retries what it never hears about, so
+    // there is no retry to deduplicate and the partition is not re-read.
     let broker = |local: Vec<LocalPartition>, tracked: Tracked| {
-        expects_response.then_some(Pending::Broker {
+        if !expects_response {
+            tracked.unanswered();
+            return None;
+        }
+        Some(Pending::Broker {
             correlation_id: h.correlation_id,
             api: ApiKey::Produce,
             version,
@@ -601,7 +606,19 @@ async fn produce(
                 d
             }
             Begin::Rebuild { claims, .. } => {
+                // Bounded too: a partition marked again during each of its
+                // rebuilds is not rebuilt forever by one request.
+                let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
                 for claim in claims {
+                    if shutting_down || tokio::time::Instant::now() >= d {
+                        let message = format!(
+                            "mirror link '{}': partition {}: the mirrored producer state was marked again while it was rebuilt; retry",
+                            link.name(),
+                            claim.partition().partition
+                        );
+                        Dedupe::refuse_partition(&mut plan, claim.partition(), message);
+                        continue;
+                    }
                     rebuild(shared, state, link.name(), &mut plan, claim).await;
                 }
                 continue;

@@ -437,3 +437,14 @@ fn a_mark_during_a_rebuild_leaves_the_partition_for_another_rebuild() {
     let (claims, _) = must_rebuild(d.begin(&mut p, "east", true));
     assert_eq!(claims.len(), 1);
 }
+
+#[test]
+fn acks_0_ends_the_flight_without_a_rebuild() {
+    let d = dedupe();
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    begin(&d, &mut p, "east", false)
+        .expect("begun")
+        .unanswered();
+    assert!(d.is_ready(&at(0)));
+    assert!(d.is_empty(), "nothing in flight, nothing recorded");
+}

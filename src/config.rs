@@ -120,6 +120,8 @@ pub struct Config {
     pub read_only_error: ReadOnlyError,
     /// How long a failover waits for every live instance to drain the link.
     pub failover_drain_timeout_ms: u64,
+    /// Bytes of a partition's tail read to rebuild that state.
+    pub producer_state_rebuild_bytes: i32,
 }
 
 /// The error a local Produce to a read-only mirrored topic gets.
@@ -160,6 +162,10 @@ impl fmt::Debug for Config {
             )
             .field("read_only_error", &self.read_only_error)
             .field("failover_drain_timeout_ms", &self.failover_drain_timeout_ms)
+            .field(
+                "producer_state_rebuild_bytes",
+                &self.producer_state_rebuild_bytes,
+            )
             .finish()
     }
 }
@@ -198,6 +204,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used is evicted first (counted). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
     ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),
     ("FAILOVER_DRAIN_TIMEOUT_MS", "30000", "How long a failover waits for every live proxy instance to confirm it closed the link's connections before placing the barriers anyway; instances that did not confirm are named in the failover's result."),
+    ("PRODUCER_STATE_REBUILD_BYTES", "4194304", "Bytes of a mirrored partition's log tail the proxy reads, on the first link Produce to it after start-up (and after an unknown outcome or a leader move), to rebuild the producer state (so that a retry of a batch appended before a restart or a lost answer is still answered as a duplicate). Batches older than the tail that fits are not deduplicated (counted: `mirror_producer_state_offsets_beyond_bound`)."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
@@ -476,6 +483,13 @@ impl Config {
                 |s| s.parse::<usize>().ok().filter(|n| *n > 0),
             )
             .unwrap_or(100_000);
+        let producer_state_rebuild_bytes = env
+            .parse(
+                "PRODUCER_STATE_REBUILD_BYTES",
+                "a whole number of bytes from 1024 to 2147483647",
+                |s| s.parse::<i32>().ok().filter(|n| *n >= 1024),
+            )
+            .unwrap_or(4 * 1024 * 1024);
         let mut ms = |name: &str, default: u64| {
             env.parse(name, "a whole number of milliseconds greater than 0", |s| {
                 s.parse::<u64>().ok().filter(|n| *n > 0)
@@ -555,6 +569,7 @@ impl Config {
                 producer_state_max_entries,
                 read_only_error,
                 failover_drain_timeout_ms,
+                producer_state_rebuild_bytes,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -1147,6 +1162,7 @@ mod tests {
         assert_eq!(c.state_topic, "__mirror_state");
         assert_eq!(c.producer_expiration_ms, 86_400_000);
         assert_eq!(c.producer_state_max_entries, 100_000);
+        assert_eq!(c.producer_state_rebuild_bytes, 4 * 1024 * 1024);
         let mut set = base.to_vec();
         set.extend([
             ("STATE_TOPIC", "mirror.state-2"),
@@ -1161,6 +1177,10 @@ mod tests {
         zero.push(("PRODUCER_STATE_MAX_ENTRIES", "0"));
         let p = problems(&zero);
         assert_eq!(p[0].variable, "MIRROR_PROXY_PRODUCER_STATE_MAX_ENTRIES");
+        let mut small = base.to_vec();
+        small.push(("PRODUCER_STATE_REBUILD_BYTES", "100"));
+        let p = problems(&small);
+        assert_eq!(p[0].variable, "MIRROR_PROXY_PRODUCER_STATE_REBUILD_BYTES");
         for bad in ["has space", "..", "a/b", &"x".repeat(250)] {
             let mut set = base.to_vec();
             set.push(("STATE_TOPIC", bad));

@@ -110,6 +110,16 @@ struct LinkLabels {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FixedLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RefusedLabels {
     link: Arc<str>,
     reason: &'static str,
@@ -142,16 +152,14 @@ pub struct Metrics {
     partitions_refused: Family<RefusedLabels, Counter>,
     duplicates_answered: Family<LinkLabels, Counter>,
     producer_state_evictions: Counter,
+    producer_state_rebuilds: Family<ResultLabels, Counter>,
+    producer_state_rebuild_marks: Family<FixedLabels, Counter>,
+    producer_state_offsets_beyond_bound: Counter,
     links: HashMap<String, LinkMetrics>,
     /// The state topic (`state`).
     pub state: StateMetrics,
     /// Link control (failover).
     control: ControlMetrics,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ResultLabels {
-    result: &'static str,
 }
 
 /// Link states, failovers, barriers and fencing. Label values are link
@@ -323,6 +331,24 @@ impl Metrics {
             "Mirrored producers evicted from the proxy's producer state to stay within PRODUCER_STATE_MAX_ENTRIES",
             Counter::clone(&producer_state_evictions),
         );
+        let producer_state_rebuilds = Family::default();
+        registry.register(
+            "mirror_producer_state_rebuilds",
+            "Rebuilds of a partition's mirrored producer state from its log tail, by result: complete (the whole log read), bounded (the tail that fits in PRODUCER_STATE_REBUILD_BYTES), failed (tail not read; the partition answered retriable)",
+            Family::clone(&producer_state_rebuilds),
+        );
+        let producer_state_rebuild_marks = Family::default();
+        registry.register(
+            "mirror_producer_state_rebuild_marks",
+            "Partitions marked for a new rebuild of their mirrored producer state, by reason: unknown_outcome (a link batch's answer was lost), leader_moved (the broker named another leader)",
+            Family::clone(&producer_state_rebuild_marks),
+        );
+        let producer_state_offsets_beyond_bound = Counter::default();
+        registry.register(
+            "mirror_producer_state_offsets_beyond_bound",
+            "Log offsets left unread by bounded rebuilds (between the log start and the tail read): link retries of batches there are not recognised as duplicates",
+            Counter::clone(&producer_state_offsets_beyond_bound),
+        );
 
         let state = StateMetrics::register(&mut registry);
         let control = ControlMetrics::register(&mut registry);
@@ -359,6 +385,9 @@ impl Metrics {
             partitions_refused,
             duplicates_answered,
             producer_state_evictions,
+            producer_state_rebuilds,
+            producer_state_rebuild_marks,
+            producer_state_offsets_beyond_bound,
             links,
             state,
             control,
@@ -557,6 +586,25 @@ impl Metrics {
     /// `n` more mirrored producers were evicted from the producer state.
     pub fn producer_state_evicted(&self, n: u64) {
         self.producer_state_evictions.inc_by(n);
+    }
+
+    /// One rebuild of a partition's producer state ended with `result`
+    /// (`complete`, `bounded`, `failed`); a bounded one left
+    /// `offsets_beyond_bound` log offsets unread.
+    pub fn producer_state_rebuilt(&self, result: &'static str, offsets_beyond_bound: u64) {
+        self.producer_state_rebuilds
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        self.producer_state_offsets_beyond_bound
+            .inc_by(offsets_beyond_bound);
+    }
+
+    /// A partition was marked for a new rebuild, for `reason`
+    /// (`unknown_outcome`, `leader_moved`).
+    pub fn producer_state_rebuild_marked(&self, reason: &'static str) {
+        self.producer_state_rebuild_marks
+            .get_or_create(&FixedLabels { reason })
+            .inc();
     }
 
     /// Everything, in the Prometheus text format 0.0.4.

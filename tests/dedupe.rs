@@ -259,3 +259,58 @@ fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
     );
     Ok(())
 }
+
+/// The state is rebuilt from the log tail after a restart: a batch
+/// acknowledged before the proxy was killed, resent to a new proxy, is
+/// still one copy with its original offset, and an overlap is refused.
+#[test]
+fn after_a_restart_the_state_is_rebuilt_from_the_log_tail() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create(&broker, &["r"])?;
+    let source = ClusterId::from_bytes(*b"dedupe-test-src!").to_string();
+    let env = [
+        ("LINKS", "x"),
+        ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
+        ("LINK_X_TOPICS", "r"),
+    ];
+    let mut proxy = ProxyProcess::start(&broker.bootstrap(), &env)?;
+    let mut raw = RawClient::connect(&proxy.bootstrap)?;
+    // Something before it in the log, from a plain producer and another
+    // mapped one.
+    let plain = result(&raw.produce(
+        LINK_CLIENT,
+        "r",
+        0,
+        support::wire::record_batch(-1, &["plain"]),
+    )?);
+    ensure!(
+        plain.0 == NONE,
+        "{plain:?}\n{}",
+        tools::tail_str(&proxy.logs(), 30)
+    );
+    let first = result(&raw.produce(LINK_CLIENT, "r", 0, batch(0, 0, 10, "r"))?);
+    ensure!(
+        first.0 == NONE,
+        "{first:?}\n{}",
+        tools::tail_str(&proxy.logs(), 30)
+    );
+    drop(raw);
+    proxy.signal("KILL")?;
+    proxy.wait_exit(Duration::from_secs(30))?;
+
+    let proxy = ProxyProcess::start(&broker.bootstrap(), &env)?;
+    let mut raw = RawClient::connect(&proxy.bootstrap)?;
+    let again = result(&raw.produce(LINK_CLIENT, "r", 0, batch(0, 0, 10, "r"))?);
+    let logs = tools::tail_str(&proxy.logs(), 30);
+    assert_eq!(again.0, NONE, "{again:?}\n{logs}");
+    assert_eq!(again.2, first.2, "the original base offset\n{logs}");
+    assert!(
+        logs.contains("rebuilt the mirrored producer state from the log tail"),
+        "{logs}"
+    );
+    let overlap = result(&raw.produce(LINK_CLIENT, "r", 0, batch(0, 5, 10, "o"))?);
+    assert_eq!(overlap.0, OUT_OF_ORDER_SEQUENCE_NUMBER, "{overlap:?}");
+    let r = log(&broker, "r")?;
+    assert_eq!(r.len(), 2, "the plain batch and one copy: {r:?}");
+    Ok(())
+}

@@ -29,7 +29,7 @@ use kafka_mirror_proxy::state::topic::read_batches;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{free_port, free_port_run, proxy_bin, ProxyProcess};
 use support::tools::{self, DumpedBatch};
-use support::wire::{partition_result, record_batch, RawClient};
+use support::wire::{partition_result, record_batch, record_batch_at, RawClient};
 
 const STATE: &str = "__mirror_state";
 
@@ -131,11 +131,21 @@ fn start_proxy(broker: &KafkaCluster, env: &[(String, String)]) -> Result<ProxyP
 /// Produce one batch per (client id, pid, value) through the proxy; every
 /// partition must be accepted.
 fn send(proxy: &ProxyProcess, topic: &str, batches: &[(&str, i64, &str)]) -> Result<()> {
+    send_at(proxy, topic, batches, 0)
+}
+
+/// [`send`] with each batch at `sequence` (producers with a sequence).
+fn send_at(
+    proxy: &ProxyProcess,
+    topic: &str,
+    batches: &[(&str, i64, &str)],
+    sequence: i32,
+) -> Result<()> {
     // One broker: the bootstrap listener reaches the leader.
     let mut raw = RawClient::connect(&proxy.bootstrap)?;
     for (client_id, pid, value) in batches {
-        let (code, message) =
-            partition_result(&raw.produce(client_id, topic, 0, record_batch(*pid, &[value]))?);
+        let batch = record_batch_at(*pid, sequence, &[value]);
+        let (code, message) = partition_result(&raw.produce(client_id, topic, 0, batch)?);
         ensure!(
             code == 0,
             "{client_id} pid {pid} to {topic}-0: error {code} ({message:?}); proxy log:\n{}",
@@ -332,11 +342,13 @@ fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
         "unmap output:\n{stdout}"
     );
 
-    // d) Restart: the same batches again map to the same PIDs.
+    // d) Restart: the same origins' next batches (sequence 1: the
+    // identical batches would be answered as duplicates, the proxy's
+    // producer state being rebuilt from the log) map to the same PIDs.
     proxy.signal("TERM")?;
     proxy.wait_exit(Duration::from_secs(30))?;
     let proxy = start_proxy(&broker, &env)?;
-    send(&proxy, "m", &batches)?;
+    send_at(&proxy, "m", &batches, 1)?;
     let all = log_pids(&broker, "m")?;
     assert_eq!(all.len(), 12);
     for (value, pid) in &all[6..] {

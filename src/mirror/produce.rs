@@ -83,6 +83,10 @@ pub enum Refusal {
     ReadOnlyTopic,
     /// A Produce of a link that is failing over or failed over.
     LinkFenced,
+    /// Mirrored producer state: the partition's state could not be rebuilt
+    /// from its log tail (unreadable, or still being rebuilt by another
+    /// request past the wait), so its batches cannot be checked yet.
+    StateNotRebuilt,
 }
 
 /// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
@@ -119,6 +123,7 @@ impl Refusal {
             Refusal::RetryInFlight => "retry_in_flight",
             Refusal::ReadOnly | Refusal::ReadOnlyTopic => "read_only",
             Refusal::LinkFenced => "link_fenced",
+            Refusal::StateNotRebuilt => "producer_state_not_rebuilt",
         }
     }
 
@@ -131,7 +136,7 @@ impl Refusal {
             // Both retriable for every Kafka client (Java: RetriableException;
             // librdkafka retries them), and neither makes a client refresh
             // anything it should not.
-            Refusal::StateNotLoaded => ResponseError::NotEnoughReplicas,
+            Refusal::StateNotLoaded | Refusal::StateNotRebuilt => ResponseError::NotEnoughReplicas,
             Refusal::StateWriteFailed => ResponseError::NotEnoughReplicasAfterAppend,
             Refusal::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
             Refusal::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,

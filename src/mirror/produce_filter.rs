@@ -6,20 +6,31 @@
 //!
 //! The state itself is the pure [`ProducerStates`], behind a std mutex that
 //! is never held across an await. A request's begun batches are marked in
-//! flight until its response is settled; a [`Tracked`] dropped unsettled (a
-//! lost connection, a session ending, `acks=0`) ends their flight as failed,
-//! so a retry is checked afresh.
+//! flight until its response is settled.
+//!
+//! No batch of a partition is begun before the partition's state has been
+//! rebuilt from its log tail ([`RebuildClaim::run`]): once after start-up,
+//! and again after its outcome became unknown (a [`Tracked`] dropped
+//! unsettled: a lost connection, a session ending, an undecodable answer;
+//! or a timeout answer) or its leader moved. One request claims the rebuild; the
+//! partition's other requests wait for it. A rebuild merges into the state,
+//! so nothing recorded while it read is lost.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::ProduceResponse;
 
+use crate::client::protocol::OffsetSpec;
+use crate::client::{Client, ClientError};
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
     same_topic, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatch,
 };
-use crate::mirror::producer_state::{Check, ProducerStates};
+use crate::mirror::producer_state::{Check, ProducerStates, Replayed};
+use crate::wire::batch::{BatchHeader, Batches};
 
 /// What the state is kept per (with the mapped PID): a destination
 /// partition and the origin the mapped PID stands for. An origin that
@@ -29,13 +40,73 @@ pub type StateKey = (PartitionId, OriginId);
 
 /// The producer state of every mirrored partition, shared by all sessions.
 pub struct Dedupe {
-    states: Mutex<ProducerStates<StateKey>>,
+    inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
+    /// Notified when batches leave flight or a rebuild ends.
     changed: tokio::sync::Notify,
+    /// Bound on the bytes of a partition's tail read for a rebuild.
+    rebuild_bytes: i32,
+}
+
+/// Everything behind the one lock: the states and, per partition, whether
+/// they may be used (rebuilt from the log since start-up or since the
+/// partition was last marked).
+struct Inner {
+    states: ProducerStates<StateKey>,
+    /// Partitions rebuilt and not marked since: their batches may begin.
+    ready: HashSet<PartitionId>,
+    /// Partitions a request is rebuilding now; `true` once marked again
+    /// meanwhile (then the rebuild ends without making it ready).
+    rebuilding: HashMap<PartitionId, bool>,
+}
+
+/// Why a partition needs its state rebuilt again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebuildReason {
+    /// A link batch was sent and its answer never came (connection lost,
+    /// undecodable answer), or came as a timeout: it may be in the log.
+    UnknownOutcome,
+    /// The broker named another leader for the partition.
+    LeaderMoved,
+}
+
+impl RebuildReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            RebuildReason::UnknownOutcome => "unknown_outcome",
+            RebuildReason::LeaderMoved => "leader_moved",
+        }
+    }
+}
+
+/// What a rebuild read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// The first offset read (the dedupe window starts about there).
+    pub from_offset: i64,
+    /// The log start offset when read.
+    pub log_start_offset: i64,
+    /// The log end offset when read.
+    pub log_end_offset: i64,
+    pub replayed: Replayed,
+}
+
+/// The end offset of the whole batches of `records`.
+fn whole_end(records: &[u8]) -> Option<i64> {
+    let mut end = None;
+    for b in Batches::new(records) {
+        let Ok(b) = b else { break };
+        let Ok(h) = BatchHeader::parse(&records[b.range()]) else {
+            break;
+        };
+        end = Some(h.base_offset() + i64::from(h.last_offset_delta()) + 1);
+    }
+    end
 }
 
 /// The batches of one request that were begun (marked in flight), for the
-/// response half. Dropped unsettled, they are failed.
+/// response half. Dropped unsettled, their outcome is unknown: they are
+/// failed and their partitions marked for a rebuild.
 pub struct Tracked {
     dedupe: Option<Arc<Dedupe>>,
     partitions: Vec<BegunPartition>,
@@ -47,25 +118,221 @@ struct BegunPartition {
     batches: Vec<TrackedBatch>,
 }
 
+/// What [`Dedupe::begin`] decided for a request.
+pub enum Begin {
+    /// Every tracked partition was checked: the begun ones are in
+    /// [`Tracked`], the rest became local answers in the plan.
+    Begun(Tracked),
+    /// A batch of the request is in flight on another request: nothing was
+    /// begun; wait for [`Dedupe::changed`] and begin again.
+    InFlight,
+    /// Some partitions' state must be rebuilt first: nothing was begun.
+    /// `claims` are this request's to rebuild ([`RebuildClaim::run`]);
+    /// `waiting` are being rebuilt by other requests (wait for
+    /// [`Dedupe::changed`], bounded, then begin again).
+    Rebuild {
+        claims: Vec<RebuildClaim>,
+        waiting: Vec<PartitionId>,
+    },
+}
+
+/// One request's right and duty to rebuild one partition's state. Dropped
+/// without [`run`](Self::run) succeeding, the partition stays unrebuilt and
+/// the next request claims it.
+pub struct RebuildClaim {
+    dedupe: Arc<Dedupe>,
+    partition: PartitionId,
+    topic: TopicRef,
+}
+
+impl RebuildClaim {
+    pub fn partition(&self) -> PartitionId {
+        self.partition
+    }
+
+    /// The topic as the request names it.
+    pub fn topic(&self) -> &TopicRef {
+        &self.topic
+    }
+
+    /// Rebuild the partition's state from its log tail (SPEC §6): the
+    /// longest tail, ending at the log end, that fits in the byte bound (a
+    /// window of offsets widened fourfold until its batches no longer fit
+    /// or it reaches the log start; if not even the first fits, what the
+    /// bound returned of it). Mapped producers are keyed by `owner` (the
+    /// origin a mapped PID stands for; batches of unknown ones are
+    /// skipped). Merged into whatever was recorded meanwhile, never over
+    /// it. On success the partition is ready, unless it was marked again
+    /// while this ran (then the next request rebuilds it again).
+    ///
+    /// Nothing below `floor` is read: the log end offset the partition's
+    /// latest failover barrier recorded (0 if none), below which every
+    /// mirrored producer was expired.
+    pub async fn run(
+        self,
+        client: &Client,
+        topic: &str,
+        floor: i64,
+        owner: &(dyn Fn(i64) -> Option<OriginId> + Sync),
+    ) -> Result<Rebuilt, ClientError> {
+        let d = &self.dedupe;
+        let p = self.partition.partition;
+        let read = async {
+            let end = client
+                .list_offset(topic, p, OffsetSpec::Latest)
+                .await?
+                .offset;
+            let start = client
+                .list_offset(topic, p, OffsetSpec::Earliest)
+                .await?
+                .offset
+                .max(floor.min(end));
+            let mut best: Option<(i64, bytes::Bytes)> = None;
+            let mut span: i64 = 64;
+            // An empty log has nothing to replay.
+            let mut from = end;
+            while from > start {
+                from = end.saturating_sub(span).max(start);
+                let f = client
+                    .fetch(topic, p, from, d.rebuild_bytes, Duration::ZERO)
+                    .await?;
+                let fits = whole_end(&f.records).is_some_and(|e| e >= end);
+                if fits || best.is_none() {
+                    best = Some((from, f.records));
+                }
+                if !fits {
+                    break;
+                }
+                span = span.saturating_mul(4);
+            }
+            Ok::<_, ClientError>((start, end, best))
+        };
+        let (start, end, best) = match read.await {
+            Ok(r) => r,
+            Err(e) => {
+                d.metrics.producer_state_rebuilt("failed", 0);
+                return Err(e);
+            }
+        };
+        let (from, records) = best.unwrap_or((end, bytes::Bytes::new()));
+        Ok(self.apply(start, end, from, &records, owner))
+    }
+
+    /// The second half of [`run`](Self::run), with the tail read: `records`
+    /// from offset `from`, the log spanning `start..end`. Replays them into
+    /// the state (merging), makes the partition ready unless it was marked
+    /// meanwhile, and wakes the requests waiting for it.
+    pub fn apply(
+        self,
+        start: i64,
+        end: i64,
+        from: i64,
+        records: &[u8],
+        owner: &(dyn Fn(i64) -> Option<OriginId> + Sync),
+    ) -> Rebuilt {
+        let d = &self.dedupe;
+        let partition = self.partition;
+        let mut inner = d.lock();
+        let replayed = inner.states.replay_records_keyed(records, |mapped| {
+            owner(mapped).map(|origin| (partition, origin))
+        });
+        let marked_meanwhile = inner.rebuilding.remove(&partition).unwrap_or(true);
+        if !marked_meanwhile {
+            inner.ready.insert(partition);
+        }
+        drop(inner);
+        let beyond = from.saturating_sub(start).max(0);
+        d.metrics.producer_state_rebuilt(
+            if beyond > 0 { "bounded" } else { "complete" },
+            u64::try_from(beyond).unwrap_or(0),
+        );
+        d.changed.notify_waiters();
+        Rebuilt {
+            from_offset: from,
+            log_start_offset: start,
+            log_end_offset: end,
+            replayed,
+        }
+    }
+}
+
+impl Drop for RebuildClaim {
+    fn drop(&mut self) {
+        let mut inner = self.dedupe.lock();
+        // After a successful run the entry is gone already.
+        let was = inner.rebuilding.remove(&self.partition).is_some();
+        drop(inner);
+        if was {
+            self.dedupe.changed.notify_waiters();
+        }
+    }
+}
+
 impl Dedupe {
-    /// At most `max_entries` producers over all partitions.
-    pub fn new(max_entries: usize, metrics: Arc<Metrics>) -> Arc<Dedupe> {
+    /// At most `max_entries` producers over all partitions; a rebuild
+    /// reads at most about `rebuild_bytes` of a partition's tail.
+    pub fn new(max_entries: usize, rebuild_bytes: i32, metrics: Arc<Metrics>) -> Arc<Dedupe> {
         Arc::new(Dedupe {
-            states: Mutex::new(ProducerStates::new(max_entries)),
+            inner: Mutex::new(Inner {
+                states: ProducerStates::new(max_entries),
+                ready: HashSet::new(),
+                rebuilding: HashMap::new(),
+            }),
             metrics,
             changed: tokio::sync::Notify::new(),
+            rebuild_bytes,
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, ProducerStates<StateKey>> {
+    /// Whether `partition`'s state is rebuilt and usable now.
+    pub fn is_ready(&self, partition: &PartitionId) -> bool {
+        self.lock().ready.contains(partition)
+    }
+
+    /// Take `partition` as rebuilt without reading its log (a partition
+    /// known to be new, and the unit tests).
+    pub fn assume_rebuilt(&self, partition: PartitionId) {
+        self.lock().ready.insert(partition);
+    }
+
+    /// `partition`'s state may miss what the log holds: the next request
+    /// for it rebuilds it from the log tail first (merging into what is
+    /// held), and one being rebuilt now is rebuilt again after.
+    pub fn mark_for_rebuild(&self, partition: PartitionId, reason: RebuildReason) {
+        let mut inner = self.lock();
+        mark(&mut inner, partition);
+        drop(inner);
+        self.metrics.producer_state_rebuild_marked(reason.label());
+    }
+
+    /// Answer `partition` of `plan` locally (its state could not be
+    /// rebuilt): retriable ([`Refusal::StateNotRebuilt`]), nothing of it
+    /// forwarded.
+    pub fn refuse_partition(plan: &mut ProducePlan, partition: PartitionId, message: String) {
+        let Some(i) = plan.tracked.iter().position(|t| t.partition == partition) else {
+            return;
+        };
+        let tp = plan.tracked.remove(i);
+        plan.forwarded_partitions -= 1;
+        plan.local.push(LocalPartition {
+            topic: tp.topic,
+            partition: partition.partition,
+            outcome: LocalOutcome::Refused {
+                refusal: Refusal::StateNotRebuilt,
+                message,
+            },
+        });
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // The state is consistent between calls: a panic elsewhere while it
         // was held leaves nothing half-done worth refusing service over.
-        self.states.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Producers held now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().states.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -77,7 +344,7 @@ impl Dedupe {
     /// requests have drained: an answer settled later records its batch
     /// again.
     pub fn expire_partition(&self, partition: PartitionId) -> usize {
-        let n = self.lock().clear_where(|(p, _)| *p == partition);
+        let n = self.lock().states.clear_where(|(p, _)| *p == partition);
         self.changed.notify_waiters();
         n
     }
@@ -97,26 +364,56 @@ impl Dedupe {
     /// the forwarded request. The rest are marked in flight and returned,
     /// for [`Tracked::settle`].
     ///
+    /// First, every tracked partition must be rebuilt from its log since
+    /// start-up (or since it was marked): if one is not, nothing is begun
+    /// and [`Begin::Rebuild`] says which partitions this request must
+    /// rebuild (claimed now: no other request begins or rebuilds them
+    /// meanwhile) and which others are rebuilding.
+    ///
     /// A batch whose same attempt is in flight: with `wait`, nothing of the
-    /// request is begun and `None` is returned (`plan` unchanged), for the
-    /// caller to wait for [`changed`](Self::changed) and begin again; else
-    /// its partition is answered with the retriable
+    /// request is begun and [`Begin::InFlight`] is returned (`plan`
+    /// unchanged), for the caller to wait for [`changed`](Self::changed)
+    /// and begin again; else its partition is answered with the retriable
     /// [`Refusal::RetryInFlight`]. Never a second append.
-    pub fn begin(
-        self: &Arc<Self>,
-        plan: &mut ProducePlan,
-        link: &str,
-        wait: bool,
-    ) -> Option<Tracked> {
+    pub fn begin(self: &Arc<Self>, plan: &mut ProducePlan, link: &str, wait: bool) -> Begin {
         let mut tracked = Tracked {
             dedupe: None,
             partitions: Vec::new(),
         };
         if plan.tracked.is_empty() {
-            return Some(tracked);
+            return Begin::Begun(tracked);
+        }
+        let mut inner = self.lock();
+        let Inner {
+            states,
+            ready,
+            rebuilding,
+        } = &mut *inner;
+        let mut claims: Vec<RebuildClaim> = Vec::new();
+        let mut waiting: Vec<PartitionId> = Vec::new();
+        for tp in &plan.tracked {
+            let p = tp.partition;
+            if ready.contains(&p) || claims.iter().any(|c| c.partition == p) || waiting.contains(&p)
+            {
+                continue;
+            }
+            match rebuilding.entry(p) {
+                std::collections::hash_map::Entry::Occupied(_) => waiting.push(p),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(false);
+                    claims.push(RebuildClaim {
+                        dedupe: Arc::clone(self),
+                        partition: p,
+                        topic: tp.topic.clone(),
+                    });
+                }
+            }
+        }
+        if !claims.is_empty() || !waiting.is_empty() {
+            drop(inner);
+            return Begin::Rebuild { claims, waiting };
         }
         tracked.dedupe = Some(Arc::clone(self));
-        let mut states = self.lock();
         let evictions = states.evictions();
         let mut decisions = Vec::with_capacity(plan.tracked.len());
         let mut in_flight = false;
@@ -186,13 +483,13 @@ impl Dedupe {
                     states.failed(&(tp.partition, b.origin), &b.id);
                 }
             }
-            drop(states);
+            drop(inner);
             tracked.dedupe = None;
             self.changed.notify_waiters();
-            return None;
+            return Begin::InFlight;
         }
         let evicted = states.evictions() - evictions;
-        drop(states);
+        drop(inner);
         for (tp, (outcome, begun)) in std::mem::take(&mut plan.tracked).into_iter().zip(decisions) {
             match outcome {
                 None => tracked.partitions.push(BegunPartition {
@@ -213,7 +510,7 @@ impl Dedupe {
         if evicted > 0 {
             self.metrics.producer_state_evicted(evicted);
         }
-        Some(tracked)
+        Begin::Begun(tracked)
     }
 }
 
@@ -235,13 +532,18 @@ impl Tracked {
     /// NONE is recorded as appended (each batch at the partition's base
     /// offset plus its offset delta; at the broker's log append time, or
     /// `now_ms` when the topic uses create time); any other answer, or none,
-    /// fails its batches.
+    /// fails its batches. An answer that leaves the outcome unknown (no
+    /// answer for the partition, `REQUEST_TIMED_OUT`,
+    /// `NOT_ENOUGH_REPLICAS_AFTER_APPEND`: the batch may be in the log) or
+    /// names another leader (`NOT_LEADER_OR_FOLLOWER`, a current leader
+    /// given) marks the partition for a rebuild from its log.
     pub fn settle(mut self, response: &ProduceResponse, version: i16, now_ms: i64) {
         let Some(dedupe) = self.dedupe.take() else {
             return;
         };
-        let mut states = dedupe.lock();
-        let evictions = states.evictions();
+        let mut marks: Vec<(PartitionId, RebuildReason)> = Vec::new();
+        let mut inner = dedupe.lock();
+        let evictions = inner.states.evictions();
         for bp in std::mem::take(&mut self.partitions) {
             let answer = response
                 .responses
@@ -257,7 +559,7 @@ impl Tracked {
                         now_ms
                     };
                     for b in &bp.batches {
-                        states.appended(
+                        inner.states.appended(
                             &(bp.partition, b.origin),
                             &b.id,
                             p.base_offset + b.offset_delta,
@@ -267,21 +569,84 @@ impl Tracked {
                 }
                 _ => {
                     for b in &bp.batches {
-                        states.failed(&(bp.partition, b.origin), &b.id);
+                        inner.states.failed(&(bp.partition, b.origin), &b.id);
+                    }
+                    let reason = match answer {
+                        None => Some(RebuildReason::UnknownOutcome),
+                        Some(p) if p.current_leader.leader_id.0 >= 0 => {
+                            Some(RebuildReason::LeaderMoved)
+                        }
+                        Some(p) => match p.error_code {
+                            NOT_LEADER_OR_FOLLOWER => Some(RebuildReason::LeaderMoved),
+                            REQUEST_TIMED_OUT | NOT_ENOUGH_REPLICAS_AFTER_APPEND => {
+                                Some(RebuildReason::UnknownOutcome)
+                            }
+                            _ => None,
+                        },
+                    };
+                    if let Some(reason) = reason {
+                        mark(&mut inner, bp.partition);
+                        marks.push((bp.partition, reason));
                     }
                 }
             }
         }
-        let evicted = states.evictions() - evictions;
-        drop(states);
+        let evicted = inner.states.evictions() - evictions;
+        drop(inner);
         dedupe.changed.notify_waiters();
         if evicted > 0 {
             dedupe.metrics.producer_state_evicted(evicted);
         }
+        for (partition, reason) in marks {
+            tracing::info!(
+                topic_id = %partition.topic_id,
+                partition = partition.partition,
+                reason = reason.label(),
+                "mirrored producer state marked for a rebuild from the log"
+            );
+            dedupe.metrics.producer_state_rebuild_marked(reason.label());
+        }
+    }
+}
+
+/// Kafka error codes that leave a batch's fate open or move the leader.
+const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+const REQUEST_TIMED_OUT: i16 = 7;
+const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
+
+/// Marks `partition` for a rebuild (see [`Dedupe::mark_for_rebuild`]).
+fn mark(inner: &mut Inner, partition: PartitionId) {
+    inner.ready.remove(&partition);
+    if let Some(marked) = inner.rebuilding.get_mut(&partition) {
+        *marked = true;
+    }
+}
+
+impl Tracked {
+    /// No answer will come and none is awaited (`acks=0`): the batches'
+    /// flight ends without recording them, and, no client retrying what it
+    /// never heard about, their partitions are not marked for a rebuild.
+    pub fn unanswered(mut self) {
+        let Some(dedupe) = self.dedupe.take() else {
+            return;
+        };
+        let mut inner = dedupe.lock();
+        for bp in self.partitions.drain(..) {
+            for b in &bp.batches {
+                inner.states.failed(&(bp.partition, b.origin), &b.id);
+            }
+        }
+        drop(inner);
+        dedupe.changed.notify_waiters();
     }
 }
 
 impl Drop for Tracked {
+    /// Never settled: the batches may or may not be in the log (the request
+    /// may have reached the broker before its connection was lost). Their
+    /// flight ends and their partitions are rebuilt from the log before
+    /// anything of them begins again, so a retry is checked against what
+    /// was really appended.
     fn drop(&mut self) {
         let Some(dedupe) = self.dedupe.take() else {
             return;
@@ -289,14 +654,22 @@ impl Drop for Tracked {
         if self.partitions.is_empty() {
             return;
         }
-        let mut states = dedupe.lock();
+        let mut inner = dedupe.lock();
+        let mut marked = 0u64;
         for bp in self.partitions.drain(..) {
             for b in &bp.batches {
-                states.failed(&(bp.partition, b.origin), &b.id);
+                inner.states.failed(&(bp.partition, b.origin), &b.id);
             }
+            mark(&mut inner, bp.partition);
+            marked += 1;
         }
-        drop(states);
+        drop(inner);
         dedupe.changed.notify_waiters();
+        for _ in 0..marked {
+            dedupe
+                .metrics
+                .producer_state_rebuild_marked(RebuildReason::UnknownOutcome.label());
+        }
     }
 }
 

@@ -296,17 +296,32 @@ impl ProducerStateEntry {
         if self.find_duplicate(b).is_some() {
             return;
         }
-        if self.len == RETAINED_BATCHES {
-            self.batches.copy_within(1.., 0);
-            self.len -= 1;
-        }
-        self.batches[self.len] = AppendedBatch {
+        // Kept in log order (by base offset), whatever order they are
+        // recorded in: a rebuild replays older batches after a live
+        // response may have recorded newer ones, and merges, never
+        // reorders or overwrites. The oldest falls out past five.
+        let at = self.batches[..self.len]
+            .iter()
+            .position(|m| m.base_offset > base_offset)
+            .unwrap_or(self.len);
+        let new = AppendedBatch {
             first_seq: b.first_seq,
             last_seq: b.last_seq,
             base_offset,
             append_time_ms,
         };
-        self.len += 1;
+        if self.len == RETAINED_BATCHES {
+            if at == 0 {
+                // Older than every retained batch: not one of the last five.
+                return;
+            }
+            self.batches.copy_within(1..at, 0);
+            self.batches[at - 1] = new;
+        } else {
+            self.batches.copy_within(at..self.len, at + 1);
+            self.batches[at] = new;
+            self.len += 1;
+        }
     }
 
     fn clear_in_flight(&mut self, b: &BatchId) -> bool {
@@ -516,11 +531,20 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// than -1, with a sequence); others are ignored. Returns whether the
     /// batch was taken.
     pub fn replay(&mut self, partition: &P, header: &BatchHeader<'_>) -> bool {
+        self.replay_keyed(header, |_| Some(*partition))
+    }
+
+    /// [`replay`](Self::replay) with the key chosen per batch from its
+    /// (mapped) producer id; `None` skips the batch.
+    fn replay_keyed(&mut self, header: &BatchHeader<'_>, key: impl Fn(i64) -> Option<P>) -> bool {
         let id = BatchId::from_header(header);
         if id.producer_id >= -1 || header.is_control() || id.first_seq < 0 {
             return false;
         }
-        self.entry_mut(partition, id.producer_id).record(
+        let Some(partition) = key(id.producer_id) else {
+            return false;
+        };
+        self.entry_mut(&partition, id.producer_id).record(
             &id,
             header.base_offset(),
             header.max_timestamp(),
@@ -533,6 +557,16 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// order. A trailing partial batch (the Fetch size bound cuts one) or a
     /// malformed one ends the walk.
     pub fn replay_records(&mut self, partition: &P, records: &[u8]) -> Replayed {
+        self.replay_records_keyed(records, |_| Some(*partition))
+    }
+
+    /// [`replay_records`](Self::replay_records) with the key chosen per
+    /// batch from its (mapped) producer id; `None` skips the batch.
+    pub fn replay_records_keyed(
+        &mut self,
+        records: &[u8],
+        key: impl Fn(i64) -> Option<P>,
+    ) -> Replayed {
         let mut out = Replayed::default();
         for batch in Batches::new(records) {
             let Ok(b) = batch else {
@@ -544,7 +578,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
                 break;
             };
             out.batches += 1;
-            if self.replay(partition, &header) {
+            if self.replay_keyed(&header, &key) {
                 out.taken += 1;
             }
             out.next_offset =

@@ -462,6 +462,7 @@ impl Proxy {
         let budget = Budget::new(config.max_buffered_bytes);
         let dedupe = crate::mirror::produce_filter::Dedupe::new(
             config.producer_state_max_entries,
+            config.producer_state_rebuild_bytes,
             Arc::clone(&metrics),
         );
         if let Some(state) = &state {

@@ -31,8 +31,11 @@ use super::addresses::{self, RewriteError};
 use super::upstream::{BoxStream, ConnectError};
 use super::{Shared, StartError, Target};
 use crate::mirror::link::{CertSubject, Origin};
-use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProduceError, Refusal};
-use crate::mirror::produce_filter::Tracked;
+use crate::mirror::produce::{
+    self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal,
+};
+use crate::mirror::produce_filter::{Begin, Dedupe, RebuildClaim, Tracked};
+use crate::state::StateStore;
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
 use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
 
@@ -550,6 +553,13 @@ fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
 /// How long a link retry waits for the same batch's attempt in flight
 /// before it is answered with a retriable error instead.
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
+/// How long a request rebuilding a partition's producer state may take to
+/// read its log tail before the partition is answered retriable.
+const REBUILD_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a request waits for another request's rebuild of a partition
+/// before that partition is answered retriable (longer than a rebuild may
+/// take, so a rebuild that ends in time is waited for).
+const REBUILD_WAIT: Duration = Duration::from_secs(20);
 
 /// What to queue and what to forward for a Produce request.
 struct ProduceAction {
@@ -569,10 +579,15 @@ async fn produce(
     let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
     let acks = produce_acks(&frame, body_offset, version)?;
     let expects_response = acks != 0;
-    // With acks=0 the tracked batches are dropped with the entry that is
-    // never queued, which fails them: nothing is recorded without an answer.
+    // With acks=0 nothing is recorded without an answer: the tracked
+    // batches are failed. No client retries what it never hears about, so
+    // there is no retry to deduplicate and the partition is not re-read.
     let broker = |local: Vec<LocalPartition>, tracked: Tracked| {
-        expects_response.then_some(Pending::Broker {
+        if !expects_response {
+            tracked.unanswered();
+            return None;
+        }
+        Some(Pending::Broker {
             correlation_id: h.correlation_id,
             api: ApiKey::Produce,
             version,
@@ -696,18 +711,57 @@ async fn produce(
         plan = plan_now()?;
     }
     // Mirrored producer state: duplicates and refusals become local answers.
-    // A retry of a batch still in flight waits for that attempt's outcome
+    // Nothing of a partition begins before its state is rebuilt from its
+    // log tail (after start-up, an unknown outcome, a leader move); one
+    // request rebuilds, the partition's others wait (bounded) for it. A
+    // retry of a batch still in flight waits for that attempt's outcome
     // (bounded: then it is answered retriable), never a second append.
-    let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
+    let mut in_flight_deadline = None;
+    let mut rebuild_deadline = None;
     let mut shutting_down = false;
     let tracked = loop {
         let changed = shared.dedupe.changed();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let wait = !shutting_down && tokio::time::Instant::now() < deadline;
-        if let Some(tracked) = shared.dedupe.begin(&mut plan, link.name(), wait) {
-            break tracked;
-        }
+        let now = tokio::time::Instant::now();
+        let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
+        let deadline = match shared.dedupe.begin(&mut plan, link.name(), wait) {
+            Begin::Begun(tracked) => break tracked,
+            Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
+            Begin::Rebuild { claims, waiting } if claims.is_empty() => {
+                let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
+                if shutting_down || now >= d {
+                    for partition in waiting {
+                        let message = format!(
+                            "mirror link '{}': partition {}: the mirrored producer state is still being rebuilt from the log by another request; retry",
+                            link.name(),
+                            partition.partition
+                        );
+                        Dedupe::refuse_partition(&mut plan, partition, message);
+                    }
+                    continue;
+                }
+                d
+            }
+            Begin::Rebuild { claims, .. } => {
+                // Bounded too: a partition marked again during each of its
+                // rebuilds is not rebuilt forever by one request.
+                let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
+                for claim in claims {
+                    if shutting_down || tokio::time::Instant::now() >= d {
+                        let message = format!(
+                            "mirror link '{}': partition {}: the mirrored producer state was marked again while it was rebuilt; retry",
+                            link.name(),
+                            claim.partition().partition
+                        );
+                        Dedupe::refuse_partition(&mut plan, claim.partition(), message);
+                        continue;
+                    }
+                    rebuild(shared, state, link.name(), &mut plan, claim).await;
+                }
+                continue;
+            }
+        };
         tokio::select! {
             _ = changed => {}
             _ = tokio::time::sleep_until(deadline) => {}
@@ -742,6 +796,51 @@ async fn produce(
         pending: broker(plan.local, tracked),
         forward: Some(reduced),
     })
+}
+
+/// Rebuild `claim`'s partition from its log tail (bounded by
+/// [`REBUILD_TIMEOUT`]); if it cannot be read, its partition of `plan` is
+/// answered retriable.
+async fn rebuild(
+    shared: &Shared,
+    state: &StateStore,
+    link: &str,
+    plan: &mut ProducePlan,
+    claim: RebuildClaim,
+) {
+    let partition = claim.partition();
+    let name = shared
+        .topic_name(partition.topic_id)
+        .unwrap_or_else(|| claim.topic().name.0.to_string());
+    let owner = |mapped: i64| state.view().owner(partition, mapped);
+    let floor = state.barrier_floor(partition).unwrap_or(0);
+    let run = claim.run(state.client(), &name, floor, &owner);
+    let error = match tokio::time::timeout(REBUILD_TIMEOUT, run).await {
+        Ok(Ok(r)) => {
+            tracing::info!(
+                link,
+                topic = name,
+                partition = partition.partition,
+                from_offset = r.from_offset,
+                log_start_offset = r.log_start_offset,
+                log_end_offset = r.log_end_offset,
+                batches = r.replayed.batches,
+                taken = r.replayed.taken,
+                "rebuilt the mirrored producer state from the log tail"
+            );
+            return;
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => {
+            shared.metrics.producer_state_rebuilt("failed", 0);
+            format!("not read within {} s", REBUILD_TIMEOUT.as_secs())
+        }
+    };
+    let message = format!(
+        "mirror link '{link}': {name}-{}: the mirrored producer state could not be rebuilt from the log ({error}); retry",
+        partition.partition
+    );
+    Dedupe::refuse_partition(plan, partition, message);
 }
 
 fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {

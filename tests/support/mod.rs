@@ -1,6 +1,7 @@
 //! Shared support for the integration tests: real Apache Kafka brokers
 //! (`kafka`), Kafka's own Java command-line tools (`tools`), the proxy binary
-//! (`proxy`), test certificates (`certs`) and a raw wire client (`wire`).
+//! (`proxy`), test certificates (`certs`), a raw wire client (`wire`) and a TCP relay
+//! that breaks connections (`relay`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -9,5 +10,6 @@ pub mod capture;
 pub mod certs;
 pub mod kafka;
 pub mod proxy;
+pub mod relay;
 pub mod tools;
 pub mod wire;

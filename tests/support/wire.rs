@@ -177,6 +177,11 @@ pub fn partition_result(r: &ProduceResponse) -> (i16, Option<String>) {
 /// A magic-2 record batch with `values`, as a producer with `pid` writes it
 /// (keys `key-0`, `key-1`, …).
 pub fn record_batch(pid: i64, values: &[&str]) -> Bytes {
+    record_batch_at(pid, 0, values)
+}
+
+/// [`record_batch`] starting at `sequence` (for `pid >= 0`).
+pub fn record_batch_at(pid: i64, sequence: i32, values: &[&str]) -> Bytes {
     use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
     let keys: Vec<String> = (0..values.len()).map(|i| format!("key-{i}")).collect();
     let records: Vec<NewRecord<'_>> = values
@@ -195,7 +200,7 @@ pub fn record_batch(pid: i64, values: &[&str]) -> Bytes {
         _ => NewBatch {
             producer_id: pid,
             producer_epoch: if pid >= 0 { 0 } else { -1 },
-            base_sequence: if pid >= 0 { 0 } else { -1 },
+            base_sequence: if pid >= 0 { sequence } else { -1 },
             transactional: false,
             control: false,
         },

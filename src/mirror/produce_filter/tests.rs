@@ -79,20 +79,42 @@ fn response(partition: i32, error_code: i16, base_offset: i64) -> ProduceRespons
 }
 
 fn dedupe() -> Arc<Dedupe> {
-    Dedupe::new(100, Arc::new(Metrics::default()))
+    Dedupe::new(100, 1 << 20, Arc::new(Metrics::default()))
+}
+
+/// [`Dedupe::begin`] on partitions taken as rebuilt from their log: `Some`
+/// when begun, `None` when it must wait for a batch in flight.
+fn begin(d: &Arc<Dedupe>, plan: &mut ProducePlan, link: &str, wait: bool) -> Option<Tracked> {
+    for tp in &plan.tracked {
+        d.assume_rebuilt(tp.partition);
+    }
+    match d.begin(plan, link, wait) {
+        Begin::Begun(t) => Some(t),
+        Begin::InFlight => None,
+        Begin::Rebuild { .. } => panic!("every partition was taken as rebuilt"),
+    }
+}
+
+/// The claims and waits of a [`Dedupe::begin`] that must rebuild first.
+fn must_rebuild(b: Begin) -> (Vec<RebuildClaim>, Vec<PartitionId>) {
+    match b {
+        Begin::Rebuild { claims, waiting } => (claims, waiting),
+        Begin::Begun(_) => panic!("begun before a rebuild"),
+        Begin::InFlight => panic!("in flight before a rebuild"),
+    }
 }
 
 #[test]
 fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut p, "east", false).expect("begun");
+    let t = begin(&d, &mut p, "east", false).expect("begun");
     assert!(p.local.is_empty());
     assert_eq!(p.forwarded_partitions, 1);
     t.settle(&response(0, 0, 100), V, 1);
 
     let mut again = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut again, "east", false).expect("begun");
+    let t = begin(&d, &mut again, "east", false).expect("begun");
     assert!(t.is_empty());
     assert_eq!(again.forwarded_partitions, 0);
     assert_eq!(
@@ -112,11 +134,11 @@ fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
 fn later_batches_of_a_partition_are_recorded_at_their_own_offsets() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 4), 0), (id(0, 5, 9), 5)]);
-    d.begin(&mut p, "east", false)
+    begin(&d, &mut p, "east", false)
         .expect("begun")
         .settle(&response(0, 0, 100), V, 1);
     let mut again = plan(0, &[(id(0, 5, 9), 0)]);
-    d.begin(&mut again, "east", false).expect("begun");
+    begin(&d, &mut again, "east", false).expect("begun");
     assert!(matches!(
         again.local[0].outcome,
         LocalOutcome::Duplicate {
@@ -130,9 +152,9 @@ fn later_batches_of_a_partition_are_recorded_at_their_own_offsets() {
 fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
     let d = dedupe();
     let mut first = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut first, "east", false).expect("begun");
+    let t = begin(&d, &mut first, "east", false).expect("begun");
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let _ = d.begin(&mut retry, "east", false).expect("begun");
+    let _ = begin(&d, &mut retry, "east", false).expect("begun");
     assert_eq!(retry.forwarded_partitions, 0);
     assert!(matches!(
         retry.local[0].outcome,
@@ -143,7 +165,7 @@ fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
     ));
     t.settle(&response(0, 0, 7), V, 1);
     let mut later = plan(0, &[(id(0, 0, 9), 0)]);
-    d.begin(&mut later, "east", false).expect("begun");
+    begin(&d, &mut later, "east", false).expect("begun");
     assert!(matches!(
         later.local[0].outcome,
         LocalOutcome::Duplicate { base_offset: 7, .. }
@@ -154,14 +176,14 @@ fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
 fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    d.begin(&mut p, "east", false)
+    begin(&d, &mut p, "east", false)
         .expect("begun")
         .settle(&response(0, 6, -1), V, 1);
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    drop(d.begin(&mut p, "east", false).expect("begun")); // the connection was lost
+    drop(begin(&d, &mut p, "east", false).expect("begun")); // the connection was lost
     assert!(p.local.is_empty());
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut p, "east", false).expect("begun");
+    let t = begin(&d, &mut p, "east", false).expect("begun");
     assert!(p.local.is_empty(), "{:?}", p.local);
     assert!(!t.is_empty());
     // A response without the partition fails it too.
@@ -173,11 +195,11 @@ fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
 fn epochs_going_back_and_overlapping_sequences_are_refused() {
     let d = dedupe();
     let mut p = plan(0, &[(id(1, 0, 9), 0)]);
-    d.begin(&mut p, "east", false)
+    begin(&d, &mut p, "east", false)
         .expect("begun")
         .settle(&response(0, 0, 0), V, 1);
     let mut back = plan(0, &[(id(0, 10, 19), 0)]);
-    d.begin(&mut back, "east", false).expect("begun");
+    begin(&d, &mut back, "east", false).expect("begun");
     let LocalOutcome::Refused { refusal, message } = &back.local[0].outcome else {
         panic!("{:?}", back.local);
     };
@@ -187,7 +209,7 @@ fn epochs_going_back_and_overlapping_sequences_are_refused() {
         "{message}"
     );
     let mut overlap = plan(0, &[(id(1, 5, 14), 0)]);
-    d.begin(&mut overlap, "east", false).expect("begun");
+    begin(&d, &mut overlap, "east", false).expect("begun");
     assert!(matches!(
         overlap.local[0].outcome,
         LocalOutcome::Refused {
@@ -202,11 +224,11 @@ fn epochs_going_back_and_overlapping_sequences_are_refused() {
 fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    d.begin(&mut p, "east", false)
+    begin(&d, &mut p, "east", false)
         .expect("begun")
         .settle(&response(0, 0, 0), V, 1);
     let mut mixed = plan(0, &[(id(0, 0, 9), 0), (id(0, 10, 19), 10)]);
-    let t = d.begin(&mut mixed, "east", false).expect("begun");
+    let t = begin(&d, &mut mixed, "east", false).expect("begun");
     assert!(t.is_empty());
     assert!(matches!(
         mixed.local[0].outcome,
@@ -217,7 +239,7 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     ));
     // The new batch's flight ended with the refusal: alone, it appends.
     let mut alone = plan(0, &[(id(0, 10, 19), 0)]);
-    d.begin(&mut alone, "east", false).expect("begun");
+    begin(&d, &mut alone, "east", false).expect("begun");
     assert!(alone.local.is_empty());
 }
 
@@ -225,12 +247,12 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
 fn a_mapped_pid_reused_by_another_origin_starts_afresh() {
     let d = dedupe();
     let mut p = plan(0, &[(id(0, 0, 0), 0)]);
-    d.begin(&mut p, "east", false)
+    begin(&d, &mut p, "east", false)
         .expect("begun")
         .settle(&response(0, 0, 0), V, 1);
     // Origin 5 expired; origin 6 now holds the same mapped PID.
     let mut other = plan_from(0, origin(6), &[(id(0, 0, 0), 0)]);
-    let t = d.begin(&mut other, "east", false).expect("begun");
+    let t = begin(&d, &mut other, "east", false).expect("begun");
     assert!(other.local.is_empty(), "{:?}", other.local);
     assert!(!t.is_empty());
 }
@@ -239,7 +261,7 @@ fn a_mapped_pid_reused_by_another_origin_starts_afresh() {
 fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
     let d = dedupe();
     let mut first = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut first, "east", true).expect("begun");
+    let t = begin(&d, &mut first, "east", true).expect("begun");
     // The retry also carries a new batch of another partition: neither is
     // begun while it waits.
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
@@ -256,11 +278,11 @@ fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
                 offset_delta: 0,
             }],
         });
-    assert!(d.begin(&mut retry, "east", true).is_none());
+    assert!(begin(&d, &mut retry, "east", true).is_none());
     assert_eq!(retry.tracked.len(), 2, "the plan is left as it was");
     assert!(retry.local.is_empty());
     t.settle(&response(0, 0, 40), V, 1);
-    let t2 = d.begin(&mut retry, "east", true).expect("begun");
+    let t2 = begin(&d, &mut retry, "east", true).expect("begun");
     assert_eq!(retry.forwarded_partitions, 1);
     assert!(matches!(
         retry.local[0].outcome,
@@ -276,7 +298,7 @@ fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
 async fn settling_wakes_a_waiter() {
     let d = dedupe();
     let mut first = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut first, "east", true).expect("begun");
+    let t = begin(&d, &mut first, "east", true).expect("begun");
     let changed = d.changed();
     tokio::pin!(changed);
     changed.as_mut().enable();
@@ -284,4 +306,145 @@ async fn settling_wakes_a_waiter() {
     tokio::time::timeout(std::time::Duration::from_secs(5), changed)
         .await
         .expect("notified");
+}
+
+#[test]
+fn nothing_begins_before_the_partition_is_rebuilt_and_one_request_rebuilds_it() {
+    let d = dedupe();
+    let mut first = plan(0, &[(id(0, 0, 9), 0)]);
+    let (claims, waiting) = must_rebuild(d.begin(&mut first, "east", true));
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].partition(), at(0));
+    assert!(waiting.is_empty());
+    assert_eq!(first.tracked.len(), 1, "the plan is left as it was");
+    // A second request for the partition waits for that rebuild: it
+    // neither begins nor claims it.
+    let mut second = plan(0, &[(id(0, 10, 19), 0)]);
+    let (c2, w2) = must_rebuild(d.begin(&mut second, "east", true));
+    assert!(c2.is_empty());
+    assert_eq!(w2, [at(0)]);
+    assert!(d.is_empty(), "nothing in flight");
+    // A claim dropped unfinished (its rebuild failed) frees the partition
+    // for the next request to claim; it is still not ready.
+    drop(claims);
+    assert!(!d.is_ready(&at(0)));
+    let (c3, _) = must_rebuild(d.begin(&mut second, "east", true));
+    assert_eq!(c3.len(), 1);
+}
+
+#[test]
+fn an_unknown_outcome_or_a_leader_move_marks_the_partition_for_a_rebuild() {
+    let d = dedupe();
+    // The connection was lost with the batch in flight.
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    drop(begin(&d, &mut p, "east", false).expect("begun"));
+    assert!(!d.is_ready(&at(0)));
+    let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
+    let (claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
+    assert_eq!(claims.len(), 1);
+    drop(claims);
+    // A timeout answer leaves the outcome open too; a leader named in the
+    // answer, or NOT_LEADER_OR_FOLLOWER, means another log.
+    for (error_code, leader) in [(7, -1), (20, -1), (6, -1), (2, 3)] {
+        let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+        let t = begin(&d, &mut p, "east", false).expect("begun");
+        let mut r = response(0, error_code, -1);
+        r.responses[0].partition_responses[0]
+            .current_leader
+            .leader_id = leader.into();
+        t.settle(&r, V, 1);
+        assert!(!d.is_ready(&at(0)), "error {error_code}, leader {leader}");
+    }
+    // A refusal of the batch itself (CORRUPT_MESSAGE) does not.
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    begin(&d, &mut p, "east", false)
+        .expect("begun")
+        .settle(&response(0, 2, -1), V, 1);
+    assert!(d.is_ready(&at(0)));
+}
+
+/// A log tail of PID's batches (epoch 0), each `(base offset, first
+/// sequence, records)`.
+fn tail(batches: &[(i64, i32, usize)]) -> Vec<u8> {
+    use crate::wire::batch::{build, NewBatch, NewRecord};
+    let mut out = Vec::new();
+    for &(base, seq, n) in batches {
+        let records: Vec<NewRecord<'_>> = (0..n)
+            .map(|_| NewRecord {
+                key: None,
+                value: Some(b"v"),
+                headers: &[],
+                timestamp: 1,
+            })
+            .collect();
+        let mut b = build(
+            &NewBatch {
+                producer_id: PID,
+                producer_epoch: 0,
+                base_sequence: seq,
+                transactional: false,
+                control: false,
+            },
+            &records,
+        )
+        .expect("build");
+        b[..8].copy_from_slice(&base.to_be_bytes());
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+#[test]
+fn a_rebuild_merges_with_what_was_recorded_meanwhile() {
+    let d = dedupe();
+    let owner = |pid: i64| (pid == PID).then(|| origin(5));
+    let mut first = plan(0, &[(id(0, 0, 9), 0)]);
+    let (mut claims, _) = must_rebuild(d.begin(&mut first, "east", true));
+    let claim = claims.pop().expect("one claim");
+    // While the tail is read, a request begun before a mark (another
+    // connection) records batch 20..29 at offset 20.
+    d.assume_rebuilt(at(0));
+    let mut other = plan(0, &[(id(0, 20, 29), 0)]);
+    let t = d.begin(&mut other, "east", false);
+    let Begin::Begun(t) = t else { panic!("begun") };
+    t.settle(&response(0, 0, 20), V, 1);
+    // The tail read before that append: batches 0..9 and 10..19.
+    let r = claim.apply(0, 20, 0, &tail(&[(0, 0, 10), (10, 10, 10)]), &owner);
+    assert_eq!((r.replayed.batches, r.replayed.taken), (2, 2));
+    assert!(d.is_ready(&at(0)));
+    // All three are known, the recorded one is not lost.
+    for (seq, offset) in [(0, 0), (10, 10), (20, 20)] {
+        let mut p = plan(0, &[(id(0, seq, seq + 9), 0)]);
+        begin(&d, &mut p, "east", false).expect("begun");
+        assert!(
+            matches!(p.local[0].outcome, LocalOutcome::Duplicate { base_offset, .. } if base_offset == offset),
+            "{seq}: {:?}",
+            p.local
+        );
+    }
+}
+
+#[test]
+fn a_mark_during_a_rebuild_leaves_the_partition_for_another_rebuild() {
+    let d = dedupe();
+    let owner = |pid: i64| (pid == PID).then(|| origin(5));
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true));
+    d.mark_for_rebuild(at(0), RebuildReason::UnknownOutcome);
+    let claim = claims.pop().expect("one claim");
+    claim.apply(0, 10, 0, &tail(&[(0, 0, 10)]), &owner);
+    assert!(!d.is_ready(&at(0)), "read before the mark: read again");
+    let (claims, _) = must_rebuild(d.begin(&mut p, "east", true));
+    assert_eq!(claims.len(), 1);
+}
+
+#[test]
+fn acks_0_ends_the_flight_without_a_rebuild() {
+    let d = dedupe();
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    begin(&d, &mut p, "east", false)
+        .expect("begun")
+        .unanswered();
+    assert!(d.is_ready(&at(0)));
+    assert!(d.is_empty(), "nothing in flight, nothing recorded");
 }

@@ -457,3 +457,60 @@ fn a_batch_without_a_sequence_is_not_tracked() {
     assert_eq!((e.batches().len(), e.in_flight_count()), (1, 0));
     assert_eq!(s.check(&P0, &id(0, 10, 19)), Check::Append);
 }
+
+#[test]
+fn a_rebuild_merges_into_batches_recorded_meanwhile_in_log_order() {
+    let mut s = states();
+    // A live response recorded the newest batch first (offset 40)...
+    append(&mut s, id(0, 40, 49), 40);
+    // ...then the rebuild replays the tail, older batches and that one too.
+    let log: Vec<u8> = [
+        log_batch(0, PID, 0, 0, 10, false),
+        log_batch(10, PID, 0, 10, 10, false),
+        log_batch(20, PID, 0, 20, 10, false),
+        log_batch(30, PID, 0, 30, 10, false),
+        log_batch(40, PID, 0, 40, 10, false),
+    ]
+    .concat();
+    let r = s.replay_records(&P0, &log);
+    assert_eq!((r.batches, r.taken), (5, 5));
+    let offsets: Vec<i64> = s
+        .entry(&P0, PID)
+        .expect("entry")
+        .batches()
+        .iter()
+        .map(|b| b.base_offset)
+        .collect();
+    assert_eq!(offsets, [0, 10, 20, 30, 40], "log order, no copy twice");
+    // The next batch is after the newest, not after the last replayed.
+    assert_eq!(s.check(&P0, &id(0, 50, 59)), Check::Append);
+    assert_eq!(
+        refusal(s.check(&P0, &id(0, 45, 54))).0,
+        OUT_OF_ORDER_SEQUENCE_NUMBER
+    );
+    // A sixth, newer batch pushes out the oldest; one older than all five
+    // retained is not kept (it is not one of the last five).
+    append(&mut s, id(0, 50, 59), 50);
+    s.appended(&P0, &id(0, 100, 100), -5, 0);
+    let offsets: Vec<i64> = s
+        .entry(&P0, PID)
+        .expect("entry")
+        .batches()
+        .iter()
+        .map(|b| b.base_offset)
+        .collect();
+    assert_eq!(offsets, [10, 20, 30, 40, 50]);
+    // Replayed in any order, the same five.
+    let mut t = states();
+    for b in [40i32, 0, 30, 10, 50, 20] {
+        t.appended(&P0, &id(0, b, b + 9), i64::from(b), 0);
+    }
+    let e = t.entry(&P0, PID).expect("entry");
+    assert_eq!(
+        e.batches()
+            .iter()
+            .map(|b| b.base_offset)
+            .collect::<Vec<_>>(),
+        [10, 20, 30, 40, 50]
+    );
+}

@@ -115,6 +115,11 @@ pub struct Config {
     pub producer_expiration_ms: u64,
     /// Bound on the mirrored producer state (SPEC §6).
     pub producer_state_max_entries: usize,
+    /// This process's id in the instances' group (`control::members`);
+    /// `None`: a random UUID per process.
+    pub instance_id: Option<String>,
+    /// The group coordinator drops an instance silent for this long.
+    pub instance_session_timeout_ms: u64,
 }
 
 impl fmt::Debug for Config {
@@ -139,6 +144,11 @@ impl fmt::Debug for Config {
             .field("links", &self.links.names())
             .field("state_topic", &self.state_topic)
             .field("producer_expiration_ms", &self.producer_expiration_ms)
+            .field("instance_id", &self.instance_id)
+            .field(
+                "instance_session_timeout_ms",
+                &self.instance_session_timeout_ms,
+            )
             .field(
                 "producer_state_max_entries",
                 &self.producer_state_max_entries,
@@ -468,6 +478,18 @@ impl Config {
         let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
         let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
         let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
+        let instance_session_timeout_ms = ms("INSTANCE_SESSION_TIMEOUT_MS", 10_000);
+        let instance_id = env.parse(
+            "INSTANCE_ID",
+            "1 to 200 characters of [a-zA-Z0-9._-]",
+            |s| {
+                let ok = !s.is_empty()
+                    && s.len() <= 200
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+                ok.then(|| s.to_string())
+            },
+        );
         let state_topic = env
             .parse(
                 "STATE_TOPIC",
@@ -521,6 +543,8 @@ impl Config {
                 state_topic,
                 producer_expiration_ms,
                 producer_state_max_entries,
+                instance_id,
+                instance_session_timeout_ms,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -1083,6 +1107,37 @@ mod tests {
         assert_eq!(
             problems(&set)[0].variable,
             "MIRROR_PROXY_PRODUCER_EXPIRATION_MS"
+        );
+    }
+
+    #[test]
+    fn instance_id_and_session_timeout() {
+        let base = [
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+        ];
+        let c = Config::from_vars(&vars(&base)).expect("valid");
+        assert_eq!(c.instance_id, None);
+        assert_eq!(c.instance_session_timeout_ms, 10_000);
+        let mut set = base.to_vec();
+        set.extend([
+            ("INSTANCE_ID", "proxy-a.1"),
+            ("INSTANCE_SESSION_TIMEOUT_MS", "6000"),
+        ]);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
+        assert_eq!(c.instance_id.as_deref(), Some("proxy-a.1"));
+        assert_eq!(c.instance_session_timeout_ms, 6000);
+        let mut bad = base.to_vec();
+        bad.extend([("INSTANCE_ID", "a/b"), ("INSTANCE_SESSION_TIMEOUT_MS", "0")]);
+        let p = problems(&bad);
+        let mut names: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "MIRROR_PROXY_INSTANCE_ID",
+                "MIRROR_PROXY_INSTANCE_SESSION_TIMEOUT_MS"
+            ]
         );
     }
 }

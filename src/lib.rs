@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod client;
 pub mod config;
+pub mod control;
 pub mod metrics;
 pub mod mirror;
 pub mod proxy;

@@ -12,7 +12,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::config::{Config, LogFormat};
+use kafka_mirror_proxy::control::members::{self, Members};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
 use kafka_mirror_proxy::proxy::Proxy;
@@ -124,7 +126,6 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
 
 /// The origins of `pid` recorded in the state topic.
 fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()> {
-    use kafka_mirror_proxy::client::{Client, ClientConfig};
     use kafka_mirror_proxy::proxy::upstream::Upstream;
     let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
     // The upstream settings when the MIRROR_PROXY_* variables describe them.
@@ -224,7 +225,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         state.start();
         Some(state)
     };
-    let proxy = Proxy::start(config, metrics, state.clone()).await?;
+    let members = if config.links.is_empty() {
+        None
+    } else {
+        Some(start_members(&config, &metrics)?)
+    };
+    let proxy = Proxy::start(config, metrics, state.clone(), members.clone()).await?;
     let shared = Arc::clone(&proxy.shared);
     tokio::spawn(async move {
         if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
@@ -272,8 +278,40 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             "second signal: closing every connection now; exiting"
         ),
     }
+    if let Some(members) = &members {
+        // Bounded: the coordinator drops a silent instance anyway.
+        if tokio::time::timeout(Duration::from_secs(5), members.leave())
+            .await
+            .is_err()
+        {
+            tracing::warn!("leaving the instance group took over 5 s; exiting without");
+        }
+    }
     // Returning drops the runtime, which closes every remaining socket.
     Ok(())
+}
+
+/// Join the instances' group (`control::members`) with the state store's
+/// connection settings.
+fn start_members(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Members>> {
+    let mut client =
+        ClientConfig::from_config(config).context("configuring the instance group client")?;
+    client.client_id = "kafka-mirror-proxy-instances".into();
+    let instance_id = config
+        .instance_id
+        .clone()
+        .unwrap_or_else(members::random_instance_id);
+    let group = members::group_name(&config.state_topic);
+    let mut options = members::MembersOptions::new(config.state_topic.clone());
+    options.session_timeout = Duration::from_millis(config.instance_session_timeout_ms);
+    options.member_gauge = Some(metrics.state.instance_group_member());
+    tracing::info!(instance = %instance_id, group = %group, "joining the instance group");
+    Ok(Members::start_with(
+        Client::new(client),
+        group,
+        instance_id,
+        options,
+    ))
 }
 
 async fn shutdown_signal() {

@@ -99,6 +99,9 @@ pub struct Shared {
     topic_ids: RwLock<HashMap<String, Uuid>>,
     /// The state topic; `None` without mirror links.
     pub state: Option<Arc<StateStore>>,
+    /// This instance's membership of the instances' group
+    /// (`control::members`); `None` without mirror links (no state topic).
+    pub members: Option<Arc<crate::control::members::Members>>,
     /// Mirrored producer state (SPEC §6), for link Produce requests.
     pub dedupe: Arc<crate::mirror::produce_filter::Dedupe>,
     /// Client connections open now.
@@ -437,11 +440,13 @@ pub struct Proxy {
 
 impl Proxy {
     /// Bind the bootstrap listener and start accepting. `state` is the
-    /// state store (started by the caller), required for mirror links.
+    /// state store (started by the caller), required for mirror links;
+    /// `members` the instance's group membership (started by the caller).
     pub async fn start(
         config: Config,
         metrics: Arc<Metrics>,
         state: Option<Arc<StateStore>>,
+        members: Option<Arc<crate::control::members::Members>>,
     ) -> Result<Proxy, StartError> {
         let acceptor = config.client_tls.as_ref().map(tls::acceptor).transpose()?;
         let upstream = Upstream::from_config(&config)?;
@@ -480,6 +485,7 @@ impl Proxy {
             topic_names: RwLock::new(HashMap::new()),
             topic_ids: RwLock::new(HashMap::new()),
             state,
+            members,
         });
         let health = Arc::clone(&shared.bootstrap_health);
         spawn_accept_loop(

@@ -1,0 +1,3 @@
+//! Link control: how proxy instances find each other (`members`).
+
+pub mod members;

@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use kafka_mirror_proxy::cli;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::config::{Config, LogFormat};
 use kafka_mirror_proxy::control::members::{self, Members};
@@ -58,11 +59,57 @@ enum Command {
         #[arg(long, default_value = "__mirror_state")]
         state_topic: String,
     },
+    /// List the mirror links of a running proxy (admin API at
+    /// MIRROR_PROXY_ADMIN_URL, token MIRROR_PROXY_ADMIN_TOKEN).
+    Links {
+        /// Print the admin API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fail a link over and follow it until it completes. Exit code 0 when
+    /// every partition completed, 2 when one failed, an instance did not
+    /// confirm or --wait ran out, 3 for an unknown link or a refused
+    /// transition, 1 for other errors.
+    Failover {
+        name: String,
+        /// Seconds to follow the failover before giving up waiting (it
+        /// goes on in the proxy).
+        #[arg(long, default_value_t = 300)]
+        wait: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start mirroring a stopped link again.
+    Start {
+        name: String,
+        /// Mirror from this source cluster from now on.
+        #[arg(long)]
+        source_cluster_id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Run) {
+        Command::Links { json } => {
+            return admin_command(|c| async move { cli::links(&c, json).await })
+        }
+        Command::Failover { name, wait, json } => {
+            return admin_command(|c| async move {
+                cli::failover(&c, &name, Duration::from_secs(wait), json).await
+            })
+        }
+        Command::Start {
+            name,
+            source_cluster_id,
+            json,
+        } => {
+            return admin_command(|c| async move {
+                cli::start(&c, &name, source_cluster_id.as_deref(), json).await
+            })
+        }
         Command::Run => run(),
         Command::Map {
             source_cluster_id,
@@ -82,6 +129,32 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("kafka-mirror-proxy: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Run one admin API command; its exit code (see `cli`).
+fn admin_command<F, Fut>(command: F) -> ExitCode
+where
+    F: FnOnce(cli::AdminClient) -> Fut,
+    Fut: std::future::Future<Output = Result<u8, cli::CliError>>,
+{
+    let result = cli::AdminClient::from_env().and_then(|client| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| cli::CliError::Http {
+                method: String::new(),
+                path: String::new(),
+                reason: format!("starting the runtime: {e}"),
+            })?
+            .block_on(command(client))
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("kafka-mirror-proxy: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

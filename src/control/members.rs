@@ -360,6 +360,15 @@ impl Membership {
                 Ok(()) => last_ok = Instant::now(),
                 Err(e) if e.code() == Some(codes::REBALANCE_IN_PROGRESS) => return Ended::Rejoin,
                 Err(e) if e.code() == Some(codes::ILLEGAL_GENERATION) => return Ended::Rejoin,
+                // The coordinator moved: find it again (the member id stays).
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some(codes::NOT_COORDINATOR | codes::COORDINATOR_NOT_AVAILABLE)
+                    ) =>
+                {
+                    return Ended::Failed(e)
+                }
                 Err(e) if e.is_retriable() && last_ok.elapsed() < self.options.session_timeout => {
                     tracing::debug!(group = %self.group, error = %e, "heartbeat failed; trying again");
                 }

@@ -348,7 +348,7 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let config = Config::from_vars(&vars).expect("test configuration is valid");
-        let proxy = Proxy::start(config, Arc::new(Metrics::default()), None)
+        let proxy = Proxy::start(config, Arc::new(Metrics::default()), None, None)
             .await
             .expect("proxy starts");
         let app = router(Arc::clone(&proxy.shared));

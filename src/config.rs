@@ -122,6 +122,11 @@ pub struct Config {
     pub failover_drain_timeout_ms: u64,
     /// Bytes of a partition's tail read to rebuild that state.
     pub producer_state_rebuild_bytes: i32,
+    /// This process's id in the instances' group (`control::members`);
+    /// `None`: a random UUID per process.
+    pub instance_id: Option<String>,
+    /// The group coordinator drops an instance silent for this long.
+    pub instance_session_timeout_ms: u64,
 }
 
 /// The error a local Produce to a read-only mirrored topic gets.
@@ -156,6 +161,11 @@ impl fmt::Debug for Config {
             .field("links", &self.links.names())
             .field("state_topic", &self.state_topic)
             .field("producer_expiration_ms", &self.producer_expiration_ms)
+            .field("instance_id", &self.instance_id)
+            .field(
+                "instance_session_timeout_ms",
+                &self.instance_session_timeout_ms,
+            )
             .field(
                 "producer_state_max_entries",
                 &self.producer_state_max_entries,
@@ -205,6 +215,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),
     ("FAILOVER_DRAIN_TIMEOUT_MS", "30000", "How long a failover waits for every live proxy instance to confirm it closed the link's connections before placing the barriers anyway; instances that did not confirm are named in the failover's result."),
     ("PRODUCER_STATE_REBUILD_BYTES", "4194304", "Bytes of a mirrored partition's log tail the proxy reads, on the first link Produce to it after start-up (and after an unknown outcome or a leader move), to rebuild the producer state (so that a retry of a batch appended before a restart or a lost answer is still answered as a duplicate). Batches older than the tail that fits are not deduplicated (counted: `mirror_producer_state_offsets_beyond_bound`)."),
+    ("INSTANCE_ID", "a random UUID per process", "This process's name among the proxy instances sharing the state topic (1 to 200 characters of [a-zA-Z0-9._-]); it appears in the instances' group as the member client id `kafka-mirror-proxy/<id>`. Two running processes must not share one."),
+    ("INSTANCE_SESSION_TIMEOUT_MS", "10000", "With links: the instances' group coordinator drops an instance that has not heartbeaten for this long (a killed proxy stops being counted as live within it). Must lie within the brokers' `group.min.session.timeout.ms` (6000) and `group.max.session.timeout.ms` (1800000)."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
     ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
@@ -503,6 +515,7 @@ impl Config {
         let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
         let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
         let failover_drain_timeout_ms = ms("FAILOVER_DRAIN_TIMEOUT_MS", 30_000);
+        let instance_session_timeout_ms = ms("INSTANCE_SESSION_TIMEOUT_MS", 10_000);
         let read_only_error = env
             .parse(
                 "READ_ONLY_ERROR",
@@ -514,6 +527,17 @@ impl Config {
                 },
             )
             .unwrap_or(ReadOnlyError::PolicyViolation);
+        let instance_id = env.parse(
+            "INSTANCE_ID",
+            "1 to 200 characters of [a-zA-Z0-9._-]",
+            |s| {
+                let ok = !s.is_empty()
+                    && s.len() <= 200
+                    && s.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+                ok.then(|| s.to_string())
+            },
+        );
         let state_topic = env
             .parse(
                 "STATE_TOPIC",
@@ -570,6 +594,8 @@ impl Config {
                 read_only_error,
                 failover_drain_timeout_ms,
                 producer_state_rebuild_bytes,
+                instance_id,
+                instance_session_timeout_ms,
             })
         } else {
             Err(ConfigError(env.problems))
@@ -1193,6 +1219,37 @@ mod tests {
         assert_eq!(
             problems(&set)[0].variable,
             "MIRROR_PROXY_PRODUCER_EXPIRATION_MS"
+        );
+    }
+
+    #[test]
+    fn instance_id_and_session_timeout() {
+        let base = [
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+        ];
+        let c = Config::from_vars(&vars(&base)).expect("valid");
+        assert_eq!(c.instance_id, None);
+        assert_eq!(c.instance_session_timeout_ms, 10_000);
+        let mut set = base.to_vec();
+        set.extend([
+            ("INSTANCE_ID", "proxy-a.1"),
+            ("INSTANCE_SESSION_TIMEOUT_MS", "6000"),
+        ]);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
+        assert_eq!(c.instance_id.as_deref(), Some("proxy-a.1"));
+        assert_eq!(c.instance_session_timeout_ms, 6000);
+        let mut bad = base.to_vec();
+        bad.extend([("INSTANCE_ID", "a/b"), ("INSTANCE_SESSION_TIMEOUT_MS", "0")]);
+        let p = problems(&bad);
+        let mut names: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "MIRROR_PROXY_INSTANCE_ID",
+                "MIRROR_PROXY_INSTANCE_SESSION_TIMEOUT_MS"
+            ]
         );
     }
 }

@@ -6,6 +6,7 @@
 //! through them.
 
 pub mod admin;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -12,7 +12,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use kafka_mirror_proxy::cli;
+use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::config::{Config, LogFormat};
+use kafka_mirror_proxy::control::members::{self, Members};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
 use kafka_mirror_proxy::proxy::Proxy;
@@ -56,11 +59,57 @@ enum Command {
         #[arg(long, default_value = "__mirror_state")]
         state_topic: String,
     },
+    /// List the mirror links of a running proxy (admin API at
+    /// MIRROR_PROXY_ADMIN_URL, token MIRROR_PROXY_ADMIN_TOKEN).
+    Links {
+        /// Print the admin API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fail a link over and follow it until it completes. Exit code 0 when
+    /// every partition completed, 2 when one failed, an instance did not
+    /// confirm or --wait ran out, 3 for an unknown link or a refused
+    /// transition, 1 for other errors.
+    Failover {
+        name: String,
+        /// Seconds to follow the failover before giving up waiting (it
+        /// goes on in the proxy).
+        #[arg(long, default_value_t = 300)]
+        wait: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start mirroring a stopped link again.
+    Start {
+        name: String,
+        /// Mirror from this source cluster from now on.
+        #[arg(long)]
+        source_cluster_id: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Command::Run) {
+        Command::Links { json } => {
+            return admin_command(|c| async move { cli::links(&c, json).await })
+        }
+        Command::Failover { name, wait, json } => {
+            return admin_command(|c| async move {
+                cli::failover(&c, &name, Duration::from_secs(wait), json).await
+            })
+        }
+        Command::Start {
+            name,
+            source_cluster_id,
+            json,
+        } => {
+            return admin_command(|c| async move {
+                cli::start(&c, &name, source_cluster_id.as_deref(), json).await
+            })
+        }
         Command::Run => run(),
         Command::Map {
             source_cluster_id,
@@ -80,6 +129,32 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("kafka-mirror-proxy: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Run one admin API command; its exit code (see `cli`).
+fn admin_command<F, Fut>(command: F) -> ExitCode
+where
+    F: FnOnce(cli::AdminClient) -> Fut,
+    Fut: std::future::Future<Output = Result<u8, cli::CliError>>,
+{
+    let result = cli::AdminClient::from_env().and_then(|client| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| cli::CliError::Http {
+                method: String::new(),
+                path: String::new(),
+                reason: format!("starting the runtime: {e}"),
+            })?
+            .block_on(command(client))
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("kafka-mirror-proxy: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -124,7 +199,6 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
 
 /// The origins of `pid` recorded in the state topic.
 fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()> {
-    use kafka_mirror_proxy::client::{Client, ClientConfig};
     use kafka_mirror_proxy::proxy::upstream::Upstream;
     let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
     // The upstream settings when the MIRROR_PROXY_* variables describe them.
@@ -224,7 +298,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         state.start();
         Some(state)
     };
-    let proxy = Proxy::start(config, metrics, state.clone()).await?;
+    let members = if config.links.is_empty() {
+        None
+    } else {
+        Some(start_members(&config, &metrics)?)
+    };
+    let proxy = Proxy::start(config, metrics, state.clone(), members.clone()).await?;
     let shared = Arc::clone(&proxy.shared);
     tokio::spawn(async move {
         if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
@@ -272,8 +351,40 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             "second signal: closing every connection now; exiting"
         ),
     }
+    if let Some(members) = &members {
+        // Bounded: the coordinator drops a silent instance anyway.
+        if tokio::time::timeout(Duration::from_secs(5), members.leave())
+            .await
+            .is_err()
+        {
+            tracing::warn!("leaving the instance group took over 5 s; exiting without");
+        }
+    }
     // Returning drops the runtime, which closes every remaining socket.
     Ok(())
+}
+
+/// Join the instances' group (`control::members`) with the state store's
+/// connection settings.
+fn start_members(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Members>> {
+    let mut client =
+        ClientConfig::from_config(config).context("configuring the instance group client")?;
+    client.client_id = "kafka-mirror-proxy-instances".into();
+    let instance_id = config
+        .instance_id
+        .clone()
+        .unwrap_or_else(members::random_instance_id);
+    let group = members::group_name(&config.state_topic);
+    let mut options = members::MembersOptions::new(config.state_topic.clone());
+    options.session_timeout = Duration::from_millis(config.instance_session_timeout_ms);
+    options.member_gauge = Some(metrics.state.instance_group_member());
+    tracing::info!(instance = %instance_id, group = %group, "joining the instance group");
+    Ok(Members::start_with(
+        Client::new(client),
+        group,
+        instance_id,
+        options,
+    ))
 }
 
 async fn shutdown_signal() {

@@ -759,6 +759,7 @@ pub struct StateMetrics {
     write_seconds: prometheus_client::metrics::histogram::Histogram,
     write_failures: Counter,
     load_seconds: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+    instance_group_member: Gauge,
 }
 
 impl StateMetrics {
@@ -772,6 +773,7 @@ impl StateMetrics {
             ),
             write_failures: Counter::default(),
             load_seconds: Default::default(),
+            instance_group_member: Gauge::default(),
         };
         registry.register(
             "state_origins_known",
@@ -803,6 +805,11 @@ impl StateMetrics {
             "Time the last full load of the state topic took",
             m.load_seconds.clone(),
         );
+        registry.register(
+            "instance_group_member",
+            "1 while this instance is a member of the instances' group (<state topic>.instances), else 0",
+            m.instance_group_member.clone(),
+        );
         for cause in ["hash", "oversized_pid", "minus_one"] {
             let _ = m.collisions.get_or_create(&CauseLabels { cause });
         }
@@ -826,5 +833,9 @@ impl StateMetrics {
     }
     pub fn loaded(&self, seconds: f64) {
         self.load_seconds.set(seconds);
+    }
+    /// The gauge `control::members` keeps at 1 while a member.
+    pub fn instance_group_member(&self) -> Gauge {
+        self.instance_group_member.clone()
     }
 }

@@ -7,6 +7,8 @@
 //! - `sasl`: PLAIN and SCRAM-SHA-256/512 messages (pure).
 //! - `protocol`: request builders and response interpreters (pure); every
 //!   response is walked with Kafka's schema before `kafka-protocol` decodes it.
+//! - `group`: group membership requests (FindCoordinator, JoinGroup,
+//!   SyncGroup, Heartbeat, LeaveGroup, DescribeGroups; pure).
 //! - `metadata`: brokers and partition leaders, cached (pure).
 //! - `error`: [`ClientError`] and which errors are retried.
 //!
@@ -19,6 +21,7 @@
 
 pub mod conn;
 pub mod error;
+pub mod group;
 pub mod metadata;
 pub mod protocol;
 pub mod sasl;
@@ -388,6 +391,101 @@ impl Client {
         .await
     }
 
+    /// The `host:port` of a group's coordinator (FindCoordinator to any
+    /// broker, retried while the coordinator is not available).
+    pub async fn group_coordinator(&self, group: &str) -> Result<String, ClientError> {
+        self.retrying(&format!("find coordinator of {group}"), || async move {
+            let (version, r) = self
+                .call_any(None, |v| Ok(group::find_coordinator_request(v, group)))
+                .await?;
+            group::find_coordinator_result(&r, version, group)
+        })
+        .await
+    }
+
+    /// One JoinGroup to `coordinator` (not retried: the caller decides,
+    /// see `control::members`). The coordinator answers when the rebalance
+    /// completes, so the round trip may take up to the rebalance timeout.
+    pub async fn join_group(
+        &self,
+        coordinator: &str,
+        spec: &group::JoinSpec,
+        member_id: &str,
+    ) -> Result<group::JoinOutcome, ClientError> {
+        let wait = Duration::from_millis(u64::try_from(spec.rebalance_timeout_ms).unwrap_or(0));
+        let (_, r) = self
+            .call(coordinator, wait, |_| {
+                Ok(group::join_group_request(spec, member_id))
+            })
+            .await?;
+        group::join_group_result(&r, &spec.group)
+    }
+
+    /// One SyncGroup (no assignments) to `coordinator`.
+    pub async fn sync_group(
+        &self,
+        coordinator: &str,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+    ) -> Result<(), ClientError> {
+        let (_, r) = self
+            .call(coordinator, Duration::ZERO, |_| {
+                Ok(group::sync_group_request(group_id, generation, member_id))
+            })
+            .await?;
+        group::sync_group_result(&r, group_id)
+    }
+
+    /// One Heartbeat to `coordinator`.
+    pub async fn heartbeat(
+        &self,
+        coordinator: &str,
+        group_id: &str,
+        generation: i32,
+        member_id: &str,
+    ) -> Result<(), ClientError> {
+        let (_, r) = self
+            .call(coordinator, Duration::ZERO, |_| {
+                Ok(group::heartbeat_request(group_id, generation, member_id))
+            })
+            .await?;
+        group::heartbeat_result(&r, group_id)
+    }
+
+    /// One LeaveGroup to `coordinator`.
+    pub async fn leave_group(
+        &self,
+        coordinator: &str,
+        group_id: &str,
+        member_id: &str,
+    ) -> Result<(), ClientError> {
+        let (_, r) = self
+            .call(coordinator, Duration::ZERO, |_| {
+                Ok(group::leave_group_request(group_id, member_id))
+            })
+            .await?;
+        group::leave_group_result(&r, group_id, member_id)
+    }
+
+    /// The group as its coordinator describes it (coordinator looked up
+    /// each attempt; retried while it moves or loads).
+    pub async fn describe_group(
+        &self,
+        group_id: &str,
+    ) -> Result<group::GroupDescription, ClientError> {
+        self.retrying(&format!("describe group {group_id}"), || async move {
+            let coordinator = self.group_coordinator(group_id).await?;
+            let (_, r) = self
+                .call(&coordinator, Duration::ZERO, |_| {
+                    Ok(group::describe_groups_request(group_id))
+                })
+                .await?;
+            group::describe_groups_result(&r, group_id)
+        })
+        .await
+    }
+
     /// Run `attempt` until it succeeds, fails for good, or the operation
     /// timeout leaves no room for another try.
     ///
@@ -522,16 +620,19 @@ impl Client {
         if guard.as_ref().is_some_and(|c| c.expired(Instant::now())) {
             *guard = None;
         }
-        let conn = match guard.as_mut() {
+        // Out of the slot while in use: a caller that stops waiting (drops
+        // this future, e.g. a JoinGroup given up at shutdown) closes the
+        // connection instead of leaving its answer to the next request.
+        let mut conn = match guard.take() {
             Some(conn) => conn,
-            None => guard.insert(Connection::open(&self.inner.config, addr).await?),
+            None => Connection::open(&self.inner.config, addr).await?,
         };
         let result = conn.call(extra_wait, build).await;
-        if let Err(e) = &result {
-            if e.breaks_connection() {
+        match &result {
+            Err(e) if e.breaks_connection() => {
                 tracing::debug!(broker = addr, error = %e, "dropping client connection");
-                *guard = None;
             }
+            _ => *guard = Some(conn),
         }
         result
     }
@@ -615,5 +716,8 @@ mod tests {
         ));
         assert_send(&client.produce_transactional("t", 0, Bytes::new(), Some("x")));
         assert_send(&client.list_offset("t", 0, OffsetSpec::Latest));
+        assert_send(&client.group_coordinator("g"));
+        assert_send(&client.heartbeat("b:1", "g", 1, "m"));
+        assert_send(&client.describe_group("g"));
     }
 }

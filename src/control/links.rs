@@ -91,7 +91,9 @@ struct Counters {
 pub struct Control {
     links: Links,
     state: Option<Arc<StateStore>>,
-    pub members: Arc<Members>,
+    /// This instance's membership of the instances' group; `None`
+    /// without links (no state topic, no failover).
+    pub members: Option<Arc<Members>>,
     metrics: Arc<Metrics>,
     read_only_error: ReadOnlyError,
     drain_timeout: Duration,
@@ -125,7 +127,7 @@ impl Control {
     pub fn new(
         links: Links,
         state: Option<Arc<StateStore>>,
-        members: Arc<Members>,
+        members: Option<Arc<Members>>,
         metrics: Arc<Metrics>,
         read_only_error: ReadOnlyError,
         drain_timeout: Duration,
@@ -145,6 +147,19 @@ impl Control {
             runs: Mutex::new(HashMap::new()),
             counters,
         })
+    }
+
+    /// This instance's id in the instances' group ("" without one).
+    fn instance_id(&self) -> &str {
+        self.members.as_deref().map_or("", Members::instance_id)
+    }
+
+    /// The live instances (none to wait for without a group).
+    async fn live_instances(&self) -> Result<Vec<String>, crate::client::ClientError> {
+        match &self.members {
+            Some(m) => m.live_instances().await,
+            None => Ok(Vec::new()),
+        }
     }
 
     fn link_by_name(&self, name: &str) -> Result<&Arc<Link>, ControlError> {
@@ -324,7 +339,7 @@ impl Control {
                     if status.state != LinkState::Stopping || status.failover_id < 0 {
                         continue;
                     }
-                    let me = self.members.instance_id();
+                    let me = self.instance_id();
                     if state
                         .drained(link.name(), status.failover_id)
                         .iter()
@@ -497,11 +512,11 @@ impl Control {
         let deadline = tokio::time::Instant::now() + self.drain_timeout;
         let mut changes = state.control_changes();
         let unconfirmed = loop {
-            let live = match self.members.live_instances().await {
+            let live = match self.live_instances().await {
                 Ok(live) => live,
                 Err(e) => {
                     tracing::warn!(link = name, error = %e, "could not list the live proxy instances; retrying");
-                    vec![self.members.instance_id().to_string()]
+                    vec![self.instance_id().to_string()]
                 }
             };
             let drained = state.drained(name, run.id);

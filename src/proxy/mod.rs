@@ -99,10 +99,11 @@ pub struct Shared {
     topic_ids: RwLock<HashMap<String, Uuid>>,
     /// The state topic; `None` without mirror links.
     pub state: Option<Arc<StateStore>>,
+    /// This instance's membership of the instances' group
+    /// (`control::members`); `None` without mirror links (no state topic).
+    pub members: Option<Arc<crate::control::members::Members>>,
     /// Mirrored producer state (SPEC §6), for link Produce requests.
     pub dedupe: Arc<crate::mirror::produce_filter::Dedupe>,
-    /// The live proxy instances on the state topic.
-    pub members: Arc<crate::control::members::Members>,
     /// Link states, fencing and failovers.
     pub control: Arc<crate::control::Control>,
     /// Client connections open now.
@@ -441,11 +442,13 @@ pub struct Proxy {
 
 impl Proxy {
     /// Bind the bootstrap listener and start accepting. `state` is the
-    /// state store (started by the caller), required for mirror links.
+    /// state store (started by the caller), required for mirror links;
+    /// `members` the instance's group membership (started by the caller).
     pub async fn start(
         config: Config,
         metrics: Arc<Metrics>,
         state: Option<Arc<StateStore>>,
+        members: Option<Arc<crate::control::members::Members>>,
     ) -> Result<Proxy, StartError> {
         let acceptor = config.client_tls.as_ref().map(tls::acceptor).transpose()?;
         let upstream = Upstream::from_config(&config)?;
@@ -468,11 +471,10 @@ impl Proxy {
         if let Some(state) = &state {
             state.expire_with(Arc::clone(&dedupe));
         }
-        let members = Arc::new(crate::control::members::Members::new());
         let control = crate::control::Control::new(
             config.links.clone(),
             state.clone(),
-            Arc::clone(&members),
+            members.clone(),
             Arc::clone(&metrics),
             config.read_only_error,
             Duration::from_millis(config.failover_drain_timeout_ms),
@@ -480,7 +482,6 @@ impl Proxy {
         let shared = Arc::new(Shared {
             budget,
             dedupe,
-            members,
             control,
             connections: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
@@ -499,6 +500,7 @@ impl Proxy {
             topic_names: RwLock::new(HashMap::new()),
             topic_ids: RwLock::new(HashMap::new()),
             state,
+            members,
         });
         shared.control.start(Arc::clone(&shared));
         let health = Arc::clone(&shared.bootstrap_health);

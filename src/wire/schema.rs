@@ -209,6 +209,28 @@ const SOURCES: &[(&str, &str)] = &[
         "SaslAuthenticateResponse.json",
         include_str!("schemas/SaslAuthenticateResponse.json"),
     ),
+    // The instances' group membership (`control::members`), besides
+    // FindCoordinator above.
+    (
+        "JoinGroupResponse.json",
+        include_str!("schemas/JoinGroupResponse.json"),
+    ),
+    (
+        "SyncGroupResponse.json",
+        include_str!("schemas/SyncGroupResponse.json"),
+    ),
+    (
+        "HeartbeatResponse.json",
+        include_str!("schemas/HeartbeatResponse.json"),
+    ),
+    (
+        "LeaveGroupResponse.json",
+        include_str!("schemas/LeaveGroupResponse.json"),
+    ),
+    (
+        "DescribeGroupsResponse.json",
+        include_str!("schemas/DescribeGroupsResponse.json"),
+    ),
 ];
 
 /// The file names compiled in (for the test that compares them with the jar).

@@ -125,7 +125,17 @@ impl ProxyProcess {
         port_base: Option<u16>,
         wait_for_state: bool,
     ) -> Result<ProxyProcess> {
-        let admin = free_port()?;
+        // Not a port the proxy is about to bind for its listeners: the OS
+        // may hand out a port freed a moment ago twice.
+        let base = port_base.unwrap_or(listen.saturating_add(1));
+        let mut admin = free_port()?;
+        for _ in 0..100 {
+            let clashes = admin == listen || (base..=base.saturating_add(16)).contains(&admin);
+            if !clashes {
+                break;
+            }
+            admin = free_port()?;
+        }
         let mut cmd = Command::new(proxy_bin());
         cmd.arg("run")
             .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", upstream)

@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, ensure, Context, Result};
 
 use super::kafka::{jars_dir, java_bin};
 
@@ -26,6 +26,8 @@ pub const TOPIC_COMMAND: &str = "org.apache.kafka.tools.TopicCommand";
 pub const BROKER_API_VERSIONS: &str = "org.apache.kafka.tools.BrokerApiVersionsCommand";
 pub const DUMP_LOG_SEGMENTS: &str = "org.apache.kafka.tools.DumpLogSegments";
 pub const CLUSTER_TOOL: &str = "org.apache.kafka.tools.ClusterTool";
+pub const CONSUMER_GROUP_COMMAND: &str =
+    "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand";
 
 /// Default limit for one tool run.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -349,6 +351,57 @@ pub fn list_topics(bootstrap: &str, client: &[(&str, &str)]) -> Result<Vec<Strin
         .filter(|l| !l.is_empty())
         .map(String::from)
         .collect())
+}
+
+/// The client ids of a consumer group's members, via
+/// `kafka-consumer-groups.sh --describe --members` (empty when the tool
+/// says the group has no active members).
+pub fn consumer_group_member_client_ids(
+    bootstrap: &str,
+    group: &str,
+    client: &[(&str, &str)],
+) -> Result<Vec<String>> {
+    let (_file, mut args) = command_config(client)?;
+    args.extend(
+        [
+            "--bootstrap-server",
+            bootstrap,
+            "--describe",
+            "--members",
+            "--group",
+            group,
+        ]
+        .map(String::from),
+    );
+    let out = check(
+        CONSUMER_GROUP_COMMAND,
+        &java(CONSUMER_GROUP_COMMAND, &strs(&args))?,
+    )?;
+    parse_group_members(&out)
+}
+
+/// The CLIENT-ID column of ConsumerGroupCommand's `--members` table.
+pub fn parse_group_members(out: &str) -> Result<Vec<String>> {
+    let mut lines = out.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(header) = lines.find(|l| l.starts_with("GROUP")) else {
+        ensure!(
+            out.contains("has no active members"),
+            "no member table in ConsumerGroupCommand output:\n{out}"
+        );
+        return Ok(Vec::new());
+    };
+    let column = header
+        .split_whitespace()
+        .position(|c| c == "CLIENT-ID")
+        .ok_or_else(|| anyhow!("no CLIENT-ID column in {header:?}"))?;
+    lines
+        .map(|l| {
+            l.split_whitespace()
+                .nth(column)
+                .map(String::from)
+                .ok_or_else(|| anyhow!("short member line {l:?}"))
+        })
+        .collect()
 }
 
 /// The cluster id, via `ClusterTool cluster-id`.
@@ -884,6 +937,20 @@ baseOffset: 2000 lastOffset: 2000 count: 1 baseSequence: -1 lastSequence: -1 pro
             (r.p50_ms, r.p95_ms, r.p99_ms, r.p999_ms),
             (13.0, 66.0, 83.0, 86.0)
         );
+    }
+
+    #[test]
+    fn parses_group_members() {
+        let out = "\nGROUP  CONSUMER-ID  HOST  CLIENT-ID  #PARTITIONS\n\
+                   g.instances kafka-mirror-proxy/a-1b /127.0.0.1 kafka-mirror-proxy/a 0\n\
+                   g.instances kafka-mirror-proxy/b-2c /127.0.0.1 kafka-mirror-proxy/b 0\n";
+        assert_eq!(
+            parse_group_members(out).expect("table"),
+            ["kafka-mirror-proxy/a", "kafka-mirror-proxy/b"]
+        );
+        let empty = "\nConsumer group 'g' has no active members.\n";
+        assert!(parse_group_members(empty).expect("none").is_empty());
+        assert!(parse_group_members("Error: something").is_err());
     }
 
     #[test]

@@ -1,0 +1,683 @@
+//! The operator's commands against a running proxy's admin API (issue 10
+//! item 6): `links`, `failover NAME`, `start NAME`. Talks plain HTTP/1.1
+//! to `MIRROR_PROXY_ADMIN_URL` with the bearer token
+//! `MIRROR_PROXY_ADMIN_TOKEN`; prints tables, or the API's JSON with
+//! `--json`.
+//!
+//! Rendering and exit codes are pure functions of the API's JSON (unit
+//! tested with fixed documents); `AdminClient` does the I/O.
+//!
+//! Exit codes: 0 every partition of the failover completed (accepted, or
+//! refused and recorded); 2 a partition failed, an instance did not
+//! confirm, or the failover had not finished when `--wait` ran out;
+//! 3 the API answered 404 or 409; 1 any other error (connection, auth).
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Uri};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+/// Default admin URL: the default `MIRROR_PROXY_ADMIN_LISTEN`.
+pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9190";
+
+/// Largest admin API answer read.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_ERROR: u8 = 1;
+pub const EXIT_INCOMPLETE: u8 = 2;
+pub const EXIT_REFUSED: u8 = 3;
+
+/// What went wrong talking to the admin API.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("MIRROR_PROXY_ADMIN_URL {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    #[error("connecting to the admin API at {addr}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("admin API request {method} {path}: {reason}")]
+    Http {
+        method: String,
+        path: String,
+        reason: String,
+    },
+    /// The API answered with an error status.
+    #[error("admin API answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("admin API answer to {path} is not the JSON expected: {reason}")]
+    Json { path: String, reason: String },
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Status {
+                status: 404 | 409, ..
+            } => EXIT_REFUSED,
+            _ => EXIT_ERROR,
+        }
+    }
+}
+
+/// Where the admin API is and how to authenticate.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    /// host:port to connect to.
+    addr: String,
+    /// Path prefix (without trailing slash), e.g. "" or "/proxy-a".
+    prefix: String,
+    token: Option<String>,
+}
+
+/// An answer: status and JSON body.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl AdminClient {
+    /// From `http://host:port[/prefix]` and an optional bearer token.
+    pub fn new(url: &str, token: Option<String>) -> Result<AdminClient, CliError> {
+        let bad = |reason: &str| CliError::Url {
+            url: url.to_string(),
+            reason: reason.to_string(),
+        };
+        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(bad(
+                "only http:// is supported (the admin endpoint serves plain HTTP)",
+            ));
+        }
+        let authority = uri.authority().ok_or_else(|| bad("no host"))?;
+        let port = authority.port_u16().unwrap_or(80);
+        let host = authority.host();
+        let addr = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        Ok(AdminClient {
+            addr,
+            prefix: uri.path().trim_end_matches('/').to_string(),
+            token: token.filter(|t| !t.is_empty()),
+        })
+    }
+
+    /// From `MIRROR_PROXY_ADMIN_URL` and `MIRROR_PROXY_ADMIN_TOKEN`.
+    pub fn from_env() -> Result<AdminClient, CliError> {
+        let url = std::env::var("MIRROR_PROXY_ADMIN_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| DEFAULT_ADMIN_URL.to_string());
+        AdminClient::new(&url, std::env::var("MIRROR_PROXY_ADMIN_TOKEN").ok())
+    }
+
+    /// One request; any status with a JSON body is an [`Answer`] (error
+    /// statuses become [`CliError::Status`]).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<Answer, CliError> {
+        let full = format!("{}{path}", self.prefix);
+        let http = |reason: String| CliError::Http {
+            method: method.to_string(),
+            path: full.clone(),
+            reason,
+        };
+        let stream =
+            tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&self.addr))
+                .await
+                .map_err(|_| CliError::Connect {
+                    addr: self.addr.clone(),
+                    reason: format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+                })?
+                .map_err(|e| CliError::Connect {
+                    addr: self.addr.clone(),
+                    reason: e.to_string(),
+                })?;
+        let exchange = async {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .map_err(|e| http(e.to_string()))?;
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let payload = match body {
+                Some(v) => Bytes::from(v.to_string()),
+                None => Bytes::new(),
+            };
+            let mut request = Request::builder()
+                .method(method.clone())
+                .uri(full.as_str())
+                .header(HOST, self.addr.as_str());
+            if body.is_some() {
+                request = request.header(CONTENT_TYPE, "application/json");
+            }
+            if let Some(token) = &self.token {
+                request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+            }
+            let request = request
+                .body(Full::new(payload))
+                .map_err(|e| http(e.to_string()))?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| http(e.to_string()))?;
+            let status = response.status().as_u16();
+            let bytes = Limited::new(response.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| http(e.to_string()))?
+                .to_bytes();
+            Ok::<_, CliError>((status, bytes))
+        };
+        let (status, bytes) = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| http(format!("no answer within {} s", timeout.as_secs())))??;
+        let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
+        if !(200..300).contains(&status) {
+            let message = parsed
+                .ok()
+                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).trim().to_string());
+            return Err(CliError::Status { status, message });
+        }
+        let body = parsed.map_err(|e| CliError::Json {
+            path: full.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(Answer { status, body })
+    }
+}
+
+/// Path segment encoding for a link name (names are [a-z0-9-], but the
+/// argument comes from the command line).
+fn segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn print_json(v: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}
+
+/// `links`: every link's state.
+pub async fn links(client: &AdminClient, json: bool) -> Result<u8, CliError> {
+    let answer = client
+        .call(Method::GET, "/links", None, REQUEST_TIMEOUT)
+        .await?;
+    if json {
+        print_json(&answer.body);
+    } else {
+        print!("{}", render_links(&answer.body));
+    }
+    Ok(EXIT_OK)
+}
+
+/// `start NAME`: mirroring again, optionally from a new source cluster.
+pub async fn start(
+    client: &AdminClient,
+    name: &str,
+    source_cluster_id: Option<&str>,
+    json: bool,
+) -> Result<u8, CliError> {
+    let body = source_cluster_id.map(|id| serde_json::json!({ "source_cluster_id": id }));
+    let answer = client
+        .call(
+            Method::POST,
+            &format!("/links/{}/start", segment(name)),
+            body.as_ref(),
+            REQUEST_TIMEOUT,
+        )
+        .await?;
+    if json {
+        print_json(&answer.body);
+    } else {
+        print!("{}", render_link(&answer.body));
+    }
+    Ok(EXIT_OK)
+}
+
+/// `failover NAME`: start it (POST with wait=0), then follow it with GET
+/// until it completes or `wait` runs out; a progress bar on a terminal.
+pub async fn failover(
+    client: &AdminClient,
+    name: &str,
+    wait: Duration,
+    json: bool,
+) -> Result<u8, CliError> {
+    let path = format!("/links/{}", segment(name));
+    let started = client
+        .call(
+            Method::POST,
+            &format!("{path}/failover?wait=0"),
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await?;
+    let id = started.body.pointer("/failover/id").cloned();
+    let mut link = started.body;
+    let bar = (!json && std::io::IsTerminal::is_terminal(&std::io::stdout())).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} failover of {prefix} [{bar:40}] {pos}/{len} partitions {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_prefix(name.to_string());
+        bar
+    });
+    let deadline = Instant::now() + wait;
+    loop {
+        let progress = failover_progress(&link);
+        if let (Some(bar), Some(p)) = (&bar, &progress) {
+            bar.set_length(p.total);
+            bar.set_position(p.done);
+        }
+        let same = id.is_none() || link.pointer("/failover/id") == id.as_ref();
+        if progress.is_some_and(|p| p.complete && same) || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        link = client
+            .call(Method::GET, &path, None, REQUEST_TIMEOUT)
+            .await?
+            .body;
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    if json {
+        print_json(&link);
+    } else {
+        print!("{}", render_link(&link));
+    }
+    if failover_progress(&link).is_none_or(|p| !p.complete) {
+        eprintln!(
+            "kafka-mirror-proxy: the failover of {name} had not finished after {} s; it goes on in the proxy (follow it with `kafka-mirror-proxy links`)",
+            wait.as_secs()
+        );
+    }
+    Ok(failover_exit_code(&link))
+}
+
+/// How far a link's failover is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub done: u64,
+    pub total: u64,
+    pub complete: bool,
+}
+
+/// The failover progress of a link document; `None` without a failover.
+pub fn failover_progress(link: &Value) -> Option<Progress> {
+    let f = link.get("failover").filter(|f| f.is_object())?;
+    Some(Progress {
+        done: f
+            .get("partitions_done")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        total: f
+            .get("partitions_total")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        complete: f.get("complete").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+/// 0 when the failover completed with every partition accepted or refused
+/// (and recorded) and every instance confirmed; 2 otherwise.
+pub fn failover_exit_code(link: &Value) -> u8 {
+    let Some(f) = link.get("failover").filter(|f| f.is_object()) else {
+        return EXIT_INCOMPLETE;
+    };
+    if f.get("complete").and_then(Value::as_bool) != Some(true) {
+        return EXIT_INCOMPLETE;
+    }
+    let all_done = f
+        .get("partitions")
+        .and_then(Value::as_array)
+        .is_some_and(|ps| {
+            ps.iter().all(|p| {
+                matches!(
+                    p.get("result").and_then(Value::as_str),
+                    Some("accepted" | "refused")
+                )
+            })
+        });
+    let unconfirmed = f
+        .get("unconfirmed_instances")
+        .and_then(Value::as_array)
+        .is_some_and(|u| !u.is_empty());
+    if all_done && !unconfirmed {
+        EXIT_OK
+    } else {
+        EXIT_INCOMPLETE
+    }
+}
+
+fn text(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "-".into(),
+        Some(Value::String(s)) if s.is_empty() => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// A UTC time from milliseconds since the epoch, `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn time(v: Option<&Value>) -> String {
+    v.and_then(Value::as_i64)
+        .map(utc)
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn failover_summary(link: &Value) -> String {
+    match failover_progress(link) {
+        None => "-".into(),
+        Some(p) => format!(
+            "{} {}/{}",
+            if p.complete { "complete" } else { "running" },
+            p.done,
+            p.total
+        ),
+    }
+}
+
+/// `GET /links` as a table.
+pub fn render_links(doc: &Value) -> String {
+    let links = doc
+        .get("links")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if links.is_empty() {
+        return "no links configured\n".into();
+    }
+    let rows: Vec<Vec<String>> = links
+        .iter()
+        .map(|l| {
+            vec![
+                text(l.get("name")),
+                text(l.get("state")),
+                time(l.get("since_ms")),
+                text(l.get("source_cluster_id")),
+                failover_summary(l),
+            ]
+        })
+        .collect();
+    table(
+        &["NAME", "STATE", "SINCE", "SOURCE CLUSTER", "FAILOVER"],
+        &rows,
+    )
+}
+
+/// One link (`GET /links/{name}`), with its failover's partitions.
+pub fn render_link(link: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "link            {}", text(link.get("name")));
+    let _ = writeln!(
+        out,
+        "state           {} since {}",
+        text(link.get("state")),
+        time(link.get("since_ms"))
+    );
+    let _ = writeln!(
+        out,
+        "source cluster  {}",
+        text(link.get("source_cluster_id"))
+    );
+    if let Some(counters) = link.get("counters").and_then(Value::as_object) {
+        for (k, v) in counters {
+            let _ = writeln!(out, "{k:<15} {}", text(Some(v)));
+        }
+    }
+    let Some(f) = link.get("failover").filter(|f| f.is_object()) else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "failover        {} ({}), started {}, finished {}",
+        text(f.get("id")),
+        failover_summary(link),
+        time(f.get("started_ms")),
+        time(f.get("finished_ms"))
+    );
+    if let Some(u) = f.get("unconfirmed_instances").and_then(Value::as_array) {
+        if !u.is_empty() {
+            let names: Vec<String> = u.iter().map(|i| text(Some(i))).collect();
+            let _ = writeln!(out, "unconfirmed     {}", names.join(", "));
+        }
+    }
+    let rows: Vec<Vec<String>> = f
+        .get("partitions")
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    vec![
+                        text(p.get("topic")),
+                        text(p.get("partition")),
+                        text(p.get("result")),
+                        text(p.get("error_code")),
+                        text(p.get("log_end_offset")),
+                        text(p.get("expired_producers")),
+                        text(p.get("message")),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !rows.is_empty() {
+        out.push('\n');
+        out.push_str(&table(
+            &[
+                "TOPIC",
+                "PARTITION",
+                "RESULT",
+                "ERROR",
+                "LOG END",
+                "EXPIRED",
+                "MESSAGE",
+            ],
+            &rows,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn done_link() -> Value {
+        json!({
+            "name": "east", "state": "STOPPED", "since_ms": 1_700_000_000_000i64,
+            "source_cluster_id": "MkU3OEVBNTcwNTJENDM2Qg",
+            "failover": {
+                "id": "f1", "started_ms": 1_700_000_000_000i64, "finished_ms": 1_700_000_001_000i64,
+                "complete": true, "partitions_total": 2, "partitions_done": 2,
+                "partitions": [
+                    {"topic": "orders", "partition": 0, "result": "refused", "error_code": 87,
+                     "message": "INVALID_RECORD", "log_end_offset": 42, "expired_producers": 3},
+                    {"topic": "orders", "partition": 1, "result": "accepted", "error_code": 0,
+                     "message": null, "log_end_offset": 7, "expired_producers": 0}
+                ],
+                "unconfirmed_instances": []
+            },
+            "counters": {"batches_remapped": 12}
+        })
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(failover_exit_code(&done_link()), EXIT_OK);
+        let mut failed = done_link();
+        failed["failover"]["partitions"][1]["result"] = json!("failed");
+        assert_eq!(failover_exit_code(&failed), EXIT_INCOMPLETE);
+        let mut unconfirmed = done_link();
+        unconfirmed["failover"]["unconfirmed_instances"] = json!(["b"]);
+        assert_eq!(failover_exit_code(&unconfirmed), EXIT_INCOMPLETE);
+        let mut running = done_link();
+        running["failover"]["complete"] = json!(false);
+        assert_eq!(failover_exit_code(&running), EXIT_INCOMPLETE);
+        assert_eq!(
+            failover_exit_code(&json!({"name": "x", "failover": null})),
+            EXIT_INCOMPLETE
+        );
+        let status = |status| CliError::Status {
+            status,
+            message: String::new(),
+        };
+        assert_eq!(status(404).exit_code(), EXIT_REFUSED);
+        assert_eq!(status(409).exit_code(), EXIT_REFUSED);
+        assert_eq!(status(401).exit_code(), EXIT_ERROR);
+        let connect = CliError::Connect {
+            addr: "x".into(),
+            reason: "refused".into(),
+        };
+        assert_eq!(connect.exit_code(), EXIT_ERROR);
+    }
+
+    #[test]
+    fn links_table() {
+        let doc = json!({"links": [
+            done_link(),
+            {"name": "west", "state": "MIRRORING", "since_ms": 0,
+             "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null, "counters": {}}
+        ]});
+        assert_eq!(
+            render_links(&doc),
+            "NAME  STATE      SINCE                    SOURCE CLUSTER          FAILOVER\n\
+             east  STOPPED    2023-11-14 22:13:20 UTC  MkU3OEVBNTcwNTJENDM2Qg  complete 2/2\n\
+             west  MIRRORING  1970-01-01 00:00:00 UTC  AAAAAAAAAAAAAAAAAAAAAA  -\n"
+        );
+        assert_eq!(render_links(&json!({"links": []})), "no links configured\n");
+    }
+
+    #[test]
+    fn link_with_partitions() {
+        let out = render_link(&done_link());
+        assert_eq!(
+            out,
+            "link            east\n\
+             state           STOPPED since 2023-11-14 22:13:20 UTC\n\
+             source cluster  MkU3OEVBNTcwNTJENDM2Qg\n\
+             batches_remapped 12\n\
+             failover        f1 (complete 2/2), started 2023-11-14 22:13:20 UTC, finished 2023-11-14 22:13:21 UTC\n\
+             \n\
+             TOPIC   PARTITION  RESULT    ERROR  LOG END  EXPIRED  MESSAGE\n\
+             orders  0          refused   87     42       3        INVALID_RECORD\n\
+             orders  1          accepted  0      7        0        -\n"
+        );
+    }
+
+    #[test]
+    fn progress_and_time() {
+        let mut l = done_link();
+        l["failover"]["partitions_done"] = json!(1);
+        l["failover"]["complete"] = json!(false);
+        assert_eq!(
+            failover_progress(&l),
+            Some(Progress {
+                done: 1,
+                total: 2,
+                complete: false
+            })
+        );
+        assert_eq!(failover_progress(&json!({"failover": null})), None);
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(-1000), "1969-12-31 23:59:59 UTC");
+    }
+
+    #[test]
+    fn admin_urls() {
+        let c = AdminClient::new("http://127.0.0.1:9190", Some("t".into())).expect("ok");
+        assert_eq!((c.addr.as_str(), c.prefix.as_str()), ("127.0.0.1:9190", ""));
+        let c = AdminClient::new("http://admin.example/p/", None).expect("ok");
+        assert_eq!(
+            (c.addr.as_str(), c.prefix.as_str()),
+            ("admin.example:80", "/p")
+        );
+        let c = AdminClient::new("http://[::1]:9190", Some(String::new())).expect("ok");
+        assert_eq!(c.addr, "[::1]:9190");
+        assert!(c.token.is_none());
+        assert!(AdminClient::new("https://x:1", None).is_err());
+        assert!(AdminClient::new("not a url", None).is_err());
+        assert_eq!(segment("east-1"), "east-1");
+        assert_eq!(segment("a/b"), "a%2Fb");
+    }
+}

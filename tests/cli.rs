@@ -1,7 +1,17 @@
 //! The binary's command line: `map` and `unmap` (what operators use to read
-//! a log dump) and `run`'s refusal of a broken environment.
+//! a log dump), `run`'s refusal of a broken environment, and `links`,
+//! `failover` and `start` against a running proxy in front of a real broker.
+
+mod support;
 
 use std::process::{Command, Output};
+use std::time::Duration;
+
+use kafka_mirror_proxy::client::protocol::NewTopic;
+use kafka_mirror_proxy::client::{Client, ClientConfig};
+use kafka_mirror_proxy::proxy::upstream::Upstream;
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kafka-mirror-proxy");
 /// SPEC §4: this cluster id has hash 0x71720375 and maps PID 5 to this value.
@@ -158,4 +168,89 @@ fn run_reports_every_bad_variable_at_once() {
         !stderr.contains("proxy ready"),
         "nothing may start:\n{stderr}"
     );
+}
+
+#[test]
+fn links_failover_and_start_drive_a_running_proxy() -> anyhow::Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = Client::new(ClientConfig::new(
+        vec![broker.bootstrap()],
+        Upstream {
+            tls: None,
+            server_name: None,
+            timeout: Duration::from_secs(10),
+        },
+    ));
+    rt.block_on(client.create_topic(&NewTopic {
+        name: "orders".into(),
+        partitions: 2,
+        replication_factor: 1,
+        configs: Default::default(),
+    }))?;
+    let proxy = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("LINKS", "east"),
+            ("LINK_EAST_SOURCE_CLUSTER_ID", CLUSTER),
+            ("LINK_EAST_TOPICS", "orders"),
+        ],
+    )?;
+    let url = format!("http://{}", proxy.admin);
+    let admin = [("MIRROR_PROXY_ADMIN_URL", url.as_str())];
+    let json = |out: &Output| -> anyhow::Result<serde_json::Value> {
+        Ok(serde_json::from_slice(&out.stdout)?)
+    };
+
+    // A table by default, the API's JSON with --json.
+    let out = bin(&["links"], &admin);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "links: {stdout} {stderr}");
+    assert!(
+        stdout.contains("east") && stdout.contains("MIRRORING"),
+        "links table:\n{stdout}"
+    );
+    let out = bin(&["links", "--json"], &admin);
+    assert_eq!(json(&out)?["links"][0]["state"], "MIRRORING");
+
+    // A failover that completes in every partition: exit 0, each partition
+    // refused by the stock broker (87) and recorded.
+    let out = bin(&["failover", "east", "--json"], &admin);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "failover: {stdout} {stderr}");
+    let link = json(&out)?;
+    assert_eq!(link["state"], "STOPPED", "{link}");
+    let parts = link["failover"]["partitions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(parts.len(), 2, "{link}");
+    assert!(
+        parts
+            .iter()
+            .all(|p| p["result"] == "refused" && p["error_code"] == 87),
+        "{link}"
+    );
+
+    // A refused transition and an unknown link: exit 3 with the reason.
+    let out = bin(&["failover", "east"], &admin);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "again: {stdout} {stderr}");
+    assert!(!stderr.is_empty(), "a reason on stderr");
+    let out = bin(&["failover", "nowhere"], &admin);
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+
+    // Start: mirroring again.
+    let out = bin(&["start", "east"], &admin);
+    assert_eq!(out.status.code(), Some(0), "start: {:?}", text(&out));
+    let out = bin(&["links", "--json"], &admin);
+    assert_eq!(json(&out)?["links"][0]["state"], "MIRRORING");
+
+    // Nothing listening: exit 1.
+    drop(proxy);
+    let out = bin(&["links"], &admin);
+    assert_eq!(out.status.code(), Some(1), "{:?}", text(&out));
+    Ok(())
 }

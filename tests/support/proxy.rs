@@ -61,6 +61,20 @@ fn free_port_base(nodes: &[i32], above: u16) -> Result<u16> {
             return u16::try_from(base).context("port base");
         }
     }
+    // The kernel's free ports can all lie below `above` (a bootstrap port
+    // near the top of the ephemeral range): scan upwards from it instead.
+    for base in (i32::from(above) + 1)..=(i32::from(u16::MAX) - high) {
+        if base + low <= i32::from(above) {
+            continue;
+        }
+        let held: std::io::Result<Vec<TcpListener>> = nodes
+            .iter()
+            .map(|n| TcpListener::bind(("127.0.0.1", (base + n) as u16)))
+            .collect();
+        if held.is_ok() {
+            return u16::try_from(base).context("port base");
+        }
+    }
     bail!("found no port base with free ports for nodes {nodes:?}")
 }
 
@@ -89,9 +103,17 @@ impl ProxyProcess {
         nodes: &[i32],
         extra: &[(&str, &str)],
     ) -> Result<ProxyProcess> {
-        let listen = free_port()?;
-        let port_base = free_port_base(nodes, listen)?;
-        Self::spawn(upstream, extra, listen, Some(port_base))
+        // A bootstrap port at the very top leaves no room above it for the
+        // nodes: pick another one then.
+        let mut last = None;
+        for _ in 0..20 {
+            let listen = free_port()?;
+            match free_port_base(nodes, listen) {
+                Ok(port_base) => return Self::spawn(upstream, extra, listen, Some(port_base)),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no ports for nodes {nodes:?}")))
     }
 
     /// Like [`ProxyProcess::start`], but with links does not wait for the

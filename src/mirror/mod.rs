@@ -1,5 +1,7 @@
 //! The mirror side of the proxy: the producer-id mapping, mirror links and
-//! the Produce filter that applies them. All pure.
+//! the Produce filter that applies them. The planning (`produce`) and the
+//! producer state (`producer_state`) are pure; `produce_filter` and
+//! `produce_path` run them on a connection's Produce requests.
 
 pub mod barrier;
 pub mod link;
@@ -7,4 +9,5 @@ pub mod origins;
 pub mod pid;
 pub mod produce;
 pub mod produce_filter;
+pub mod produce_path;
 pub mod producer_state;

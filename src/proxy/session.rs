@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
@@ -30,14 +30,11 @@ use tokio::time::Instant;
 use super::addresses::{self, RewriteError};
 use super::upstream::{BoxStream, ConnectError};
 use super::{Shared, StartError, Target};
-use crate::mirror::link::{CertSubject, Origin};
-use crate::mirror::produce::{
-    self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal,
-};
-use crate::mirror::produce_filter::{Begin, Dedupe, RebuildClaim, Tracked};
-use crate::state::StateStore;
+use crate::mirror::link::CertSubject;
+use crate::mirror::produce::{ProduceError, Refusal};
+use crate::mirror::produce_path::{Answer, ProduceFilter, ProducePathError, ProduceState};
 use crate::wire::frame::{write_frame, FrameError, FrameReader};
-use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
+use crate::wire::header::{HeaderError, RequestHeaderPeek};
 
 /// Requests in flight per connection before the proxy stops reading from
 /// the client (backpressure).
@@ -84,6 +81,20 @@ pub enum SessionError {
     ClientWrite(std::io::Error),
 }
 
+impl From<ProducePathError> for SessionError {
+    fn from(e: ProducePathError) -> SessionError {
+        match e {
+            ProducePathError::Header(e) => SessionError::Header(e),
+            ProducePathError::Produce(e) => SessionError::Produce(e),
+            ProducePathError::Rewrite(e) => SessionError::Rewrite(e),
+            ProducePathError::UnsupportedVersion { api, version, max } => {
+                SessionError::UnsupportedVersion { api, version, max }
+            }
+            ProducePathError::Listener(e) => SessionError::Listener(e),
+        }
+    }
+}
+
 impl SessionError {
     /// Metric label for why the connection ended.
     fn label(&self) -> &'static str {
@@ -122,9 +133,10 @@ enum Handling {
     ApiVersions,
     /// Replace broker addresses.
     Addresses,
-    /// A Produce response: rewrite leader endpoints (v10+) and add the
-    /// partitions the proxy answered itself.
-    Produce(Vec<LocalPartition>, Tracked),
+    /// A Produce response: the Produce filter's response half rewrites
+    /// leader endpoints (v10+) and adds the partitions the proxy answered
+    /// itself.
+    Produce(ProduceState),
 }
 
 /// A response the client is owed, in request order.
@@ -364,6 +376,7 @@ async fn requests(
         crate::control::links::LinkSession,
     )> = None;
     let mut changes = shared.control.changes();
+    let filter = ProduceFilter::new(shared);
     loop {
         // Frames are only ever taken whole: a frame cut short by shutdown
         // was never forwarded, so nothing is left half-answered.
@@ -419,6 +432,10 @@ async fn requests(
             version: h.api_version,
             handling,
         };
+        let pending = |answer| match answer {
+            Answer::Local(frame) => Pending::Local(frame),
+            Answer::Broker(state) => broker(Handling::Produce(state)),
+        };
         if let Some(link) = shared
             .config
             .links
@@ -434,16 +451,15 @@ async fn requests(
             if let Some(message) = admitted.then(|| shared.control.fenced(link)).flatten() {
                 shared.control.link_request_refused(link.name());
                 if api == ApiKey::Produce {
-                    let action = refuse_produce(
-                        shared,
+                    let action = filter.refuse(
                         link.name(),
                         &h,
                         frame.freeze(),
                         Refusal::LinkFenced,
                         &message,
                     )?;
-                    if let Some(p) = action.pending {
-                        send(&tx, p).await;
+                    if let Some(answer) = action.answer {
+                        send(&tx, pending(answer)).await;
                     }
                 }
                 tracing::debug!(link = link.name(), api = ?api, "refused a request of a fenced link; closing its connection");
@@ -452,9 +468,9 @@ async fn requests(
         }
         match api {
             ApiKey::Produce => {
-                let action = produce(shared, subject.as_ref(), &h, frame.freeze()).await?;
-                if let Some(p) = action.pending {
-                    send(&tx, p).await;
+                let action = filter.request(subject.as_ref(), &h, frame.freeze()).await?;
+                if let Some(answer) = action.answer {
+                    send(&tx, pending(answer)).await;
                 }
                 if let Some(frame) = action.forward {
                     write_frame(&mut upstream, &frame)
@@ -508,34 +524,6 @@ async fn link_state_changed(
     }
 }
 
-/// Every partition of a Produce answered here with `refusal`.
-fn refuse_produce(
-    shared: &Arc<Shared>,
-    link: &str,
-    h: &RequestHeaderPeek,
-    frame: Bytes,
-    refusal: Refusal,
-    message: &str,
-) -> Result<ProduceAction, SessionError> {
-    let version = h.api_version;
-    let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
-    let acks = produce_acks(&frame, body_offset, version)?;
-    let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
-    count_local(shared, link, &plan.local);
-    let pending = match acks != 0 {
-        true => Some(Pending::Local(produce::local_response(
-            h.correlation_id,
-            version,
-            &plan.local,
-        )?)),
-        false => None,
-    };
-    Ok(ProduceAction {
-        pending,
-        forward: None,
-    })
-}
-
 async fn send(tx: &mpsc::Sender<Pending>, p: Pending) {
     // Fails only when the response loop has ended, which ends the session.
     let _ = tx.send(p).await;
@@ -550,322 +538,6 @@ fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
     }
 }
 
-/// How long a link retry waits for the same batch's attempt in flight
-/// before it is answered with a retriable error instead.
-const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
-/// How long a request rebuilding a partition's producer state may take to
-/// read its log tail before the partition is answered retriable.
-const REBUILD_TIMEOUT: Duration = Duration::from_secs(15);
-/// How long a request waits for another request's rebuild of a partition
-/// before that partition is answered retriable (longer than a rebuild may
-/// take, so a rebuild that ends in time is waited for).
-const REBUILD_WAIT: Duration = Duration::from_secs(20);
-
-/// What to queue and what to forward for a Produce request.
-struct ProduceAction {
-    /// The response the client is owed, unless `acks=0`.
-    pending: Option<Pending>,
-    /// The frame for the broker, unless the proxy answered every partition.
-    forward: Option<BytesMut>,
-}
-
-async fn produce(
-    shared: &Arc<Shared>,
-    subject: Option<&CertSubject>,
-    h: &RequestHeaderPeek,
-    frame: Bytes,
-) -> Result<ProduceAction, SessionError> {
-    let version = h.api_version;
-    let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
-    let acks = produce_acks(&frame, body_offset, version)?;
-    let expects_response = acks != 0;
-    // With acks=0 nothing is recorded without an answer: the tracked
-    // batches are failed. No client retries what it never hears about, so
-    // there is no retry to deduplicate and the partition is not re-read.
-    let broker = |local: Vec<LocalPartition>, tracked: Tracked| {
-        if !expects_response {
-            tracked.unanswered();
-            return None;
-        }
-        Some(Pending::Broker {
-            correlation_id: h.correlation_id,
-            api: ApiKey::Produce,
-            version,
-            handling: Handling::Produce(local, tracked),
-        })
-    };
-    let local_only = |local: &[LocalPartition]| -> Result<Option<Pending>, SessionError> {
-        Ok(match expects_response {
-            true => Some(Pending::Local(produce::local_response(
-                h.correlation_id,
-                version,
-                local,
-            )?)),
-            false => None,
-        })
-    };
-    // Every partition of the request answered here with `refusal`.
-    let refuse_request = |link: &str, refusal: Refusal, message: &str| {
-        let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
-        count_local(shared, link, &plan.local);
-        Ok(ProduceAction {
-            pending: local_only(&plan.local)?,
-            forward: None,
-        })
-    };
-    let origin = shared.config.links.classify(h.client_id(&frame), subject);
-    let link = match origin {
-        Origin::Local => {
-            if addresses::carries_addresses(ApiKey::Produce, version) {
-                check_parseable(ApiKey::Produce, version)?;
-            }
-            // Read-only mirrored topics: refused per partition.
-            if shared.control.any_read_only() {
-                let control = &shared.control;
-                let plan = produce::refuse_where(&frame, body_offset, version, |t| {
-                    let name = match version >= 13 {
-                        true => shared.topic_name(t.topic_id)?,
-                        false => t.name.to_string(),
-                    };
-                    let refusal = control.read_only(&name, version)?;
-                    control.local_write_refused(&name);
-                    Some(refusal)
-                })?;
-                if !plan.local.is_empty() {
-                    if let Some(LocalPartition {
-                        outcome: LocalOutcome::Refused { message, .. },
-                        ..
-                    }) = plan.local.first()
-                    {
-                        tracing::debug!(partitions = plan.local.len(), %message, "refused a local write to a read-only mirrored topic");
-                    }
-                    if plan.forwarded_partitions == 0 {
-                        return Ok(ProduceAction {
-                            pending: local_only(&plan.local)?,
-                            forward: None,
-                        });
-                    }
-                    let reduced = produce::without_local_partitions(
-                        &frame,
-                        body_offset,
-                        version,
-                        &plan.local,
-                    )?;
-                    return Ok(ProduceAction {
-                        pending: broker(plan.local, Tracked::none()),
-                        forward: Some(reduced),
-                    });
-                }
-            }
-            let frame = BytesMut::from(frame); // unique: no copy
-            return Ok(ProduceAction {
-                pending: broker(Vec::new(), Tracked::none()),
-                forward: Some(frame),
-            });
-        }
-        Origin::Spoofed(link) => {
-            let message = format!(
-                "client id '{}' is reserved for mirror link '{}', which requires a TLS client certificate matching '{}'",
-                link.client_id(),
-                link.name(),
-                link.tls_subject().unwrap_or_default()
-            );
-            tracing::warn!(link = link.name(), subject = ?subject.map(|s| &s.full), "refused a Produce that claims a mirror link's client id");
-            return refuse_request(link.name(), Refusal::NotAuthorized, &message);
-        }
-        Origin::Link(link) => link,
-    };
-    let state = match shared.state.as_ref() {
-        Some(state) if state.is_loaded() => state,
-        _ => {
-            let why = shared
-                .state
-                .as_ref()
-                .and_then(|s| s.not_ready_reason())
-                .unwrap_or_else(|| "no state store".into());
-            let message = format!(
-                "mirror link '{}': the proxy's producer id mapping state is not loaded yet ({why}); retry",
-                link.name()
-            );
-            return refuse_request(link.name(), Refusal::StateNotLoaded, &message);
-        }
-    };
-    let plan_now = || {
-        let view = state.view();
-        produce::plan_with(
-            &frame,
-            body_offset,
-            version,
-            &link,
-            &|id| shared.topic_name(id),
-            &|name| shared.topic_id(name).or_else(|| state.topic_id(name)),
-            &produce::AtTime(&view, crate::state::now_ms()),
-        )
-    };
-    let mut plan = plan_now()?;
-    if !plan.unresolved.is_empty() {
-        // New origins: persisted before anything of them is forwarded.
-        for (topic, partition, error) in state.resolve(&plan.unresolved).await {
-            tracing::warn!(link = link.name(), topic, partition, %error, "could not persist a new mirrored producer's mapping");
-        }
-        plan = plan_now()?;
-    }
-    // Mirrored producer state: duplicates and refusals become local answers.
-    // Nothing of a partition begins before its state is rebuilt from its
-    // log tail (after start-up, an unknown outcome, a leader move); one
-    // request rebuilds, the partition's others wait (bounded) for it. A
-    // retry of a batch still in flight waits for that attempt's outcome
-    // (bounded: then it is answered retriable), never a second append.
-    let mut in_flight_deadline = None;
-    let mut rebuild_deadline = None;
-    let mut shutting_down = false;
-    let tracked = loop {
-        let changed = shared.dedupe.changed();
-        tokio::pin!(changed);
-        changed.as_mut().enable();
-        let now = tokio::time::Instant::now();
-        let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
-        let deadline = match shared.dedupe.begin(&mut plan, link.name(), wait) {
-            Begin::Begun(tracked) => break tracked,
-            Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
-            Begin::Rebuild { claims, waiting } if claims.is_empty() => {
-                let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
-                if shutting_down || now >= d {
-                    for partition in waiting {
-                        let message = format!(
-                            "mirror link '{}': partition {}: the mirrored producer state is still being rebuilt from the log by another request; retry",
-                            link.name(),
-                            partition.partition
-                        );
-                        Dedupe::refuse_partition(&mut plan, partition, message);
-                    }
-                    continue;
-                }
-                d
-            }
-            Begin::Rebuild { claims, .. } => {
-                // Bounded too: a partition marked again during each of its
-                // rebuilds is not rebuilt forever by one request.
-                let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
-                for claim in claims {
-                    if shutting_down || tokio::time::Instant::now() >= d {
-                        let message = format!(
-                            "mirror link '{}': partition {}: the mirrored producer state was marked again while it was rebuilt; retry",
-                            link.name(),
-                            claim.partition().partition
-                        );
-                        Dedupe::refuse_partition(&mut plan, claim.partition(), message);
-                        continue;
-                    }
-                    rebuild(shared, state, link.name(), &mut plan, claim).await;
-                }
-                continue;
-            }
-        };
-        tokio::select! {
-            _ = changed => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = shared.shutting_down() => shutting_down = true,
-        }
-    };
-    shared
-        .metrics
-        .batches_remapped(link.name(), plan.remapped_batches as u64);
-    count_local(shared, link.name(), &plan.local);
-    if plan.forwarded_partitions == 0 {
-        return Ok(ProduceAction {
-            pending: local_only(&plan.local)?,
-            forward: None,
-        });
-    }
-    // The plan holds no reference into the frame unless some partitions are
-    // answered locally, so the fast path gets the frame back without a copy.
-    let mut buf = frame
-        .try_into_mut()
-        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-    plan.apply(&mut buf)?;
-    if plan.local.is_empty() {
-        return Ok(ProduceAction {
-            pending: broker(Vec::new(), tracked),
-            forward: Some(buf),
-        });
-    }
-    let reduced =
-        produce::without_local_partitions(&buf.freeze(), body_offset, version, &plan.local)?;
-    Ok(ProduceAction {
-        pending: broker(plan.local, tracked),
-        forward: Some(reduced),
-    })
-}
-
-/// Rebuild `claim`'s partition from its log tail (bounded by
-/// [`REBUILD_TIMEOUT`]); if it cannot be read, its partition of `plan` is
-/// answered retriable.
-async fn rebuild(
-    shared: &Shared,
-    state: &StateStore,
-    link: &str,
-    plan: &mut ProducePlan,
-    claim: RebuildClaim,
-) {
-    let partition = claim.partition();
-    let name = shared
-        .topic_name(partition.topic_id)
-        .unwrap_or_else(|| claim.topic().name.0.to_string());
-    let owner = |mapped: i64| state.view().owner(partition, mapped);
-    let floor = state.barrier_floor(partition).unwrap_or(0);
-    let run = claim.run(state.client(), &name, floor, &owner);
-    let error = match tokio::time::timeout(REBUILD_TIMEOUT, run).await {
-        Ok(Ok(r)) => {
-            tracing::info!(
-                link,
-                topic = name,
-                partition = partition.partition,
-                from_offset = r.from_offset,
-                log_start_offset = r.log_start_offset,
-                log_end_offset = r.log_end_offset,
-                batches = r.replayed.batches,
-                taken = r.replayed.taken,
-                "rebuilt the mirrored producer state from the log tail"
-            );
-            return;
-        }
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => {
-            shared.metrics.producer_state_rebuilt("failed", 0);
-            format!("not read within {} s", REBUILD_TIMEOUT.as_secs())
-        }
-    };
-    let message = format!(
-        "mirror link '{link}': {name}-{}: the mirrored producer state could not be rebuilt from the log ({error}); retry",
-        partition.partition
-    );
-    Dedupe::refuse_partition(plan, partition, message);
-}
-
-fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
-    for l in local {
-        match &l.outcome {
-            LocalOutcome::DroppedControl { batches } => shared
-                .metrics
-                .control_batches_dropped(link, *batches as u64),
-            LocalOutcome::Duplicate { batches, .. } => {
-                tracing::debug!(
-                    link,
-                    partition = l.partition,
-                    batches,
-                    "answered a mirrored retry as a duplicate"
-                );
-                shared.metrics.duplicates_answered(link, *batches as u64);
-            }
-            LocalOutcome::Refused { refusal, message } => {
-                tracing::warn!(link, partition = l.partition, reason = refusal.label(), %message, "refused a mirrored partition");
-                shared.metrics.partition_refused(link, refusal.label());
-            }
-        }
-    }
-}
-
 async fn responses(
     shared: &Arc<Shared>,
     mut upstream: FrameReader<ReadHalf<BoxStream>>,
@@ -873,6 +545,7 @@ async fn responses(
     mut rx: mpsc::Receiver<Pending>,
     activity: &Activity,
 ) -> Result<(), SessionError> {
+    let filter = ProduceFilter::new(shared);
     loop {
         let pending = tokio::select! {
             // Entries are queued before their request is written upstream, so
@@ -933,9 +606,7 @@ async fn responses(
                 shared.learn(learnt)?;
                 out.unwrap_or(frame)
             }
-            (Some(_), Handling::Produce(local, tracked)) => {
-                produce_response(shared, version, frame, local, tracked)?
-            }
+            (Some(_), Handling::Produce(state)) => filter.response(state, frame)?,
         };
         write_to(&mut client, &out).await?;
         activity.answered();
@@ -946,43 +617,4 @@ async fn write_to<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), 
     write_frame(w, frame)
         .await
         .map_err(SessionError::ClientWrite)
-}
-
-fn produce_response(
-    shared: &Arc<Shared>,
-    version: i16,
-    frame: BytesMut,
-    local: Vec<LocalPartition>,
-    tracked: Tracked,
-) -> Result<BytesMut, SessionError> {
-    // Leader endpoints (KIP-951) are rare: the walk only looks, and the
-    // frame passes untouched unless it names a broker.
-    let frame = if addresses::carries_addresses(ApiKey::Produce, version) {
-        let (out, learnt) =
-            addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?;
-        shared.learn(learnt)?;
-        out.unwrap_or(frame)
-    } else {
-        frame
-    };
-    if local.is_empty() && tracked.is_empty() {
-        return Ok(frame);
-    }
-    let frame = frame.freeze();
-    // A response that cannot be decoded drops `tracked`: its batches fail.
-    let (correlation_id, mut response) = produce::decode_response(&frame, version)?;
-    if !tracked.is_empty() {
-        tracked.settle(&response, version, crate::state::now_ms());
-    }
-    if local.is_empty() {
-        return Ok(frame
-            .try_into_mut()
-            .unwrap_or_else(|shared| BytesMut::from(&shared[..])));
-    }
-    produce::merge_local(&mut response, version, &local);
-    Ok(produce::encode_response(
-        correlation_id,
-        version,
-        &response,
-    )?)
 }

@@ -535,8 +535,17 @@ fn an_unusable_state_topic_refuses_only_link_traffic_with_retriable_errors() -> 
         "{status} {body}"
     );
     let mut raw = RawClient::connect(&proxy.bootstrap)?;
-    let (code, message) =
-        partition_result(&raw.produce("local", "plain", 0, record_batch(3, &["local"]))?);
+    // Retrying UNKNOWN_TOPIC_OR_PARTITION (3) as a client would: a topic
+    // just created may not be served by its leader yet.
+    let mut tries = 0;
+    let (code, message) = loop {
+        tries += 1;
+        let r = partition_result(&raw.produce("local", "plain", 0, record_batch(3, &["local"]))?);
+        if r.0 != 3 || tries == 60 {
+            break r;
+        }
+        thread::sleep(Duration::from_millis(500));
+    };
     assert_eq!(code, 0, "local traffic flows: {message:?}");
     // A local write to the link's topic waits for the link's state (it may
     // be a read-only mirror, or failed over): retriable.

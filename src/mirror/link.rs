@@ -5,7 +5,8 @@
 //! matching client certificate. Everything else is local traffic whose
 //! producer IDs are never touched.
 
-use std::collections::{HashMap, HashSet};
+// foldhash: the client id and topic lookups run for every request.
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 
 use regex::Regex;

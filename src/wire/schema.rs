@@ -240,7 +240,7 @@ pub fn source_files() -> impl Iterator<Item = (&'static str, &'static str)> {
 
 /// Every compiled-in message, by name (e.g. `MetadataResponse`).
 pub fn message(name: &str) -> Result<&'static Message, SchemaError> {
-    static ALL: OnceLock<Result<HashMap<String, Message>, SchemaError>> = OnceLock::new();
+    static ALL: OnceLock<Result<foldhash::HashMap<String, Message>, SchemaError>> = OnceLock::new();
     let all = ALL
         .get_or_init(|| {
             SOURCES

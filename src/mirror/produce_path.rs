@@ -263,10 +263,10 @@ impl<'a> ProduceFilter<'a> {
         let mut in_flight_deadline = None;
         let mut rebuild_deadline = None;
         let mut shutting_down = false;
+        // Registered only once a request has to wait, so the common case
+        // (begun at the first try) never touches the Notify's waiter list.
+        let mut changed = None;
         let tracked = loop {
-            let changed = shared.dedupe.changed();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
             let now = tokio::time::Instant::now();
             let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
             let deadline = match shared.dedupe.begin(&mut plan, link.name(), wait) {
@@ -306,8 +306,16 @@ impl<'a> ProduceFilter<'a> {
                     continue;
                 }
             };
+            let Some(notified) = changed.as_mut() else {
+                // Register, then look again: a change between that `begin`
+                // and now is not missed.
+                let mut notified = Box::pin(shared.dedupe.changed());
+                notified.as_mut().enable();
+                changed = Some(notified);
+                continue;
+            };
             tokio::select! {
-                _ = changed => {}
+                _ = notified.as_mut() => changed = None,
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = shared.shutting_down() => shutting_down = true,
             }

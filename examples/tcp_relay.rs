@@ -8,14 +8,27 @@
 //!   cargo run --release --example tcp_relay -- LISTEN_ADDR TARGET_ADDR
 //!
 //! The broker must advertise LISTEN_ADDR (a listener of its own whose
-//! advertised address is the relay), so clients stay on the relay.
+//! advertised address is the relay), so clients stay on the relay. Like the
+//! proxy it runs on one thread unless `MIRROR_PROXY_WORKER_THREADS` says
+//! more.
 
 use std::env;
 
 use tokio::net::{TcpListener, TcpStream};
 
-#[tokio::main]
-async fn main() -> std::io::Result<()> {
+fn main() -> std::io::Result<()> {
+    let threads = env::var("MIRROR_PROXY_WORKER_THREADS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?;
+    runtime.block_on(relay())
+}
+
+async fn relay() -> std::io::Result<()> {
     let mut args = env::args().skip(1);
     let (Some(listen), Some(target)) = (args.next(), args.next()) else {
         eprintln!("usage: tcp_relay LISTEN_ADDR TARGET_ADDR");

@@ -98,6 +98,8 @@ pub struct Config {
     /// Bytes of client request frames held at once, over all connections.
     pub max_buffered_bytes: usize,
     pub max_connections: usize,
+    /// Worker threads of the runtime.
+    pub worker_threads: usize,
     pub connections_max_idle_ms: u64,
     pub request_read_timeout_ms: u64,
     pub tls_handshake_timeout_ms: u64,
@@ -151,6 +153,7 @@ impl fmt::Debug for Config {
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("max_buffered_bytes", &self.max_buffered_bytes)
             .field("max_connections", &self.max_connections)
+            .field("worker_threads", &self.worker_threads)
             .field("connections_max_idle_ms", &self.connections_max_idle_ms)
             .field("request_read_timeout_ms", &self.request_read_timeout_ms)
             .field("tls_handshake_timeout_ms", &self.tls_handshake_timeout_ms)
@@ -197,6 +200,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TLS_HANDSHAKE_TIMEOUT_MS", "10000", "Time a client has to complete the TLS handshake (with TLS_CERT set)."),
     ("SHUTDOWN_TIMEOUT_MS", "30000", "On SIGTERM or SIGINT, how long requests in flight may take to be answered before the remaining connections are closed."),
     ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
+    ("WORKER_THREADS", "1", "Threads of tokio's runtime that run the proxy's connections. On the 2-core machines the benchmarks run on, one thread cost less CPU per GB than one per core (the workers wake each other for every request) and gave as much throughput; see the README's Benchmarks. Raise it when the proxy's process nears 100% of one core."),
     ("LOG_FORMAT", "text", "`text` or `json` (one JSON object per line). Filter with RUST_LOG (default info)."),
     ("TLS_CERT", "(none)", "PEM certificate chain served to clients; enables TLS on every client listener."),
     ("TLS_KEY", "(none)", "PEM private key for TLS_CERT (PKCS#8, PKCS#1 or SEC1)."),
@@ -488,6 +492,13 @@ impl Config {
                 |s| s.parse::<usize>().ok().filter(|n| *n > 0),
             )
             .unwrap_or(4096);
+        let worker_threads = env
+            .parse(
+                "WORKER_THREADS",
+                "a whole number of threads from 1 to 1024",
+                |s| s.parse::<usize>().ok().filter(|n| (1..=1024).contains(n)),
+            )
+            .unwrap_or(1);
         let producer_state_max_entries = env
             .parse(
                 "PRODUCER_STATE_MAX_ENTRIES",
@@ -578,6 +589,7 @@ impl Config {
                 max_frame_bytes,
                 max_buffered_bytes,
                 max_connections,
+                worker_threads,
                 connections_max_idle_ms,
                 request_read_timeout_ms,
                 tls_handshake_timeout_ms,
@@ -895,6 +907,7 @@ mod tests {
         assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
         assert_eq!(c.max_connections, 4096);
         assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(c.worker_threads, 1);
         assert_eq!(c.request_read_timeout_ms, 30_000);
         assert_eq!(c.tls_handshake_timeout_ms, 10_000);
         assert_eq!(c.shutdown_timeout_ms, 30_000);
@@ -1095,6 +1108,7 @@ mod tests {
             ("MAX_FRAME_BYTES", "2097152"),
             ("MAX_BUFFERED_BYTES", "1048576"),
             ("MAX_CONNECTIONS", "0"),
+            ("WORKER_THREADS", "0"),
             ("CONNECTIONS_MAX_IDLE_MS", "soon"),
             ("REQUEST_READ_TIMEOUT_MS", "-1"),
             ("TLS_HANDSHAKE_TIMEOUT_MS", "0"),
@@ -1111,6 +1125,7 @@ mod tests {
                 "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
                 "MIRROR_PROXY_SHUTDOWN_TIMEOUT_MS",
                 "MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS",
+                "MIRROR_PROXY_WORKER_THREADS",
             ]
         );
         let budget = p

@@ -258,7 +258,10 @@ fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()
 fn run() -> anyhow::Result<()> {
     let config = Config::from_env()?;
     init_logging(config.log_format);
+    // One worker thread by default: see WORKER_THREADS in config.rs.
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
+        .thread_name("kmp-worker")
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;

@@ -230,14 +230,33 @@ fn kv(n: usize, tag: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Threads of process `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> Result<usize> {
+    let mut n = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let comm = std::fs::read_to_string(task?.path().join("comm")).unwrap_or_default();
+        n += usize::from(comm.starts_with(prefix));
+    }
+    Ok(n)
+}
+
+/// Produced through a proxy with the default one worker thread, consumed
+/// through a second proxy with `WORKER_THREADS=3`, so both a single worker
+/// and workers that hand connections to each other carry real traffic.
 #[test]
 fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<()> {
-    let (_broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
+    let (broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
+    let threaded = ProxyProcess::start(&broker.bootstrap(), &[("WORKER_THREADS", "3")])?;
+    let workers = threads_named(threaded.pid(), "kmp-worker")?;
+    ensure!(
+        workers >= 3,
+        "WORKER_THREADS=3 started {workers} worker threads"
+    );
     tools::create_topic(&proxy.bootstrap, "console", 1, &[], &[])?;
     let sent = kv(10_000, "console");
     tools::console_produce_kv(&proxy.bootstrap, "console", &sent, &[("acks", "all")])?;
     let lines = tools::console_consume(
-        &proxy.bootstrap,
+        &threaded.bootstrap,
         "console",
         sent.len(),
         &[("print.key", "true")],
@@ -251,11 +270,13 @@ fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<(
         expected.len()
     );
     ensure!(lines == expected, "records differ after the round trip");
-    ensure!(
-        !proxy.logs().contains("closing client connection"),
-        "a connection failed:\n{}",
-        proxy.logs()
-    );
+    for p in [&proxy, &threaded] {
+        ensure!(
+            !p.logs().contains("closing client connection"),
+            "a connection failed:\n{}",
+            p.logs()
+        );
+    }
     Ok(())
 }
 

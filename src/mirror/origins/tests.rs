@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::HashSet;
 
 /// Two cluster ids with the same 32-bit hash (1): msb ^ lsb differ only
 /// above bit 31.

@@ -9,22 +9,23 @@
 //!
 //! The broker must advertise LISTEN_ADDR (a listener of its own whose
 //! advertised address is the relay), so clients stay on the relay. Like the
-//! proxy it runs on one thread unless `MIRROR_PROXY_WORKER_THREADS` says
-//! more.
+//! proxy it takes its worker threads from `MIRROR_PROXY_WORKER_THREADS`
+//! (default: one per core).
 
 use std::env;
 
 use tokio::net::{TcpListener, TcpStream};
 
 fn main() -> std::io::Result<()> {
-    let threads = env::var("MIRROR_PROXY_WORKER_THREADS")
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = env::var("MIRROR_PROXY_WORKER_THREADS")
         .ok()
         .and_then(|s| s.parse::<usize>().ok())
-        .unwrap_or(1);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
-        .enable_all()
-        .build()?;
+        .filter(|n| *n > 0)
+    {
+        runtime.worker_threads(n);
+    }
+    let runtime = runtime.enable_all().build()?;
     runtime.block_on(relay())
 }
 

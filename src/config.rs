@@ -98,8 +98,8 @@ pub struct Config {
     /// Bytes of client request frames held at once, over all connections.
     pub max_buffered_bytes: usize,
     pub max_connections: usize,
-    /// Worker threads of the runtime.
-    pub worker_threads: usize,
+    /// Worker threads of the runtime; `None`: one per core.
+    pub worker_threads: Option<usize>,
     pub connections_max_idle_ms: u64,
     pub request_read_timeout_ms: u64,
     pub tls_handshake_timeout_ms: u64,
@@ -200,7 +200,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TLS_HANDSHAKE_TIMEOUT_MS", "10000", "Time a client has to complete the TLS handshake (with TLS_CERT set)."),
     ("SHUTDOWN_TIMEOUT_MS", "30000", "On SIGTERM or SIGINT, how long requests in flight may take to be answered before the remaining connections are closed."),
     ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
-    ("WORKER_THREADS", "1", "Threads of tokio's runtime that run the proxy's connections. On the 2-core machines the benchmarks run on, one thread cost less CPU per GB than one per core (the workers wake each other for every request) and gave as much throughput; see the README's Benchmarks. Raise it when the proxy's process nears 100% of one core."),
+    ("WORKER_THREADS", "number of cores", "Worker threads of tokio's runtime, which run the proxy's connections. On the 2-core machines the benchmarks run on, 1 cost 1-19% less CPU per GB than 2 in the same runs, with as much throughput (README, Benchmarks); the default stays one per core so that no proxy is capped at one core unasked."),
     ("LOG_FORMAT", "text", "`text` or `json` (one JSON object per line). Filter with RUST_LOG (default info)."),
     ("TLS_CERT", "(none)", "PEM certificate chain served to clients; enables TLS on every client listener."),
     ("TLS_KEY", "(none)", "PEM private key for TLS_CERT (PKCS#8, PKCS#1 or SEC1)."),
@@ -492,13 +492,11 @@ impl Config {
                 |s| s.parse::<usize>().ok().filter(|n| *n > 0),
             )
             .unwrap_or(4096);
-        let worker_threads = env
-            .parse(
-                "WORKER_THREADS",
-                "a whole number of threads from 1 to 1024",
-                |s| s.parse::<usize>().ok().filter(|n| (1..=1024).contains(n)),
-            )
-            .unwrap_or(1);
+        let worker_threads = env.parse(
+            "WORKER_THREADS",
+            "a whole number of threads from 1 to 1024",
+            |s| s.parse::<usize>().ok().filter(|n| (1..=1024).contains(n)),
+        );
         let producer_state_max_entries = env
             .parse(
                 "PRODUCER_STATE_MAX_ENTRIES",
@@ -907,7 +905,7 @@ mod tests {
         assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
         assert_eq!(c.max_connections, 4096);
         assert_eq!(c.connections_max_idle_ms, 600_000);
-        assert_eq!(c.worker_threads, 1);
+        assert_eq!(c.worker_threads, None);
         assert_eq!(c.request_read_timeout_ms, 30_000);
         assert_eq!(c.tls_handshake_timeout_ms, 10_000);
         assert_eq!(c.shutdown_timeout_ms, 30_000);

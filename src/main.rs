@@ -258,9 +258,11 @@ fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()
 fn run() -> anyhow::Result<()> {
     let config = Config::from_env()?;
     init_logging(config.log_format);
-    // One worker thread by default: see WORKER_THREADS in config.rs.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.worker_threads)
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = config.worker_threads {
+        runtime.worker_threads(n);
+    }
+    let runtime = runtime
         .thread_name("kmp-worker")
         .enable_all()
         .build()

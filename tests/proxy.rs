@@ -240,17 +240,22 @@ fn threads_named(pid: u32, prefix: &str) -> Result<usize> {
     Ok(n)
 }
 
-/// Produced through a proxy with the default one worker thread, consumed
-/// through a second proxy with `WORKER_THREADS=3`, so both a single worker
-/// and workers that hand connections to each other carry real traffic.
+/// Produced through a proxy with one worker thread (`WORKER_THREADS=1`),
+/// consumed through a second proxy with three, so both a single worker and
+/// workers that hand connections to each other carry real traffic (every
+/// other test runs the default, one per core).
 #[test]
 fn java_console_clients_round_trip_10000_records_through_the_proxy() -> Result<()> {
-    let (broker, proxy) = local_broker_and_proxy(KafkaOptions::default(), &[])?;
+    let (broker, proxy) =
+        local_broker_and_proxy(KafkaOptions::default(), &[("WORKER_THREADS", "1")])?;
     let threaded = ProxyProcess::start(&broker.bootstrap(), &[("WORKER_THREADS", "3")])?;
-    let workers = threads_named(threaded.pid(), "kmp-worker")?;
+    let (one, three) = (
+        threads_named(proxy.pid(), "kmp-worker")?,
+        threads_named(threaded.pid(), "kmp-worker")?,
+    );
     ensure!(
-        workers >= 3,
-        "WORKER_THREADS=3 started {workers} worker threads"
+        three >= 3 && one < three,
+        "worker threads: {one} with WORKER_THREADS=1, {three} with WORKER_THREADS=3"
     );
     tools::create_topic(&proxy.bootstrap, "console", 1, &[], &[])?;
     let sent = kv(10_000, "console");

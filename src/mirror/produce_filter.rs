@@ -486,7 +486,10 @@ impl Dedupe {
             }
             drop(inner);
             tracked.dedupe = None;
-            self.changed.notify_waiters();
+            // No notify: the lock was held throughout, so no other request
+            // saw these batches in flight. (Notifying here woke the caller's
+            // own registration at once: it spun until the first attempt's
+            // outcome came, which with one worker thread never did.)
             return Begin::InFlight;
         }
         let evicted = states.evictions() - evictions;

@@ -19,16 +19,13 @@ use bytes::Bytes;
 use kafka_mirror_proxy::mirror::barrier::barrier_batch;
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{
-    ApiKey, ProduceRequest, ProduceResponse, ResponseHeader, TopicName,
-};
-use kafka_protocol::protocol::{Decodable, StrBytes};
+use kafka_protocol::messages::{ApiKey, ProduceResponse, ResponseHeader};
+use kafka_protocol::protocol::Decodable;
 use support::crate_client::create_topics;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
-use support::wire::RawClient;
+use support::wire::{produce_request, RawClient};
 
 const LINK_CLIENT: &str = "mirror-x";
 const NONE: i16 = 0;
@@ -71,15 +68,12 @@ fn result(r: &ProduceResponse) -> (i16, Option<String>, i64) {
 
 /// Send a v9 Produce of `records` to `topic`-0 without reading the answer.
 fn send(raw: &mut RawClient, topic: &str, records: Bytes) -> Result<i32> {
-    let request = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(30_000)
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partition_data(vec![PartitionProduceData::default()
-                .with_index(0)
-                .with_records(Some(records))])]);
-    raw.send(ApiKey::Produce, 9, LINK_CLIENT, &request)
+    raw.send(
+        ApiKey::Produce,
+        9,
+        LINK_CLIENT,
+        &produce_request(topic, 0, records),
+    )
 }
 
 fn recv(raw: &mut RawClient, correlation: i32) -> Result<ProduceResponse> {

@@ -20,7 +20,6 @@ use kafka_mirror_proxy::state::records::StateRecord;
 use kafka_mirror_proxy::state::StateStore;
 use support::capture::CaptureRelay;
 use support::crate_client::{client, new_topic, runtime, state_records};
-use support::kafka::{KafkaCluster, KafkaOptions};
 use support::tools;
 use support::wire::record_batch;
 
@@ -117,15 +116,10 @@ fn check_layout(batch: &[u8], source: &ClusterId, timestamp_ms: i64) -> Result<(
 fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once() -> Result<()> {
     // The proxy's client reaches the broker through a recording relay, so
     // the bytes on the wire can be compared with the recorded ones.
-    let relay = CaptureRelay::start()?;
-    let broker = KafkaCluster::start(KafkaOptions::default().property(
-        "advertised.listeners",
-        format!("PLAINTEXT://127.0.0.1:{}", relay.port),
-    ))?;
-    relay.forward_to(&broker.bootstrap());
+    let (relay, _broker) = CaptureRelay::start_with_broker()?;
     let rt = runtime()?;
     let source = ClusterId::parse("MkU3OEVBNTcwNTJENDM2Qg")?;
-    let client = client(&format!("127.0.0.1:{}", relay.port));
+    let client = client(&relay.address());
     rt.block_on(async {
         client.create_topic(&new_topic("orders", 3, &[])).await?;
         // Partition p holds p + 1 records before the failover.

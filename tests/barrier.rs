@@ -11,18 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use kafka_mirror_proxy::client::protocol::{NewTopic, OffsetSpec};
-use kafka_mirror_proxy::client::{Client, ClientConfig};
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::control::barriers::{place, BarrierResult};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::barrier::{barrier_batch, parse_barrier};
 use kafka_mirror_proxy::mirror::pid::ClusterId;
-use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::state::records::StateRecord;
-use kafka_mirror_proxy::state::topic::read_batches;
 use kafka_mirror_proxy::state::StateStore;
 use support::capture::CaptureRelay;
-use support::kafka::{KafkaCluster, KafkaOptions};
+use support::crate_client::{client, new_topic, runtime, state_records};
 use support::tools;
 use support::wire::record_batch;
 
@@ -72,29 +69,6 @@ fn kafkas_dump_tool_reads_the_barrier_as_a_valid_control_batch() -> Result<()> {
     Ok(())
 }
 
-/// Every record of the state topic.
-async fn state_records(c: &Client) -> Result<Vec<StateRecord>> {
-    let end = c.list_offset(STATE, 0, OffsetSpec::Latest).await?.offset;
-    let mut out = Vec::new();
-    let mut next = 0;
-    while next < end {
-        let f = c
-            .fetch(STATE, 0, next, 1 << 20, Duration::from_millis(100))
-            .await?;
-        let after = read_batches(&f.records, next, |_, r| {
-            if let Ok(r) = r {
-                out.push(r);
-            }
-        });
-        ensure!(
-            after > next,
-            "no progress reading the state topic at {next}"
-        );
-        next = after;
-    }
-    Ok(out)
-}
-
 /// The SPEC §7 layout, field by field, of a barrier as recorded.
 fn check_layout(batch: &[u8], source: &ClusterId, timestamp_ms: i64) -> Result<()> {
     ensure!(batch.len() == 98, "barrier size {}", batch.len());
@@ -142,34 +116,12 @@ fn check_layout(batch: &[u8], source: &ClusterId, timestamp_ms: i64) -> Result<(
 fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once() -> Result<()> {
     // The proxy's client reaches the broker through a recording relay, so
     // the bytes on the wire can be compared with the recorded ones.
-    let relay = CaptureRelay::start()?;
-    let broker = KafkaCluster::start(KafkaOptions::default().property(
-        "advertised.listeners",
-        format!("PLAINTEXT://127.0.0.1:{}", relay.port),
-    ))?;
-    relay.forward_to(&broker.bootstrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let (relay, _broker) = CaptureRelay::start_with_broker()?;
+    let rt = runtime()?;
     let source = ClusterId::parse("MkU3OEVBNTcwNTJENDM2Qg")?;
-    let client = Client::new(ClientConfig::new(
-        vec![format!("127.0.0.1:{}", relay.port)],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ));
+    let client = client(&relay.address());
     rt.block_on(async {
-        client
-            .create_topic(&NewTopic {
-                name: "orders".into(),
-                partitions: 3,
-                replication_factor: 1,
-                configs: Default::default(),
-            })
-            .await?;
+        client.create_topic(&new_topic("orders", 3, &[])).await?;
         // Partition p holds p + 1 records before the failover.
         for p in 0..3 {
             let values: Vec<String> = (0..=p).map(|i| format!("v{i}")).collect();
@@ -213,10 +165,10 @@ fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once(
 
         // Recorded: one barrier record per partition, the SPEC layout, the
         // bytes the broker was sent.
-        let records = state_records(&client).await?;
+        let records = state_records(&client, STATE).await?;
         let barriers: Vec<_> = records
             .iter()
-            .filter_map(|r| match r {
+            .filter_map(|(_, r)| match r {
                 StateRecord::Barrier(k, Some(v)) => Some((k.clone(), v.clone())),
                 _ => None,
             })

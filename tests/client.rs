@@ -28,23 +28,17 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
-use kafka_mirror_proxy::client::protocol::{NewTopic, OffsetSpec, Produced};
+use kafka_mirror_proxy::client::protocol::{OffsetSpec, Produced};
 use kafka_mirror_proxy::client::sasl::{Credentials, Mechanism};
 use kafka_mirror_proxy::client::{Client, ClientConfig, ClientError, CompactedTopic};
 use kafka_mirror_proxy::config::Config;
 use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::wire::batch::{self, NewBatch, NewRecord};
 use support::certs::TestCa;
+use support::crate_client::{new_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions, Security};
 
 const T0: i64 = 1_700_000_000_000;
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
 
 fn config(bootstrap: &str, sasl: Option<Credentials>) -> ClientConfig {
     let upstream = Upstream {
@@ -79,18 +73,6 @@ fn keyed_batch(records: &[(&str, &str)], timestamp: i64) -> Bytes {
         })
         .collect();
     Bytes::from(batch::build(&NewBatch::NO_PRODUCER, &records).expect("batch"))
-}
-
-fn topic(name: &str, configs: &[(&str, &str)]) -> NewTopic {
-    NewTopic {
-        name: name.into(),
-        partitions: 1,
-        replication_factor: 1,
-        configs: configs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    }
 }
 
 fn base_offset(p: Produced) -> Result<i64> {
@@ -137,7 +119,7 @@ fn compacted_topic_raw_batches_and_offsets() -> Result<()> {
         );
         // An existing topic that is not compacted is reported, not used.
         client
-            .create_topic(&topic("plain", &[("cleanup.policy", "delete")]))
+            .create_topic(&new_topic("plain", 1, &[("cleanup.policy", "delete")]))
             .await?;
         match client.ensure_compacted_topic("plain", 1).await {
             Err(ClientError::NotCompacted { topic, policy })
@@ -276,7 +258,7 @@ fn a_broker_restart_is_ridden_out_with_retries() -> Result<()> {
     c.operation_timeout = Duration::from_secs(120);
     let client = Client::new(c);
     rt.block_on(async {
-        client.create_topic(&topic("restart", &[])).await?;
+        client.create_topic(&new_topic("restart", 1, &[])).await?;
         let first = client
             .produce("restart", 0, keyed_batch(&[("a", "1")], T0))
             .await?;
@@ -320,7 +302,7 @@ fn sasl_plain_and_scram_with_right_and_wrong_credentials() -> Result<()> {
                 Some(credentials(mechanism, "alice", "alice-secret")),
             ));
             let name = format!("sasl-{}", mechanism.name().to_lowercase());
-            good.create_topic(&topic(&name, &[])).await?;
+            good.create_topic(&new_topic(&name, 1, &[])).await?;
             let sent = keyed_batch(&[("k", mechanism.name())], T0);
             ensure!(base_offset(good.produce(&name, 0, sent.clone()).await?)? == 0);
             let fetched = good.fetch(&name, 0, 0, 1 << 20, Duration::ZERO).await?;
@@ -392,7 +374,7 @@ fn tls_to_the_brokers_from_the_proxys_configuration() -> Result<()> {
     let config = Config::from_vars(&vars(true)).map_err(|e| anyhow::anyhow!("{e}"))?;
     let client = Client::new(ClientConfig::from_config(&config)?);
     runtime()?.block_on(async {
-        client.create_topic(&topic("secure", &[])).await?;
+        client.create_topic(&new_topic("secure", 1, &[])).await?;
         let sent = keyed_batch(&[("k", "over TLS")], T0);
         ensure!(base_offset(client.produce("secure", 0, sent.clone()).await?)? == 0);
         let fetched = client

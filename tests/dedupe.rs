@@ -16,55 +16,21 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 
-use kafka_mirror_proxy::client::protocol::NewTopic;
-use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::mirror::barrier::barrier_batch;
 use kafka_mirror_proxy::mirror::pid::ClusterId;
-use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{
-    ApiKey, ProduceRequest, ProduceResponse, ResponseHeader, TopicName,
-};
-use kafka_protocol::protocol::{Decodable, StrBytes};
+use kafka_protocol::messages::{ApiKey, ProduceResponse, ResponseHeader};
+use kafka_protocol::protocol::Decodable;
+use support::crate_client::create_topics;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
-use support::wire::RawClient;
+use support::wire::{produce_request, RawClient};
 
 const LINK_CLIENT: &str = "mirror-x";
 const NONE: i16 = 0;
 const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 const INVALID_PRODUCER_EPOCH: i16 = 47;
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
-
-fn create(broker: &KafkaCluster, names: &[&str]) -> Result<()> {
-    let rt = runtime()?;
-    let c = Client::new(ClientConfig::new(
-        vec![broker.bootstrap()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ));
-    for name in names {
-        let topic = NewTopic {
-            name: name.to_string(),
-            partitions: 1,
-            replication_factor: 1,
-            configs: Default::default(),
-        };
-        rt.block_on(c.create_topic(&topic))?;
-    }
-    Ok(())
-}
 
 /// An idempotent batch of `n` records: producer 5 (on the source), `epoch`,
 /// sequences `first..first + n`.
@@ -102,15 +68,12 @@ fn result(r: &ProduceResponse) -> (i16, Option<String>, i64) {
 
 /// Send a v9 Produce of `records` to `topic`-0 without reading the answer.
 fn send(raw: &mut RawClient, topic: &str, records: Bytes) -> Result<i32> {
-    let request = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(30_000)
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partition_data(vec![PartitionProduceData::default()
-                .with_index(0)
-                .with_records(Some(records))])]);
-    raw.send(ApiKey::Produce, 9, LINK_CLIENT, &request)
+    raw.send(
+        ApiKey::Produce,
+        9,
+        LINK_CLIENT,
+        &produce_request(topic, 0, records),
+    )
 }
 
 fn recv(raw: &mut RawClient, correlation: i32) -> Result<ProduceResponse> {
@@ -131,7 +94,10 @@ fn log(broker: &KafkaCluster, topic: &str) -> Result<Vec<DumpedBatch>> {
 #[test]
 fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &["d", "e", "s", "f"])?;
+    create_topics(
+        &broker.bootstrap(),
+        &[("d", 1), ("e", 1), ("s", 1), ("f", 1)],
+    )?;
     let source = ClusterId::from_bytes(*b"dedupe-test-src!").to_string();
     let proxy = ProxyProcess::start(
         &broker.bootstrap(),
@@ -274,7 +240,7 @@ fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
 #[test]
 fn after_a_restart_the_state_is_rebuilt_from_the_log_tail() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &["r"])?;
+    create_topics(&broker.bootstrap(), &[("r", 1)])?;
     let source = ClusterId::from_bytes(*b"dedupe-test-src!").to_string();
     let env = [
         ("LINKS", "x"),

@@ -16,10 +16,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
-use kafka_mirror_proxy::client::protocol::NewTopic;
-use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::mirror::pid::ClusterId;
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use support::crate_client::create_topics;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools;
@@ -31,30 +29,6 @@ const NONE: i16 = 0;
 const POLICY_VIOLATION: i16 = 44;
 const INVALID_RECORD: i16 = 87;
 const PRODUCER_FENCED: i16 = 90;
-
-fn create(broker: &KafkaCluster, topics: &[(&str, i32)]) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let c = Client::new(ClientConfig::new(
-        vec![broker.bootstrap()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ));
-    for (name, partitions) in topics {
-        let topic = NewTopic {
-            name: name.to_string(),
-            partitions: *partitions,
-            replication_factor: 1,
-            configs: Default::default(),
-        };
-        rt.block_on(c.create_topic(&topic))?;
-    }
-    Ok(())
-}
 
 /// One admin request; returns (status code, JSON body).
 fn admin(proxy: &ProxyProcess, method: &str, path: &str, body: &str) -> Result<(u16, Value)> {
@@ -103,7 +77,7 @@ fn proxy(broker: &KafkaCluster, extra: &[(&str, &str)]) -> Result<ProxyProcess> 
 #[test]
 fn read_only_until_failover_then_fenced_and_restored_after_restart() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &[("m", 3), ("plain", 1)])?;
+    create_topics(&broker.bootstrap(), &[("m", 3), ("plain", 1)])?;
     let p = proxy(&broker, &[])?;
     let logs = |p: &ProxyProcess| tools::tail_str(&p.logs(), 40);
 
@@ -244,7 +218,7 @@ fn read_only_until_failover_then_fenced_and_restored_after_restart() -> Result<(
 #[test]
 fn initial_state_applies_only_while_the_topic_has_no_record() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &[("m", 1)])?;
+    create_topics(&broker.bootstrap(), &[("m", 1)])?;
     let stopped = [("LINK_X_INITIAL_STATE", "STOPPED")];
     let p = proxy(&broker, &stopped)?;
     let (_, x) = admin(&p, "GET", "/links/x", "")?;
@@ -326,7 +300,7 @@ fn wait_state(p: &ProxyProcess, state: &str) -> Result<Value> {
 #[test]
 fn a_failover_on_one_instance_fences_the_link_on_another() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &[("m", 2)])?;
+    create_topics(&broker.bootstrap(), &[("m", 2)])?;
     let a = proxy(&broker, &[])?;
     let b = proxy(&broker, &[])?;
     // The replicator writes through B; local producers are refused on both.
@@ -367,7 +341,7 @@ fn a_failover_on_one_instance_fences_the_link_on_another() -> Result<()> {
 #[test]
 fn a_failover_killed_midway_finishes_after_a_restart() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create(&broker, &[("m", 50)])?;
+    create_topics(&broker.bootstrap(), &[("m", 50)])?;
     let mut p = proxy(&broker, &[])?;
     let (code, started) = admin(&p, "POST", "/links/x/failover?wait=0", "")?;
     assert_eq!(code, 202, "{started:#}");

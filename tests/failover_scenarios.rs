@@ -28,12 +28,11 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use kafka_mirror_proxy::client::protocol::{NewTopic, OffsetSpec};
-use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
+use kafka_mirror_proxy::client::Client;
 use kafka_mirror_proxy::state::records::StateRecord;
-use kafka_mirror_proxy::state::topic::read_batches;
 use replicator::{Mode, ReplicatorOptions};
+use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
@@ -46,34 +45,6 @@ const STATE: &str = "__mirror_state";
 const INVALID_RECORD: i64 = 87;
 /// Generous: brokers, JVM tools and the proxy share 2 cores.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
-
-fn client(bootstrap: &str) -> Client {
-    Client::new(ClientConfig::new(
-        vec![bootstrap.to_string()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ))
-}
-
-fn create(rt: &tokio::runtime::Runtime, c: &Client, name: &str, partitions: i32) -> Result<()> {
-    rt.block_on(c.create_topic(&NewTopic {
-        name: name.into(),
-        partitions,
-        replication_factor: 1,
-        configs: Default::default(),
-    }))?;
-    Ok(())
-}
 
 fn link_env(name: &str, source: &str, topics: &str) -> Vec<(String, String)> {
     let upper = name.to_uppercase();
@@ -129,24 +100,16 @@ fn log(broker: &KafkaCluster, topic: &str, partition: i32) -> Result<Vec<DumpedB
 
 /// Every barrier record of the state topic: (partition, failover id, LEO).
 fn barrier_records(rt: &tokio::runtime::Runtime, c: &Client) -> Result<Vec<(i32, i64, i64)>> {
-    rt.block_on(async {
-        let end = c.list_offset(STATE, 0, OffsetSpec::Latest).await?.offset;
-        let mut out = Vec::new();
-        let mut next = 0;
-        while next < end {
-            let f = c
-                .fetch(STATE, 0, next, 1 << 20, Duration::from_millis(100))
-                .await?;
-            let after = read_batches(&f.records, next, |_, r| {
-                if let Ok(StateRecord::Barrier(k, Some(v))) = r {
-                    out.push((k.partition, v.failover_id, v.log_end_offset));
-                }
-            });
-            ensure!(after > next, "no progress reading the state topic");
-            next = after;
-        }
-        Ok(out)
-    })
+    let records = rt.block_on(state_records(c, STATE))?;
+    Ok(records
+        .into_iter()
+        .filter_map(|(_, r)| match r {
+            StateRecord::Barrier(k, Some(v)) => {
+                Some((k.partition, v.failover_id, v.log_end_offset))
+            }
+            _ => None,
+        })
+        .collect())
 }
 
 /// An idempotent rdkafka producer writing `topic` until `stop`; returns how
@@ -184,8 +147,8 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
     let a = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_A))?;
     let b = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_B))?;
     let (ca, cb) = (client(&a.bootstrap()), client(&b.bootstrap()));
-    create(&rt, &ca, "orders", 3)?;
-    create(&rt, &cb, "orders", 3)?;
+    create_topic(&rt, &ca, "orders", 3, &[])?;
+    create_topic(&rt, &cb, "orders", 3, &[])?;
     let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, "orders"))?;
 
     // The source keeps being written, the replicator keeps copying.

@@ -21,12 +21,10 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
-use kafka_mirror_proxy::client::protocol::NewTopic;
-use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use replicator::ReplicatorOptions;
+use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::relay::Relay;
@@ -37,24 +35,6 @@ const PARTITIONS: i32 = 2;
 const RECORDS: usize = 50_000;
 /// The relay kills the connection of every 10th request it delivers.
 const CUT_EVERY: u64 = 10;
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
-
-fn client(bootstrap: &str) -> Client {
-    Client::new(ClientConfig::new(
-        vec![bootstrap.to_string()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ))
-}
 
 fn value(partition: i32, i: usize) -> String {
     format!("p{partition}-{i}")
@@ -86,14 +66,14 @@ fn the_replicator_under_a_flaky_connection_copies_each_record_exactly_once() -> 
         format!("PLAINTEXT://{}", relay.address()),
     ))?;
     relay.set_target(SocketAddr::from((Ipv4Addr::LOCALHOST, destination.port())));
-    let topic = NewTopic {
-        name: TOPIC.into(),
-        partitions: PARTITIONS,
-        replication_factor: 1,
-        configs: Vec::new(),
-    };
-    rt.block_on(client(&source.bootstrap()).create_topic(&topic))?;
-    rt.block_on(client(&destination.bootstrap()).create_topic(&topic))?;
+    create_topic(&rt, &client(&source.bootstrap()), TOPIC, PARTITIONS, &[])?;
+    create_topic(
+        &rt,
+        &client(&destination.bootstrap()),
+        TOPIC,
+        PARTITIONS,
+        &[],
+    )?;
 
     // The source: an idempotent producer, each partition in order.
     let producer: BaseProducer = RdConfig::new()

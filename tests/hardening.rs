@@ -14,11 +14,9 @@ use anyhow::{bail, ensure, Context, Result};
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, BrokerId, FetchRequest, FetchResponse,
-    MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, RequestHeader,
-    ResponseHeader, TopicName,
+    MetadataRequest, MetadataResponse, ProduceResponse, RequestHeader, ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 
@@ -26,7 +24,7 @@ use support::certs::TestCa;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools;
-use support::wire::{record_batch, RawClient};
+use support::wire::{produce_request, record_batch, RawClient};
 
 /// What a read from the proxy gave.
 enum Recv {
@@ -147,17 +145,6 @@ fn api_versions_request() -> ApiVersionsRequest {
         .with_client_software_version(StrBytes::from_static_str("1"))
 }
 
-fn produce_request(topic: &str, values: &[&str]) -> ProduceRequest {
-    ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(30_000)
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partition_data(vec![PartitionProduceData::default()
-                .with_index(0)
-                .with_records(Some(record_batch(-1, values)))])])
-}
-
 /// A Fetch from the start of partition 0 that the broker holds for
 /// `wait_ms` (it asks for more bytes than the partition has).
 fn long_fetch(topic: &str, wait_ms: i32) -> FetchRequest {
@@ -216,7 +203,7 @@ fn produce_frame_of_size(topic: &str, size: usize, correlation: i32) -> Result<V
             ApiKey::Produce,
             PRODUCE_VERSION,
             correlation,
-            &produce_request(topic, &[&value]),
+            &produce_request(topic, 0, record_batch(-1, &[&value])),
         )?;
         let len = framed.len() - 4;
         if len == size {
@@ -555,7 +542,7 @@ fn sigterm_answers_the_requests_in_flight_then_exits_0() -> Result<()> {
     ));
     for i in 0..5 {
         let value = format!("record {i}");
-        let request = produce_request("drain", &[&value]);
+        let request = produce_request("drain", 0, record_batch(-1, &[&value]));
         sent.push((
             ApiKey::Produce,
             pipeline.send(ApiKey::Produce, PRODUCE_VERSION, &request)?,

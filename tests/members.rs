@@ -13,30 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use kafka_mirror_proxy::client::{Client, ClientConfig, ClientError};
+use kafka_mirror_proxy::client::ClientError;
 use kafka_mirror_proxy::control::members::{group_name, Members, MembersOptions};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use support::crate_client::{client, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools;
-
-fn client(broker: &KafkaCluster) -> Client {
-    Client::new(ClientConfig::new(
-        vec![broker.bootstrap()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ))
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
 
 /// Poll `check` every 250 ms until it holds; fail after `bound` (a bound on
 /// waiting, not a timing assertion) with the last value seen.
@@ -76,8 +58,19 @@ fn members_see_each_other_and_a_leaver_is_gone() -> Result<()> {
             o.session_timeout = Duration::from_secs(300);
             o
         };
-        let a = Members::start_with(client(&broker), group.clone(), "inst-a".into(), options());
-        let b = Members::start_with(client(&broker), group.clone(), "inst-b".into(), options());
+        let bootstrap = broker.bootstrap();
+        let a = Members::start_with(
+            client(&bootstrap),
+            group.clone(),
+            "inst-a".into(),
+            options(),
+        );
+        let b = Members::start_with(
+            client(&bootstrap),
+            group.clone(),
+            "inst-b".into(),
+            options(),
+        );
         assert_eq!(a.instance_id(), "inst-a");
         let both = vec!["inst-a".to_string(), "inst-b".to_string()];
         for m in [&a, &b] {
@@ -93,7 +86,6 @@ fn members_see_each_other_and_a_leaver_is_gone() -> Result<()> {
 
         // The coordinator's own view, through Kafka's admin tool: a
         // consumer group whose members carry the instance ids.
-        let bootstrap = broker.bootstrap();
         let g = group.clone();
         let listed = tokio::task::spawn_blocking(move || {
             tools::consumer_group_member_client_ids(&bootstrap, &g, &[])
@@ -154,7 +146,7 @@ fn proxies_are_members_and_a_killed_one_disappears() -> Result<()> {
     };
     let one = ProxyProcess::start(&broker.bootstrap(), &env("proxy-one"))?;
     let mut two = ProxyProcess::start(&broker.bootstrap(), &env("proxy-two"))?;
-    let c = client(&broker);
+    let c = client(&broker.bootstrap());
     let both = vec!["proxy-one".to_string(), "proxy-two".to_string()];
     let seen = rt.block_on(until(
         "both proxies in the group",

@@ -30,7 +30,6 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 
 use support::capture::{CaptureRelay, Exchange};
-use support::kafka::{KafkaCluster, KafkaOptions};
 use support::tools;
 
 use kafka_mirror_proxy::proxy::addresses::{response_schema, WALKED_RESPONSES as RESPONSE_APIS};
@@ -232,13 +231,8 @@ fn check(e: &Exchange, link: &Link, seeds: &mut Vec<(&'static str, Vec<u8>)>) ->
 
 #[test]
 fn every_message_real_clients_exchange_walks_and_rewrites() -> Result<()> {
-    let relay = CaptureRelay::start()?;
-    let broker = KafkaCluster::start(KafkaOptions::default().property(
-        "advertised.listeners",
-        format!("PLAINTEXT://127.0.0.1:{}", relay.port),
-    ))?;
-    relay.forward_to(&broker.bootstrap());
-    let bootstrap = format!("127.0.0.1:{}", relay.port);
+    let (relay, _broker) = CaptureRelay::start_with_broker()?;
+    let bootstrap = relay.address();
     run_clients(&bootstrap)?;
 
     let link = link()?;

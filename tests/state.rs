@@ -19,13 +19,10 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use kafka_mirror_proxy::client::protocol::{NewTopic, OffsetSpec};
-use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::mirror::origins::{compose, fold32};
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, ClusterId};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
 use kafka_mirror_proxy::state::records::StateRecord;
-use kafka_mirror_proxy::state::topic::read_batches;
+use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{free_port, free_port_run, proxy_bin, ProxyProcess};
 use support::tools::{self, DumpedBatch};
@@ -44,68 +41,6 @@ fn colliding_ids() -> (ClusterId, ClusterId) {
     assert_eq!(cluster_hash(&x), cluster_hash(&y));
     assert_ne!(x, y);
     (x, y)
-}
-
-fn client(broker: &KafkaCluster) -> Client {
-    Client::new(ClientConfig::new(
-        vec![broker.bootstrap()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ))
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
-
-/// Every record of the state topic, with its offset.
-fn state_records(rt: &tokio::runtime::Runtime, c: &Client) -> Result<Vec<(i64, StateRecord)>> {
-    rt.block_on(async {
-        let end = c.list_offset(STATE, 0, OffsetSpec::Latest).await?.offset;
-        let mut out = Vec::new();
-        let mut next = 0;
-        while next < end {
-            let f = c
-                .fetch(STATE, 0, next, 1 << 20, Duration::from_millis(100))
-                .await?;
-            let after = read_batches(&f.records, next, |o, r| {
-                if let Ok(r) = r {
-                    out.push((o, r));
-                }
-            });
-            ensure!(
-                after > next,
-                "no progress reading the state topic at {next}"
-            );
-            next = after;
-        }
-        Ok(out)
-    })
-}
-
-fn create(
-    rt: &tokio::runtime::Runtime,
-    c: &Client,
-    name: &str,
-    configs: &[(&str, &str)],
-) -> Result<()> {
-    let topic = NewTopic {
-        name: name.into(),
-        partitions: 1,
-        replication_factor: 1,
-        configs: configs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    };
-    rt.block_on(c.create_topic(&topic))?;
-    Ok(())
 }
 
 fn link_env<'a>(
@@ -188,7 +123,7 @@ fn region(pid: i64) -> u32 {
 fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     let rt = runtime()?;
-    let c = client(&broker);
+    let c = client(&broker.bootstrap());
     let (x, y) = colliding_ids();
     let w = ClusterId::from_bytes(*b"chain-source-id!");
     let h = cluster_hash(&x);
@@ -198,7 +133,7 @@ fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
         ("w", w.to_string(), "m"),
     ];
     let env = link_env("x,y,w", &links, &[]);
-    create(&rt, &c, "m", &[])?;
+    create_topic(&rt, &c, "m", 1, &[])?;
 
     let mut proxy = start_proxy(&broker, &env)?;
 
@@ -266,7 +201,7 @@ fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
     assert_ne!(region(wchain), cluster_hash(&w));
 
     // The collision records read back from the state topic.
-    let records = state_records(&rt, &c)?;
+    let records = rt.block_on(state_records(&c, STATE))?;
     let m_id = rt.block_on(c.topic("m"))?.topic_id;
     let collision = |source: ClusterId, pid: i64| {
         records.iter().find_map(|(_, r)| match r {
@@ -368,9 +303,9 @@ fn collisions_are_salted_persisted_and_survive_a_restart() -> Result<()> {
 fn two_instances_racing_never_share_a_mapped_pid() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     let rt = runtime()?;
-    let c = client(&broker);
+    let c = client(&broker.bootstrap());
     let (x, y) = colliding_ids();
-    create(&rt, &c, "race", &[])?;
+    create_topic(&rt, &c, "race", 1, &[])?;
     let px = start_proxy(
         &broker,
         &link_env("x", &[("x", x.to_string(), "race")], &[]),
@@ -425,10 +360,10 @@ fn two_instances_racing_never_share_a_mapped_pid() -> Result<()> {
 fn idle_origins_expire_and_free_their_slot() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     let rt = runtime()?;
-    let c = client(&broker);
+    let c = client(&broker.bootstrap());
     let (x, y) = colliding_ids();
     let h = cluster_hash(&x);
-    create(&rt, &c, "exp", &[])?;
+    create_topic(&rt, &c, "exp", 1, &[])?;
     let env = link_env(
         "x,y",
         &[("x", x.to_string(), "exp"), ("y", y.to_string(), "exp")],
@@ -442,7 +377,7 @@ fn idle_origins_expire_and_free_their_slot() -> Result<()> {
             .any(|(_, r)| matches!(r, StateRecord::Origin(k, None) if k.source == x && k.original_pid == 7))
     };
     let mut waited = Duration::ZERO;
-    while !tombstoned(&state_records(&rt, &c)?) {
+    while !tombstoned(&rt.block_on(state_records(&c, STATE))?) {
         ensure!(
             waited < Duration::from_secs(30),
             "no tombstone for x's PID 7"
@@ -466,8 +401,8 @@ fn idle_origins_expire_and_free_their_slot() -> Result<()> {
 fn a_state_topic_that_is_not_compacted_stops_the_proxy() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     let rt = runtime()?;
-    let c = client(&broker);
-    create(&rt, &c, "plain-state", &[("cleanup.policy", "delete")])?;
+    let c = client(&broker.bootstrap());
+    create_topic(&rt, &c, "plain-state", 1, &[("cleanup.policy", "delete")])?;
     let mut cmd = Command::new(proxy_bin());
     cmd.arg("run")
         .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", broker.bootstrap())
@@ -505,10 +440,10 @@ fn a_state_topic_that_is_not_compacted_stops_the_proxy() -> Result<()> {
 fn an_unusable_state_topic_refuses_only_link_traffic_with_retriable_errors() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     let rt = runtime()?;
-    let c = client(&broker);
+    let c = client(&broker.bootstrap());
     let (x, _) = colliding_ids();
-    create(&rt, &c, "m", &[])?;
-    create(&rt, &c, "plain", &[])?;
+    create_topic(&rt, &c, "m", 1, &[])?;
+    create_topic(&rt, &c, "plain", 1, &[])?;
     let links = [("x", x.to_string(), "m")];
 
     let unreadable: Vec<(String, String)> = link_env(
@@ -561,10 +496,11 @@ fn an_unusable_state_topic_refuses_only_link_traffic_with_retriable_errors() -> 
     proxy.signal("TERM")?;
     proxy.wait_exit(Duration::from_secs(30))?;
 
-    create(
+    create_topic(
         &rt,
         &c,
         "stuck-state",
+        1,
         &[("cleanup.policy", "compact"), ("max.message.bytes", "16")],
     )?;
     let unwritable = link_env("x", &links, &[("STATE_TOPIC", "stuck-state")]);

@@ -18,13 +18,12 @@ mod support;
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
-use kafka_mirror_proxy::client::protocol::{IsolationLevel, NewTopic, OffsetSpec};
-use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use kafka_mirror_proxy::client::protocol::{IsolationLevel, OffsetSpec};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 use replicator::ReplicatorOptions;
+use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools;
@@ -34,25 +33,6 @@ const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
 const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
 const TOPIC: &str = "tx";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
-}
-
-/// The crate's own client (the one the proxy and the replicator use).
-fn client(bootstrap: &str) -> Client {
-    Client::new(ClientConfig::new(
-        vec![bootstrap.to_string()],
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ))
-}
 
 fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
     let mut config = RdConfig::new();
@@ -96,15 +76,9 @@ fn a_read_committed_consumer_of_the_destination_sees_exactly_the_committed_recor
     let a = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_A))?;
     let b = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_B))?;
     let rt = runtime()?;
-    let topic = NewTopic {
-        name: TOPIC.into(),
-        partitions: 1,
-        replication_factor: 1,
-        configs: Vec::new(),
-    };
     let (source, destination) = (client(&a.bootstrap()), client(&b.bootstrap()));
-    rt.block_on(source.create_topic(&topic))?;
-    rt.block_on(destination.create_topic(&topic))?;
+    create_topic(&rt, &source, TOPIC, 1, &[])?;
+    create_topic(&rt, &destination, TOPIC, 1, &[])?;
     let pb = ProxyProcess::start(
         &b.bootstrap(),
         &[

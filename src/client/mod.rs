@@ -429,12 +429,12 @@ impl Client {
         generation: i32,
         member_id: &str,
     ) -> Result<(), ClientError> {
-        let (_, r) = self
-            .call(coordinator, Duration::ZERO, |_| {
-                Ok(group::sync_group_request(group_id, generation, member_id))
-            })
-            .await?;
-        group::sync_group_result(&r, group_id)
+        self.to_coordinator(
+            coordinator,
+            group::sync_group_request(group_id, generation, member_id),
+            |r| group::sync_group_result(r, group_id),
+        )
+        .await
     }
 
     /// One Heartbeat to `coordinator`.
@@ -445,12 +445,12 @@ impl Client {
         generation: i32,
         member_id: &str,
     ) -> Result<(), ClientError> {
-        let (_, r) = self
-            .call(coordinator, Duration::ZERO, |_| {
-                Ok(group::heartbeat_request(group_id, generation, member_id))
-            })
-            .await?;
-        group::heartbeat_result(&r, group_id)
+        self.to_coordinator(
+            coordinator,
+            group::heartbeat_request(group_id, generation, member_id),
+            |r| group::heartbeat_result(r, group_id),
+        )
+        .await
     }
 
     /// One LeaveGroup to `coordinator`.
@@ -460,12 +460,27 @@ impl Client {
         group_id: &str,
         member_id: &str,
     ) -> Result<(), ClientError> {
+        self.to_coordinator(
+            coordinator,
+            group::leave_group_request(group_id, member_id),
+            |r| group::leave_group_result(r, group_id, member_id),
+        )
+        .await
+    }
+
+    /// One request to a group's `coordinator` (no extra wait, not
+    /// retried), its answer read by `result`: SyncGroup, Heartbeat and
+    /// LeaveGroup differ only in the request and how the answer is read.
+    async fn to_coordinator<R: Rpc, T>(
+        &self,
+        coordinator: &str,
+        request: R,
+        result: impl FnOnce(&R::Response) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
         let (_, r) = self
-            .call(coordinator, Duration::ZERO, |_| {
-                Ok(group::leave_group_request(group_id, member_id))
-            })
+            .call(coordinator, Duration::ZERO, |_| Ok(request))
             .await?;
-        group::leave_group_result(&r, group_id, member_id)
+        result(&r)
     }
 
     /// The group as its coordinator describes it (coordinator looked up

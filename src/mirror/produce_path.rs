@@ -23,7 +23,7 @@ use crate::mirror::produce::{
     self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal,
 };
 use crate::mirror::produce_filter::{Begin, Dedupe, RebuildClaim, Tracked};
-use crate::proxy::addresses::{self, RewriteError};
+use crate::proxy::addresses::{self, RewriteError, UnsupportedVersion};
 use crate::proxy::{Shared, StartError};
 use crate::state::StateStore;
 use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
@@ -38,8 +38,8 @@ pub enum ProducePathError {
     Produce(#[from] ProduceError),
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
-    #[error("{api:?} v{version} is newer than the proxy parses (up to v{max}); the proxy never advertised it")]
-    UnsupportedVersion { api: ApiKey, version: i16, max: i16 },
+    #[error(transparent)]
+    UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("opening a listener for a broker: {0}")]
     Listener(#[from] StartError),
 }
@@ -161,7 +161,7 @@ impl<'a> ProduceFilter<'a> {
         let link = match origin {
             Origin::Local => {
                 if addresses::carries_addresses(ApiKey::Produce, version) {
-                    check_parseable(ApiKey::Produce, version)?;
+                    addresses::check_parseable(ApiKey::Produce, version)?;
                 }
                 // Read-only mirrored topics: refused per partition.
                 if shared.control.any_read_only() {
@@ -472,14 +472,5 @@ fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
                 shared.metrics.partition_refused(link, refusal.label());
             }
         }
-    }
-}
-
-fn check_parseable(api: ApiKey, version: i16) -> Result<(), ProducePathError> {
-    match addresses::parseable_versions(api) {
-        Some((_, max)) if version > max => {
-            Err(ProducePathError::UnsupportedVersion { api, version, max })
-        }
-        _ => Ok(()),
     }
 }

@@ -148,6 +148,26 @@ pub fn parseable_versions(api: ApiKey) -> Option<(i16, i16)> {
     Some((m.valid.min, m.valid.max))
 }
 
+/// A request newer than the proxy parses for an API whose messages it
+/// interprets: the proxy never advertised that version, so it closes the
+/// connection rather than pass on what it cannot rewrite.
+#[derive(Debug, thiserror::Error)]
+#[error("{api:?} v{version} is newer than the proxy parses (up to v{max}); the proxy never advertised it")]
+pub struct UnsupportedVersion {
+    pub api: ApiKey,
+    pub version: i16,
+    pub max: i16,
+}
+
+/// Refuses `version` of `api` if it is newer than [`parseable_versions`]
+/// allows; APIs the proxy passes through untouched always pass.
+pub(crate) fn check_parseable(api: ApiKey, version: i16) -> Result<(), UnsupportedVersion> {
+    match parseable_versions(api) {
+        Some((_, max)) if version > max => Err(UnsupportedVersion { api, version, max }),
+        _ => Ok(()),
+    }
+}
+
 fn schema_for(
     api: ApiKey,
     version: i16,

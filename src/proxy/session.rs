@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::addresses::{self, RewriteError};
+use super::addresses::{self, RewriteError, UnsupportedVersion};
 use super::upstream::{BoxStream, ConnectError};
 use super::{Shared, StartError, Target};
 use crate::mirror::link::CertSubject;
@@ -63,8 +63,8 @@ pub enum SessionError {
     Produce(#[from] ProduceError),
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
-    #[error("{api:?} v{version} is newer than the proxy parses (up to v{max}); the proxy never advertised it")]
-    UnsupportedVersion { api: ApiKey, version: i16, max: i16 },
+    #[error(transparent)]
+    UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("broker closed the connection with {in_flight} request(s) in flight")]
     UpstreamClosed { in_flight: usize },
     #[error("bad frame from broker: {0}")]
@@ -87,9 +87,7 @@ impl From<ProducePathError> for SessionError {
             ProducePathError::Header(e) => SessionError::Header(e),
             ProducePathError::Produce(e) => SessionError::Produce(e),
             ProducePathError::Rewrite(e) => SessionError::Rewrite(e),
-            ProducePathError::UnsupportedVersion { api, version, max } => {
-                SessionError::UnsupportedVersion { api, version, max }
-            }
+            ProducePathError::UnsupportedVersion(e) => SessionError::UnsupportedVersion(e),
             ProducePathError::Listener(e) => SessionError::Listener(e),
         }
     }
@@ -112,7 +110,7 @@ impl SessionError {
             SessionError::Header(_) => "malformed_header",
             SessionError::Produce(_) => "malformed_produce",
             SessionError::Rewrite(_) => "bad_response",
-            SessionError::UnsupportedVersion { .. } => "unsupported_version",
+            SessionError::UnsupportedVersion(_) => "unsupported_version",
             SessionError::UpstreamClosed { .. } => "upstream_closed",
             SessionError::UpstreamFrame(_) => "bad_upstream_frame",
             SessionError::CorrelationMismatch { .. } | SessionError::UnexpectedResponse => {
@@ -492,7 +490,7 @@ async fn requests(
                     .map_err(SessionError::UpstreamWrite)?;
             }
             _ if addresses::carries_addresses(api, h.api_version) => {
-                check_parseable(api, h.api_version)?;
+                addresses::check_parseable(api, h.api_version)?;
                 send(&tx, broker(Handling::Addresses)).await;
                 write_frame(&mut upstream, &frame)
                     .await
@@ -527,15 +525,6 @@ async fn link_state_changed(
 async fn send(tx: &mpsc::Sender<Pending>, p: Pending) {
     // Fails only when the response loop has ended, which ends the session.
     let _ = tx.send(p).await;
-}
-
-fn check_parseable(api: ApiKey, version: i16) -> Result<(), SessionError> {
-    match addresses::parseable_versions(api) {
-        Some((_, max)) if version > max => {
-            Err(SessionError::UnsupportedVersion { api, version, max })
-        }
-        _ => Ok(()),
-    }
 }
 
 async fn responses(

@@ -13,6 +13,8 @@ use std::thread;
 
 use anyhow::{Context, Result};
 
+use super::kafka::{KafkaCluster, KafkaOptions};
+
 /// One request and its response (none for `acks=0` Produce).
 #[derive(Debug, Clone)]
 pub struct Exchange {
@@ -56,6 +58,24 @@ impl CaptureRelay {
             target,
             exchanges,
         })
+    }
+
+    /// A relay in front of a new single-node broker that advertises the
+    /// relay's address, so clients that follow Metadata stay on the relay.
+    /// Keep the broker alive as long as the relay is used.
+    pub fn start_with_broker() -> Result<(CaptureRelay, KafkaCluster)> {
+        let relay = CaptureRelay::start()?;
+        let broker = KafkaCluster::start(KafkaOptions::default().property(
+            "advertised.listeners",
+            format!("PLAINTEXT://{}", relay.address()),
+        ))?;
+        relay.forward_to(&broker.bootstrap());
+        Ok((relay, broker))
+    }
+
+    /// `127.0.0.1:port` of the relay.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     pub fn forward_to(&self, addr: &str) {

@@ -1,13 +1,15 @@
 //! Shared support for the integration tests: real Apache Kafka brokers
 //! (`kafka`), Kafka's own Java command-line tools (`tools`), the proxy binary
-//! (`proxy`), test certificates (`certs`), a raw wire client (`wire`) and a TCP relay
-//! that breaks connections (`relay`).
+//! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
+//! crate's own client set up for tests (`crate_client`) and a TCP relay that
+//! breaks connections (`relay`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
 
 pub mod capture;
 pub mod certs;
+pub mod crate_client;
 pub mod kafka;
 pub mod proxy;
 pub mod relay;

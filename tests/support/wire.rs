@@ -144,14 +144,7 @@ impl RawClient {
         records: Bytes,
     ) -> Result<ProduceResponse> {
         let version = 9;
-        let request = ProduceRequest::default()
-            .with_acks(-1)
-            .with_timeout_ms(30_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partition_data(vec![PartitionProduceData::default()
-                    .with_index(partition)
-                    .with_records(Some(records))])]);
+        let request = produce_request(topic, partition, records);
         let correlation = self.send(ApiKey::Produce, version, client_id, &request)?;
         let Some(mut frame) = self.recv_frame()? else {
             bail!("connection closed instead of a Produce response");
@@ -163,6 +156,19 @@ impl RawClient {
         }
         ProduceResponse::decode(&mut frame, version)
     }
+}
+
+/// A Produce request (`acks=-1`, 30 s timeout) of `records` for one
+/// partition.
+pub fn produce_request(topic: &str, partition: i32, records: Bytes) -> ProduceRequest {
+    ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(partition)
+                .with_records(Some(records))])])
 }
 
 /// The (error code, error message) of the single partition in a response.

@@ -1,4 +1,6 @@
 use super::*;
+// `propose` takes the std set of slots taken this round; the parent's
+// `HashSet` is foldhash's.
 use std::collections::HashSet;
 
 /// Two cluster ids with the same 32-bit hash (1): msb ^ lsb differ only

@@ -343,24 +343,7 @@ fn part<'a>(cluster: &'a KafkaCluster, topic: &'a str, partition: i32) -> Part<'
 
 /// Deep DumpLogSegments of several partitions in one JVM run (`--files`
 /// takes a comma-separated list); one batch list per partition, in order.
-///
-/// A clean-clone CI run once saw a segment file vanish between listing and
-/// dumping (NoSuchFileException on corrupt-0's only segment; the cause was
-/// not found): then the files are listed again, at most twice.
 fn dump(parts: &[Part<'_>]) -> Result<Vec<Vec<DumpedBatch>>> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match dump_once(parts) {
-            Err(e) if attempt < 3 && format!("{e:#}").contains("NoSuchFileException") => {
-                thread::sleep(Duration::from_secs(1));
-            }
-            other => return other,
-        }
-    }
-}
-
-fn dump_once(parts: &[Part<'_>]) -> Result<Vec<Vec<DumpedBatch>>> {
     let mut files: Vec<Vec<PathBuf>> = Vec::new();
     for p in parts {
         files.push(p.cluster.segment_files(p.topic, p.partition)?);
@@ -1071,7 +1054,11 @@ fn mirror_end_to_end() -> Result<()> {
     let raw_corrupt = raw_batches(&b, "corrupt", 0)?;
     assert!(
         raw_corrupt.len() == 1 && raw_corrupt.iter().all(|r| crc_ok(r)),
-        "corrupt-0 on B: exactly one batch, with a valid CRC"
+        "corrupt-0 on B: exactly one batch, with a valid CRC; found {:?}",
+        raw_corrupt
+            .iter()
+            .map(|r| (raw_pid(r), crc_ok(r), r.len()))
+            .collect::<Vec<_>>()
     );
     eprintln!("total {:.1} s", started.elapsed().as_secs_f64());
     Ok(())

@@ -578,6 +578,12 @@ impl KafkaNode {
             ("share.coordinator.state.topic.min.isr", min_isr.into()),
             ("share.coordinator.state.topic.num.partitions", n),
             ("group.initial.rebalance.delay.ms", "0".into()),
+            // The tests write batches with fixed timestamps from 2023 (exact
+            // byte vectors). Under the default 7-day retention the broker's
+            // first retention check, 30 s after start, deleted every segment
+            // holding only such batches, so a log read after it found
+            // nothing (or a file gone between listing and dumping).
+            ("log.retention.ms", "-1".into()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

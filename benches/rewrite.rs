@@ -2,7 +2,8 @@
 //! over the same batch: the rewrite must not grow with batch size.
 //!
 //! Also: a local Produce response walked and passed, against the decode and
-//! re-encode it used to get.
+//! re-encode it used to get; and a link Produce response's answers read on
+//! that walk, against the validation and decode they used to get.
 //!
 //! And the mirrored producer state's dedupe check of a batch from a known
 //! producer (state lookup, then the appended batch recorded), among 10,000
@@ -23,6 +24,7 @@ use regex::Regex;
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::produce;
+use kafka_mirror_proxy::mirror::produce_response::Answers;
 use kafka_mirror_proxy::mirror::producer_state::{BatchId, Check, ProducerStates};
 use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
 use kafka_mirror_proxy::wire::crc32c;
@@ -285,6 +287,48 @@ fn produce_response(c: &mut Criterion) {
             h.encode(&mut out, 1).expect("header");
             r.encode(&mut out, version).expect("encode");
             out
+        })
+    });
+    group.finish();
+
+    // A link Produce response (one partition) as the response half reads
+    // it: the answers found on the leader-endpoint walk, against that walk
+    // followed by the validation and decode it used to get.
+    let topic = TopicName(StrBytes::from_static_str("orders"));
+    let one = ProduceResponse::default().with_responses(vec![TopicProduceResponse::default()
+        .with_name(topic.clone())
+        .with_partition_responses(vec![PartitionProduceResponse::default()
+            .with_index(0)
+            .with_base_offset(1_000_000)
+            .with_log_append_time_ms(-1)])]);
+    let mut frame = BytesMut::new();
+    ResponseHeader::default()
+        .with_correlation_id(9)
+        .encode(&mut frame, ApiKey::Produce.response_header_version(version))
+        .expect("header");
+    one.encode(&mut frame, version).expect("body");
+    let frame = frame.freeze();
+    let tracked = produce::TopicRef {
+        name: topic,
+        topic_id: Uuid::nil(),
+    };
+    let mut group = c.benchmark_group("link_produce_response_v11_1_partition");
+    group.bench_function("answers_on_the_endpoint_walk", |b| {
+        b.iter(|| {
+            let mut answers = Answers::new(version, vec![(&tracked, 0)]);
+            let (out, _) =
+                addresses::rewrite_with(ApiKey::Produce, version, &frame, &adv, &mut answers)
+                    .expect("walk");
+            assert!(out.is_none());
+            answers.into_found()
+        })
+    });
+    group.bench_function("endpoint_walk_then_validate_and_decode", |b| {
+        b.iter(|| {
+            let (out, _) =
+                addresses::rewrite(ApiKey::Produce, version, &frame, &adv).expect("walk");
+            assert!(out.is_none());
+            produce::decode_response(&frame, version).expect("decode")
         })
     });
     group.finish();

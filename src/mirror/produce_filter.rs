@@ -21,15 +21,14 @@ use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use kafka_protocol::messages::produce_response::ProduceResponse;
-
 use crate::client::protocol::OffsetSpec;
 use crate::client::{Client, ClientError};
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
-    same_topic, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatch,
+    LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatch,
 };
+use crate::mirror::produce_response::{Answers, PartitionAnswer};
 use crate::mirror::producer_state::{Check, ProducerStates, Replayed};
 use crate::wire::batch::{BatchHeader, Batches};
 
@@ -532,6 +531,17 @@ impl Tracked {
         self.partitions.is_empty()
     }
 
+    /// A visitor of the Produce response (of `version`) that finds the
+    /// answers to the begun partitions, for [`settle`](Self::settle).
+    pub fn answers(&self, version: i16) -> Answers<'_> {
+        let asked = self
+            .partitions
+            .iter()
+            .map(|bp| (&bp.topic, bp.partition.partition))
+            .collect();
+        Answers::new(version, asked)
+    }
+
     /// Response half: every begun partition the broker answered with error
     /// NONE is recorded as appended (each batch at the partition's base
     /// offset plus its offset delta; at the broker's log append time, or
@@ -541,20 +551,18 @@ impl Tracked {
     /// `NOT_ENOUGH_REPLICAS_AFTER_APPEND`: the batch may be in the log) or
     /// names another leader (`NOT_LEADER_OR_FOLLOWER`, a current leader
     /// given) marks the partition for a rebuild from its log.
-    pub fn settle(mut self, response: &ProduceResponse, version: i16, now_ms: i64) {
+    /// `answers` are the broker's, one per begun partition in the order of
+    /// [`answers`](Self::answers).
+    pub fn settle(mut self, answers: &[Option<PartitionAnswer>], now_ms: i64) {
         let Some(dedupe) = self.dedupe.take() else {
             return;
         };
         let mut marks: Vec<(PartitionId, RebuildReason)> = Vec::new();
         let mut inner = dedupe.lock();
         let evictions = inner.states.evictions();
-        for bp in std::mem::take(&mut self.partitions) {
-            let answer = response
-                .responses
-                .iter()
-                .filter(|t| same_topic(version, &bp.topic, &t.name, t.topic_id))
-                .flat_map(|t| t.partition_responses.iter())
-                .find(|p| p.index == bp.partition.partition);
+        let partitions = std::mem::take(&mut self.partitions);
+        for (i, bp) in partitions.iter().enumerate() {
+            let answer = answers.get(i).copied().flatten();
             match answer {
                 Some(p) if p.error_code == 0 && p.base_offset >= 0 => {
                     let time = if p.log_append_time_ms >= 0 {
@@ -577,9 +585,7 @@ impl Tracked {
                     }
                     let reason = match answer {
                         None => Some(RebuildReason::UnknownOutcome),
-                        Some(p) if p.current_leader.leader_id.0 >= 0 => {
-                            Some(RebuildReason::LeaderMoved)
-                        }
+                        Some(p) if p.leader_id >= 0 => Some(RebuildReason::LeaderMoved),
                         Some(p) => match p.error_code {
                             NOT_LEADER_OR_FOLLOWER => Some(RebuildReason::LeaderMoved),
                             REQUEST_TIMED_OUT | NOT_ENOUGH_REPLICAS_AFTER_APPEND => {

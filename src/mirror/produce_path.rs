@@ -363,30 +363,39 @@ impl<'a> ProduceFilter<'a> {
             local,
             tracked,
         } = state;
-        // Leader endpoints (KIP-951) are rare: the walk only looks, and the
-        // frame passes untouched unless it names a broker.
+        // One walk looks for leader endpoints (KIP-951, v10+: rare, and the
+        // frame passes untouched unless it names a broker) and for the
+        // answers to the tracked partitions; nothing is decoded for them.
+        let mut answers = (!tracked.is_empty()).then(|| tracked.answers(version));
         let frame = if addresses::carries_addresses(ApiKey::Produce, version) {
-            let (out, learnt) =
-                addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?;
+            let (out, learnt) = match answers.as_mut() {
+                Some(answers) => addresses::rewrite_with(
+                    ApiKey::Produce,
+                    version,
+                    &frame,
+                    &shared.advertised,
+                    answers,
+                )?,
+                None => addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?,
+            };
             shared.learn(learnt)?;
             out.unwrap_or(frame)
         } else {
+            if let Some(answers) = answers.as_mut() {
+                answers.walk(&frame, version)?;
+            }
             frame
         };
-        if local.is_empty() && tracked.is_empty() {
-            return Ok(frame);
-        }
-        let frame = frame.freeze();
-        // A response that cannot be decoded drops `tracked`: its batches fail.
-        let (correlation_id, mut response) = produce::decode_response(&frame, version)?;
-        if !tracked.is_empty() {
-            tracked.settle(&response, version, crate::state::now_ms());
+        // A response that cannot be walked returned above and dropped
+        // `tracked`: its batches fail.
+        if let Some(answers) = answers {
+            let found = answers.into_found();
+            tracked.settle(&found, crate::state::now_ms());
         }
         if local.is_empty() {
-            return Ok(frame
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..])));
+            return Ok(frame);
         }
+        let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;
         produce::merge_local(&mut response, version, &local);
         Ok(produce::encode_response(
             correlation_id,

@@ -286,6 +286,18 @@ pub fn rewrite(
     frame: &[u8],
     adv: &Advertised,
 ) -> Result<(Option<BytesMut>, Learnt), RewriteError> {
+    rewrite_with(api, version, frame, adv, &mut walk::Validate)
+}
+
+/// Like [`rewrite`], with `also` looking at the same walk (the Produce
+/// filter reads its partition answers there instead of walking again).
+pub fn rewrite_with<V: Visitor>(
+    api: ApiKey,
+    version: i16,
+    frame: &[u8],
+    adv: &Advertised,
+    also: &mut V,
+) -> Result<(Option<BytesMut>, Learnt), RewriteError> {
     let Some(spec) = endpoints(api) else {
         return Ok((None, Learnt::default()));
     };
@@ -308,7 +320,7 @@ pub fn rewrite(
         error: None,
     };
     // First a walk that only looks: most responses need no change.
-    walk::walk(msg, version, frame, start, &mut v).map_err(decode_err)?;
+    walk::walk(msg, version, frame, start, &mut walk::Both(&mut v, also)).map_err(decode_err)?;
     if let Some(e) = v.error.take() {
         return Err(e);
     }

@@ -2,9 +2,12 @@
 //! and responses built by hand.
 
 use super::*;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::TopicName;
-use kafka_protocol::protocol::StrBytes;
+use bytes::BytesMut;
+use kafka_protocol::messages::produce_response::{
+    PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::messages::{ApiKey, ResponseHeader, TopicName};
+use kafka_protocol::protocol::{Encodable, StrBytes};
 use uuid::Uuid;
 
 use crate::mirror::pid::ClusterId;
@@ -68,6 +71,26 @@ fn plan_from(partition: i32, from: OriginId, batches: &[(BatchId, i64)]) -> Prod
     plan
 }
 
+/// Settle with a response as the broker sends it: encoded, then walked.
+trait SettleWith {
+    fn settle_with(self, response: &ProduceResponse);
+}
+
+impl SettleWith for Tracked {
+    fn settle_with(self, response: &ProduceResponse) {
+        let mut frame = BytesMut::new();
+        ResponseHeader::default()
+            .with_correlation_id(1)
+            .encode(&mut frame, ApiKey::Produce.response_header_version(V))
+            .expect("header");
+        response.encode(&mut frame, V).expect("body");
+        let mut answers = self.answers(V);
+        answers.walk(&frame, V).expect("walk");
+        let found = answers.into_found();
+        self.settle(&found, 1);
+    }
+}
+
 fn response(partition: i32, error_code: i16, base_offset: i64) -> ProduceResponse {
     ProduceResponse::default().with_responses(vec![TopicProduceResponse::default()
         .with_topic_id(TOPIC_ID)
@@ -111,7 +134,7 @@ fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
     let t = begin(&d, &mut p, "east", false).expect("begun");
     assert!(p.local.is_empty());
     assert_eq!(p.forwarded_partitions, 1);
-    t.settle(&response(0, 0, 100), V, 1);
+    t.settle_with(&response(0, 0, 100));
 
     let mut again = plan(0, &[(id(0, 0, 9), 0)]);
     let t = begin(&d, &mut again, "east", false).expect("begun");
@@ -136,7 +159,7 @@ fn later_batches_of_a_partition_are_recorded_at_their_own_offsets() {
     let mut p = plan(0, &[(id(0, 0, 4), 0), (id(0, 5, 9), 5)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
-        .settle(&response(0, 0, 100), V, 1);
+        .settle_with(&response(0, 0, 100));
     let mut again = plan(0, &[(id(0, 5, 9), 0)]);
     begin(&d, &mut again, "east", false).expect("begun");
     assert!(matches!(
@@ -163,7 +186,7 @@ fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
             ..
         }
     ));
-    t.settle(&response(0, 0, 7), V, 1);
+    t.settle_with(&response(0, 0, 7));
     let mut later = plan(0, &[(id(0, 0, 9), 0)]);
     begin(&d, &mut later, "east", false).expect("begun");
     assert!(matches!(
@@ -178,7 +201,7 @@ fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
-        .settle(&response(0, 6, -1), V, 1);
+        .settle_with(&response(0, 6, -1));
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     drop(begin(&d, &mut p, "east", false).expect("begun")); // the connection was lost
     assert!(p.local.is_empty());
@@ -187,7 +210,7 @@ fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
     assert!(p.local.is_empty(), "{:?}", p.local);
     assert!(!t.is_empty());
     // A response without the partition fails it too.
-    t.settle(&response(1, 0, 5), V, 1);
+    t.settle_with(&response(1, 0, 5));
     assert!(d.is_empty());
 }
 
@@ -197,7 +220,7 @@ fn epochs_going_back_and_overlapping_sequences_are_refused() {
     let mut p = plan(0, &[(id(1, 0, 9), 0)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
-        .settle(&response(0, 0, 0), V, 1);
+        .settle_with(&response(0, 0, 0));
     let mut back = plan(0, &[(id(0, 10, 19), 0)]);
     begin(&d, &mut back, "east", false).expect("begun");
     let LocalOutcome::Refused { refusal, message } = &back.local[0].outcome else {
@@ -226,7 +249,7 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
-        .settle(&response(0, 0, 0), V, 1);
+        .settle_with(&response(0, 0, 0));
     let mut mixed = plan(0, &[(id(0, 0, 9), 0), (id(0, 10, 19), 10)]);
     let t = begin(&d, &mut mixed, "east", false).expect("begun");
     assert!(t.is_empty());
@@ -249,7 +272,7 @@ fn a_mapped_pid_reused_by_another_origin_starts_afresh() {
     let mut p = plan(0, &[(id(0, 0, 0), 0)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
-        .settle(&response(0, 0, 0), V, 1);
+        .settle_with(&response(0, 0, 0));
     // Origin 5 expired; origin 6 now holds the same mapped PID.
     let mut other = plan_from(0, origin(6), &[(id(0, 0, 0), 0)]);
     let t = begin(&d, &mut other, "east", false).expect("begun");
@@ -281,7 +304,7 @@ fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
     assert!(begin(&d, &mut retry, "east", true).is_none());
     assert_eq!(retry.tracked.len(), 2, "the plan is left as it was");
     assert!(retry.local.is_empty());
-    t.settle(&response(0, 0, 40), V, 1);
+    t.settle_with(&response(0, 0, 40));
     let t2 = begin(&d, &mut retry, "east", true).expect("begun");
     assert_eq!(retry.forwarded_partitions, 1);
     assert!(matches!(
@@ -302,7 +325,7 @@ async fn settling_wakes_a_waiter() {
     let changed = d.changed();
     tokio::pin!(changed);
     changed.as_mut().enable();
-    t.settle(&response(0, 0, 1), V, 1);
+    t.settle_with(&response(0, 0, 1));
     tokio::time::timeout(std::time::Duration::from_secs(5), changed)
         .await
         .expect("notified");
@@ -352,14 +375,14 @@ fn an_unknown_outcome_or_a_leader_move_marks_the_partition_for_a_rebuild() {
         r.responses[0].partition_responses[0]
             .current_leader
             .leader_id = leader.into();
-        t.settle(&r, V, 1);
+        t.settle_with(&r);
         assert!(!d.is_ready(&at(0)), "error {error_code}, leader {leader}");
     }
     // A refusal of the batch itself (CORRUPT_MESSAGE) does not.
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
-        .settle(&response(0, 2, -1), V, 1);
+        .settle_with(&response(0, 2, -1));
     assert!(d.is_ready(&at(0)));
 }
 
@@ -407,7 +430,7 @@ fn a_rebuild_merges_with_what_was_recorded_meanwhile() {
     let mut other = plan(0, &[(id(0, 20, 29), 0)]);
     let t = d.begin(&mut other, "east", false);
     let Begin::Begun(t) = t else { panic!("begun") };
-    t.settle(&response(0, 0, 20), V, 1);
+    t.settle_with(&response(0, 0, 20));
     // The tail read before that append: batches 0..9 and 10..19.
     let r = claim.apply(0, 20, 0, &tail(&[(0, 0, 10), (10, 10, 10)]), &owner);
     assert_eq!((r.replayed.batches, r.replayed.taken), (2, 2));

@@ -249,7 +249,10 @@ impl<'a> ProduceFilter<'a> {
         let mut plan = plan_now()?;
         if !plan.unresolved.is_empty() {
             // New origins: persisted before anything of them is forwarded.
-            for (topic, partition, error) in state.resolve(&plan.unresolved).await {
+            // Boxed, like the rebuild below: rare, and their futures would
+            // otherwise size every connection's task for good.
+            let resolved = Box::pin(state.resolve(&plan.unresolved)).await;
+            for (topic, partition, error) in resolved {
                 tracing::warn!(link = link.name(), topic, partition, %error, "could not persist a new mirrored producer's mapping");
             }
             plan = plan_now()?;
@@ -301,7 +304,7 @@ impl<'a> ProduceFilter<'a> {
                             Dedupe::refuse_partition(&mut plan, claim.partition(), message);
                             continue;
                         }
-                        rebuild(shared, state, link.name(), &mut plan, claim).await;
+                        Box::pin(rebuild(shared, state, link.name(), &mut plan, claim)).await;
                     }
                     continue;
                 }

@@ -266,8 +266,9 @@ async fn run(
 ) -> Result<End, SessionError> {
     // Nothing is owed yet: shutdown need not wait for a handshake or a
     // broker connection.
+    // Boxed: a TLS handshake's future is large and needed only once.
     let connected = tokio::select! {
-        c = connect(shared, tcp, peer, target) => c?,
+        c = Box::pin(connect(shared, tcp, peer, target)) => c?,
         _ = shared.shutting_down() => return Ok(End::Shutdown),
     };
     let (client, subject, upstream) = connected;

@@ -719,6 +719,55 @@ mod tests {
     }
 
     #[test]
+    fn a_visitor_beside_the_rewrite_sees_the_same_walk() {
+        use crate::mirror::produce::TopicRef;
+        use crate::mirror::produce_response::Answers;
+        use kafka_protocol::messages::produce_response::{
+            LeaderIdAndEpoch, NodeEndpoint, PartitionProduceResponse, TopicProduceResponse,
+        };
+        let orders = TopicRef {
+            name: TopicName(StrBytes::from_static_str("orders")),
+            topic_id: uuid::Uuid::nil(),
+        };
+        let moved = ProduceResponse::default()
+            .with_responses(vec![TopicProduceResponse::default()
+                .with_name(orders.name.clone())
+                .with_partition_responses(vec![PartitionProduceResponse::default()
+                    .with_index(3)
+                    .with_error_code(6)
+                    .with_base_offset(-1)
+                    .with_current_leader(
+                        LeaderIdAndEpoch::default().with_leader_id(BrokerId(2)),
+                    )])])
+            .with_node_endpoints(vec![NodeEndpoint::default()
+                .with_node_id(BrokerId(2))
+                .with_host(StrBytes::from_static_str("b2.internal.example.com"))
+                .with_port(9092)]);
+        for version in 10..=ProduceResponse::VERSIONS.max {
+            let input = frame(ApiKey::Produce, version, &moved);
+            let (alone, _) = rewrite(ApiKey::Produce, version, &input, &adv()).expect("walk");
+            let mut answers = Answers::new(version, vec![(&orders, 3)]);
+            let (beside, learnt) =
+                rewrite_with(ApiKey::Produce, version, &input, &adv(), &mut answers).expect("walk");
+            // The rewrite is the same with or without the visitor beside it.
+            assert_eq!(beside, alone, "v{version}");
+            assert!(beside.is_some(), "v{version}: the endpoint is rewritten");
+            assert_eq!(learnt.brokers.len(), 1, "v{version}");
+            let found = answers.into_found();
+            assert_eq!(
+                found,
+                vec![Some(crate::mirror::produce_response::PartitionAnswer {
+                    error_code: 6,
+                    base_offset: -1,
+                    log_append_time_ms: -1,
+                    leader_id: 2,
+                })],
+                "v{version}"
+            );
+        }
+    }
+
+    #[test]
     fn describe_cluster_brokers_point_at_the_proxy() {
         use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
         for version in 0..=DescribeClusterResponse::VERSIONS.max {

@@ -5,6 +5,8 @@
 //! re-encode it used to get; and a link Produce response's answers read on
 //! that walk, against the validation and decode they used to get.
 //!
+//! And the check of a local Produce for read-only mirrored topics.
+//!
 //! And the mirrored producer state's dedupe check of a batch from a known
 //! producer (state lookup, then the appended batch recorded), among 10,000
 //! producers in 100 partitions.
@@ -32,6 +34,7 @@ use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
 use uuid::Uuid;
 
 const VERSION: i16 = 9;
+const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
 
 /// One batch of about `size` bytes from producer 5 (incompressible values).
 fn batch(size: usize) -> Bytes {
@@ -79,6 +82,12 @@ fn batch(size: usize) -> Bytes {
 }
 
 fn request(partitions: usize, batch_size: usize) -> (Bytes, Bytes) {
+    request_at(VERSION, partitions, batch_size)
+}
+
+/// Topic "orders" (by id from v13) with `partitions` batches of about
+/// `batch_size` bytes, at `version`.
+fn request_at(version: i16, partitions: usize, batch_size: usize) -> (Bytes, Bytes) {
     let b = batch(batch_size);
     let data = (0..partitions as i32)
         .map(|i| {
@@ -90,19 +99,22 @@ fn request(partitions: usize, batch_size: usize) -> (Bytes, Bytes) {
     let body = ProduceRequest::default()
         .with_acks(-1)
         .with_timeout_ms(30_000)
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_static_str("orders")))
-            .with_partition_data(data)]);
+        .with_topic_data(vec![match version >= 13 {
+            true => TopicProduceData::default().with_topic_id(ORDERS_ID),
+            false => TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_static_str("orders"))),
+        }
+        .with_partition_data(data)]);
     let header = RequestHeader::default()
         .with_request_api_key(0)
-        .with_request_api_version(VERSION)
+        .with_request_api_version(version)
         .with_correlation_id(1)
         .with_client_id(Some(StrBytes::from_static_str("mirror-east")));
     let mut out = BytesMut::new();
     header
-        .encode(&mut out, ApiKey::Produce.request_header_version(VERSION))
+        .encode(&mut out, ApiKey::Produce.request_header_version(version))
         .expect("header");
-    body.encode(&mut out, VERSION).expect("body");
+    body.encode(&mut out, version).expect("body");
     (out.freeze(), b)
 }
 
@@ -384,5 +396,61 @@ fn producer_state(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, produce_response, producer_state);
+/// A local client's Produce while some topic is a read-only mirror: the
+/// per-partition refusal plan it used to get (names copied out, a closure
+/// per partition), against the question "does it name a read-only topic"
+/// asked on a walk that allocates nothing. Both look the name up the same
+/// way (v13: the topic-id table first).
+fn local_read_only_check(c: &mut Criterion) {
+    use std::collections::{HashMap, HashSet};
+    use std::sync::RwLock;
+    let read_only: HashSet<String> = HashSet::from(["mirrored".to_string()]);
+    let names: RwLock<HashMap<Uuid, String>> =
+        RwLock::new(HashMap::from([(ORDERS_ID, "orders".to_string())]));
+    let name_of = |id: Uuid| names.read().ok()?.get(&id).cloned();
+    let mut group = c.benchmark_group("local_produce_read_only_check_16KiB");
+    for version in [9i16, 13] {
+        let (frame, _) = request_at(version, 1, 16 * 1024);
+        let h = RequestHeaderPeek::parse(&frame).expect("peek");
+        let body_offset = h
+            .body_offset(&frame, ApiKey::Produce.request_header_version(version))
+            .expect("offset");
+        group.bench_function(BenchmarkId::new("refusal_plan", version), |b| {
+            b.iter(|| {
+                let plan = produce::refuse_where(&frame, body_offset, version, |t| {
+                    let name = match version >= 13 {
+                        true => name_of(t.topic_id)?,
+                        false => t.name.to_string(),
+                    };
+                    read_only
+                        .contains(&name)
+                        .then(|| (produce::Refusal::ReadOnly, String::new()))
+                })
+                .expect("plan");
+                assert_eq!(plan.forwarded_partitions, 1);
+            })
+        });
+        group.bench_function(BenchmarkId::new("any_topic", version), |b| {
+            b.iter(|| {
+                let any = produce::any_topic(&frame, body_offset, version, |t| match t {
+                    produce::TopicKey::Name(n) => read_only.contains(n),
+                    produce::TopicKey::Id(id) => {
+                        name_of(id).is_some_and(|n| read_only.contains(&n))
+                    }
+                })
+                .expect("walk");
+                assert!(!any);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    bench,
+    produce_response,
+    producer_state,
+    local_read_only_check
+);
 criterion_main!(benches);

@@ -733,6 +733,66 @@ pub fn refuse_where(
     Ok(plan)
 }
 
+/// A topic of a Produce request as the frame names it, borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TopicKey<'a> {
+    /// Before v13.
+    Name(&'a str),
+    /// From v13.
+    Id(Uuid),
+}
+
+/// Whether `pred` holds for some topic of the Produce request in `frame`.
+/// Allocates nothing: the local path asks this of every Produce while some
+/// topic is read-only, and plans refusals (`refuse_where`) only on a yes.
+/// The whole request is walked either way, so a malformed one fails here.
+pub fn any_topic(
+    frame: &Bytes,
+    body_offset: usize,
+    version: i16,
+    pred: impl FnMut(TopicKey<'_>) -> bool,
+) -> Result<bool, ProduceError> {
+    struct TopicWalk<F> {
+        by_id: bool,
+        found: bool,
+        not_utf8: bool,
+        pred: F,
+    }
+    impl<F: FnMut(TopicKey<'_>) -> bool> walk::Visitor for TopicWalk<F> {
+        fn value(&mut self, field: &schema::Field, value: walk::Value<'_>) -> walk::Edit {
+            if self.found || self.not_utf8 {
+                return walk::Edit::Keep;
+            }
+            match (field.path.as_str(), value) {
+                ("TopicData.Name", walk::Value::Str(Some(name))) if !self.by_id => {
+                    match std::str::from_utf8(name) {
+                        Ok(n) => self.found = (self.pred)(TopicKey::Name(n)),
+                        Err(_) => self.not_utf8 = true,
+                    }
+                }
+                ("TopicData.TopicId", walk::Value::Uuid(id)) if self.by_id => {
+                    self.found = (self.pred)(TopicKey::Id(Uuid::from_bytes(id)))
+                }
+                _ => {}
+            }
+            walk::Edit::Keep
+        }
+    }
+    let msg = request_schema(version)?;
+    let mut v = TopicWalk {
+        by_id: version >= 13,
+        found: false,
+        not_utf8: false,
+        pred,
+    };
+    let malformed = |reason: String| ProduceError::Malformed { version, reason };
+    walk::walk(msg, version, frame, body_offset, &mut v).map_err(|e| malformed(e.to_string()))?;
+    if v.not_utf8 {
+        return Err(malformed("topic name is not UTF-8".into()));
+    }
+    Ok(v.found)
+}
+
 pub(crate) fn same_topic(version: i16, a: &TopicRef, name: &TopicName, topic_id: Uuid) -> bool {
     if version >= 13 {
         a.topic_id == topic_id

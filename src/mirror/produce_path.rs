@@ -20,7 +20,7 @@ use kafka_protocol::messages::ApiKey;
 
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::{
-    self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal,
+    self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal, TopicKey,
 };
 use crate::mirror::produce_filter::{Begin, Dedupe, RebuildClaim, Tracked};
 use crate::proxy::addresses::{self, RewriteError, UnsupportedVersion};
@@ -163,9 +163,19 @@ impl<'a> ProduceFilter<'a> {
                 if addresses::carries_addresses(ApiKey::Produce, version) {
                     addresses::check_parseable(ApiKey::Produce, version)?;
                 }
-                // Read-only mirrored topics: refused per partition.
-                if shared.control.any_read_only() {
-                    let control = &shared.control;
+                // Read-only mirrored topics: refused per partition. Planned
+                // only for a request that names one (a walk that allocates
+                // nothing answers that for all the others).
+                let control = &shared.control;
+                let names_read_only = |frame: &Bytes| {
+                    produce::any_topic(frame, body_offset, version, |t| match t {
+                        TopicKey::Name(name) => control.read_only(name, version).is_some(),
+                        TopicKey::Id(id) => shared
+                            .topic_name(id)
+                            .is_some_and(|name| control.read_only(&name, version).is_some()),
+                    })
+                };
+                if control.any_read_only() && names_read_only(&frame)? {
                     let plan = produce::refuse_where(&frame, body_offset, version, |t| {
                         let name = match version >= 13 {
                             true => shared.topic_name(t.topic_id)?,

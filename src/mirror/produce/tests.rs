@@ -567,6 +567,65 @@ fn batches_with_a_sequence_are_tracked_with_their_mapped_pid_and_offset_delta() 
 }
 
 #[test]
+fn any_topic_sees_each_topic_once_by_name_or_by_id() {
+    let parts = [
+        ("orders", 0, batch(-1, false, &["a"])),
+        ("orders", 1, batch(-1, false, &["b"])),
+        ("other", 0, batch(-1, false, &["c"])),
+    ];
+    let frame = request(9, "app", &parts);
+    let offset = body_offset(&frame, 9);
+    let mut seen = Vec::new();
+    let found = any_topic(&frame, offset, 9, |t| {
+        seen.push(format!("{t:?}"));
+        false
+    })
+    .expect("walk");
+    assert!(!found);
+    assert_eq!(seen, [r#"Name("orders")"#, r#"Name("other")"#]);
+    // The first topic that holds ends the asking.
+    let mut asked = 0;
+    let found = any_topic(&frame, offset, 9, |t| {
+        asked += 1;
+        t == TopicKey::Name("orders")
+    })
+    .expect("walk");
+    assert!(found);
+    assert_eq!(asked, 1);
+    assert!(any_topic(&frame, offset, 9, |t| t == TopicKey::Name("other")).expect("walk"));
+
+    // v13 names topics by id only.
+    let frame = request(13, "app", &parts[..1]);
+    let offset = body_offset(&frame, 13);
+    let mut seen = Vec::new();
+    assert!(any_topic(&frame, offset, 13, |t| {
+        seen.push(format!("{t:?}"));
+        t == TopicKey::Id(TOPIC_ID)
+    })
+    .expect("walk"));
+    assert_eq!(seen, [format!("Id({TOPIC_ID:?})")]);
+}
+
+#[test]
+fn any_topic_fails_on_a_cut_frame_or_a_name_that_is_not_utf8() {
+    let frame = request(9, "app", &[("orders", 0, batch(-1, false, &["a"]))]);
+    let offset = body_offset(&frame, 9);
+    let cut = frame.slice(..frame.len() - 3);
+    assert!(matches!(
+        any_topic(&cut, offset, 9, |_| false),
+        Err(ProduceError::Malformed { version: 9, .. })
+    ));
+    let at = frame
+        .windows(6)
+        .position(|w| w == b"orders")
+        .expect("topic name in frame");
+    let mut bad = BytesMut::from(&frame[..]);
+    bad[at] = 0xFF;
+    let err = any_topic(&bad.freeze(), offset, 9, |_| false).expect_err("not UTF-8");
+    assert!(err.to_string().contains("not UTF-8"), "{err}");
+}
+
+#[test]
 fn local_writes_to_read_only_topics_are_refused_per_partition() {
     let frame = request(
         9,

@@ -423,7 +423,7 @@ fn stalled_frames_idle_connections_and_slow_tls_handshakes_are_closed() -> Resul
 #[test]
 fn connections_over_max_connections_are_refused_and_counted() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
-    let proxy = ProxyProcess::start(&broker.bootstrap(), &[("MAX_CONNECTIONS", "3")])?;
+    let mut proxy = ProxyProcess::start(&broker.bootstrap(), &[("MAX_CONNECTIONS", "3")])?;
     let mut open = Vec::new();
     for _ in 0..3 {
         let mut c = Conn::connect(&proxy.bootstrap)?;
@@ -445,7 +445,13 @@ fn connections_over_max_connections_are_refused_and_counted() -> Result<()> {
         "kafka_mirror_proxy_connections_refused_total{listener=\"bootstrap\",reason=\"max_connections\"}",
     )?;
     ensure!(refused == 2, "refusals counted: {refused}");
-    // Two refusals within 10 s: one WARN line.
+    // Two refusals within 10 s: one WARN line. The log is read from the
+    // proxy's stderr by a thread that can lag the metric (a clean-clone CI
+    // run saw the count before the line), so wait for the first line.
+    proxy.wait_for_log(
+        "MIRROR_PROXY_MAX_CONNECTIONS reached",
+        Duration::from_secs(10),
+    )?;
     let warned = proxy
         .logs()
         .matches("MIRROR_PROXY_MAX_CONNECTIONS reached")

@@ -49,6 +49,16 @@ pub struct TopicRef {
     pub topic_id: Uuid,
 }
 
+impl TopicRef {
+    /// The topic as a request at `version` names it.
+    pub fn key(&self, version: i16) -> TopicKey<'_> {
+        match version >= 13 {
+            true => TopicKey::Id(self.topic_id),
+            false => TopicKey::Name(self.name.as_str()),
+        }
+    }
+}
+
 /// Why the proxy answered a partition itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {

@@ -12,6 +12,7 @@
 //! parts (planning in [`produce`], [`crate::mirror::producer_state`]) stay
 //! pure.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -167,20 +168,14 @@ impl<'a> ProduceFilter<'a> {
                 // only for a request that names one (a walk that allocates
                 // nothing answers that for all the others).
                 let control = &shared.control;
-                let names_read_only = |frame: &Bytes| {
-                    produce::any_topic(frame, body_offset, version, |t| match t {
-                        TopicKey::Name(name) => control.read_only(name, version).is_some(),
-                        TopicKey::Id(id) => shared
-                            .topic_name(id)
-                            .is_some_and(|name| control.read_only(&name, version).is_some()),
-                    })
-                };
-                if control.any_read_only() && names_read_only(&frame)? {
+                if control.any_read_only()
+                    && produce::any_topic(&frame, body_offset, version, |t| {
+                        topic_name(shared, t)
+                            .is_some_and(|name| control.read_only(&name, version).is_some())
+                    })?
+                {
                     let plan = produce::refuse_where(&frame, body_offset, version, |t| {
-                        let name = match version >= 13 {
-                            true => shared.topic_name(t.topic_id)?,
-                            false => t.name.to_string(),
-                        };
+                        let name = topic_name(shared, t.key(version))?;
                         let refusal = control.read_only(&name, version)?;
                         control.local_write_refused(&name);
                         Some(refusal)
@@ -472,6 +467,15 @@ async fn rebuild(
         partition.partition
     );
     Dedupe::refuse_partition(plan, partition, message);
+}
+
+/// A Produce topic's name: the request's own before v13, else looked up by
+/// its id (`None` while the proxy has not seen the id in a response).
+fn topic_name<'t>(shared: &Shared, topic: TopicKey<'t>) -> Option<Cow<'t, str>> {
+    match topic {
+        TopicKey::Name(name) => Some(Cow::Borrowed(name)),
+        TopicKey::Id(id) => shared.topic_name(id).map(Cow::Owned),
+    }
 }
 
 fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {

@@ -231,7 +231,7 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<bool>
 }
 
 #[test]
-fn announced_sizes_allocate_nothing_and_a_used_up_budget_pauses_reading() -> Result<()> {
+fn announced_sizes_allocate_only_a_first_chunk_and_a_used_up_budget_pauses_reading() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
 
     // 1. Twenty clients each announce a 90 MB frame and send 100 bytes. The

@@ -375,20 +375,32 @@ async fn requests(
         crate::control::links::LinkSession,
     )> = None;
     let mut changes = shared.control.changes();
+    // What the loop waits on besides the client lives across frames: each
+    // of these registers with a timer or a waiter list shared by every
+    // connection when it first waits, and made anew per frame that was a
+    // registration and a removal per request. The idle timer is not moved
+    // by activity; when it fires it looks at the activity and re-arms.
+    let shutdown = shared.shutting_down();
+    tokio::pin!(shutdown);
+    let idle_timer = tokio::time::sleep(idle);
+    tokio::pin!(idle_timer);
+    // The link's state changes, watched once the connection speaks as a
+    // link (boxed: only link connections pay for it).
+    let mut link_changed: Option<LinkChanged> = None;
     let filter = ProduceFilter::new(shared);
     loop {
+        if link_changed.is_none() && link_session.is_some() {
+            link_changed = changes.take().map(watch_link_state);
+        }
         // Frames are only ever taken whole: a frame cut short by shutdown
         // was never forwarded, so nothing is left half-answered.
-        let wake = match activity.idle_since(&client, &tx) {
-            Some(since) => since + idle,
-            None => Instant::now() + idle,
-        };
         let frame = tokio::select! {
             biased;
-            _ = shared.shutting_down() => return Ok(End::Shutdown),
+            _ = &mut shutdown => return Ok(End::Shutdown),
             // A link connection stops reading when its link is fenced; what
             // is in flight is still answered.
-            _ = link_state_changed(&mut changes, link_session.is_some()) => {
+            rx = next_link_change(&mut link_changed) => {
+                link_changed = rx.map(watch_link_state);
                 if let Some((link, _)) = &link_session {
                     if shared.control.fenced(link).is_some() {
                         return Ok(End::Fenced(link.name().to_string()));
@@ -397,13 +409,16 @@ async fn requests(
                 continue;
             }
             f = client.read_frame() => f.map_err(SessionError::ClientFrame)?,
-            _ = tokio::time::sleep_until(wake) => {
+            _ = &mut idle_timer => {
+                let now = Instant::now();
                 match activity.idle_since(&client, &tx) {
-                    Some(since) if since + idle <= Instant::now() => {
+                    Some(since) if since + idle <= now => {
                         return Err(SessionError::Idle { ms: idle_ms })
                     }
-                    _ => continue,
+                    Some(since) => idle_timer.as_mut().reset(since + idle),
+                    None => idle_timer.as_mut().reset(now + idle),
                 }
+                continue;
             }
         };
         let Some(frame) = frame else {
@@ -509,17 +524,23 @@ async fn requests(
 
 /// Resolves when the link states change, for a link connection; never
 /// otherwise.
-async fn link_state_changed(
-    changes: &mut Option<tokio::sync::watch::Receiver<u64>>,
-    watching: bool,
-) {
-    match changes {
-        Some(rx) if watching => {
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-        _ => std::future::pending().await,
+/// The next change of the link states, with the receiver to watch on
+/// (`None` once the states can no longer change).
+type LinkChanged = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Option<tokio::sync::watch::Receiver<u64>>> + Send>,
+>;
+
+fn watch_link_state(mut rx: tokio::sync::watch::Receiver<u64>) -> LinkChanged {
+    Box::pin(async move { rx.changed().await.ok().map(|()| rx) })
+}
+
+/// Waits for the watched change; forever when nothing is watched.
+async fn next_link_change(
+    changed: &mut Option<LinkChanged>,
+) -> Option<tokio::sync::watch::Receiver<u64>> {
+    match changed {
+        Some(f) => f.await,
+        None => std::future::pending().await,
     }
 }
 

@@ -22,10 +22,15 @@
 #   scripts/perf.sh                          # CASES=1k RECORDS=300000 ROUNDS=3
 #   CASES="1k small fixed" ROUNDS=5 scripts/perf.sh
 #   BASELINE_BIN=/path/to/older/kafka-mirror-proxy scripts/perf.sh
+#   BASELINE_BIN=... PATHS="direct link link@base" ROUNDS=15 scripts/perf.sh
 #
 # With BASELINE_BIN, a second proxy runs that binary beside this build and
 # its paths (local@base, link@base) join the rotation, so a change is
-# compared with the code before it under the same load.
+# compared with the code before it under the same load; the summary then
+# also gives, per path, this build's CPU s/GB against the baseline's in
+# the same round (the median and range of those ratios, and the ratio of
+# the sums). PATHS picks the paths (direct is always run: it is the
+# reference for the other paths' throughput).
 #
 # On a noisy machine (broker, producer and proxy share the cores), trust
 # CPU s/GB and RSS first: they measure the proxy alone. Throughput and
@@ -48,11 +53,20 @@ kmp_start_perf_proxy P "$B_PORT"
 KMP_PIDS+=($!)
 R_PID=$!
 
-PATHS="direct floor local link"
+DEFAULT_PATHS="direct floor local link"
 if [ -n "${BASELINE_BIN:-}" ]; then
     KMP_PROXY_BIN=$BASELINE_BIN kmp_start_perf_proxy Q "$B_PORT"
-    PATHS="direct floor local local@base link link@base"
+    DEFAULT_PATHS="direct floor local local@base link link@base"
 fi
+PATHS=${PATHS:-$DEFAULT_PATHS}
+case " $PATHS " in *" direct "*) ;; *) PATHS="direct $PATHS" ;; esac
+for path in $PATHS; do
+    case $path in
+        direct | floor | local | link) ;;
+        local@base | link@base) [ -n "${BASELINE_BIN:-}" ] || { echo "path $path needs BASELINE_BIN" >&2; exit 2; } ;;
+        *) echo "unknown path $path (direct floor local link local@base link@base)" >&2; exit 2 ;;
+    esac
+done
 
 for t in perf-direct perf-floor perf-local perf-link; do
     kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$B_PORT" \
@@ -128,7 +142,7 @@ for round in $(seq 1 "$ROUNDS"); do
                 link) run "$c" link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" ;;
                 local@base) run "$c" local@base "127.0.0.1:$Q_PORT" perf-local perf-client "$RECORDS" "$Q_PID" ;;
                 link@base) run "$c" link@base "127.0.0.1:$Q_PORT" perf-link mirror-perf "$RECORDS" "$Q_PID" ;;
-            esac | tee -a "$results" >&2
+            esac | sed "s/\$/ $round/" | tee -a "$results" >&2
         done
     done
 done
@@ -155,6 +169,26 @@ sort -k1,1 -k2,2 "$results" | awk -v cases="$CASES" -v paths="$PATHS" '
             printf "%-6s %-10s %10.0f %8.2f %8.0f %8.0f %9.3fx %12s\n", cs[c], order[i], median(r[k]), median(m[k]), median(p50[k]), median(p99[k]), median(r[k]) / median(r[d]), (g < 0 ? "-" : sprintf("%.2f", g))
         }
     }'
+if [ -n "${BASELINE_BIN:-}" ]; then
+    # Per round, this build's CPU s/GB over the baseline's on the same path.
+    awk -v paths="$PATHS" '
+        { cpu[$2 " " $8] = $7; rounds[$8] = 1 }
+        END {
+            np = split(paths, ps, " ")
+            for (i = 1; i <= np; i++) {
+                p = ps[i]; b = p "@base"
+                if (index(paths, b) == 0 || p ~ /@base$/) continue
+                n = 0; sa = 0; sb = 0; list = ""
+                for (r in rounds) if ((p " " r) in cpu && (b " " r) in cpu && cpu[b " " r] > 0) {
+                    x = cpu[p " " r] / cpu[b " " r] - 1; v[++n] = x; sa += cpu[p " " r]; sb += cpu[b " " r]
+                }
+                if (n == 0 || sb == 0) continue
+                for (a = 1; a <= n; a++) for (c = a + 1; c <= n; c++) if (v[c] < v[a]) { t = v[a]; v[a] = v[c]; v[c] = t }
+                med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+                printf "%s against %s, CPU s/GB per round: median %+.1f%% (%+.1f%% to %+.1f%%, %d rounds); summed %+.1f%%\n", p, b, 100 * med, 100 * v[1], 100 * v[n], n, 100 * (sa / sb - 1)
+            }
+        }' "$results"
+fi
 echo "proxy peak RSS (VmHWM): $(proxy_hwm_kib "$P_PID") KiB; RSS now: ${rss} KiB"
 if [ -n "${BASELINE_BIN:-}" ]; then
     echo "baseline proxy peak RSS (VmHWM): $(proxy_hwm_kib "$Q_PID") KiB"

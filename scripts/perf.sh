@@ -169,26 +169,30 @@ sort -k1,1 -k2,2 "$results" | awk -v cases="$CASES" -v paths="$PATHS" '
             printf "%-6s %-10s %10.0f %8.2f %8.0f %8.0f %9.3fx %12s\n", cs[c], order[i], median(r[k]), median(m[k]), median(p50[k]), median(p99[k]), median(r[k]) / median(r[d]), (g < 0 ? "-" : sprintf("%.2f", g))
         }
     }'
-if [ -n "${BASELINE_BIN:-}" ]; then
-    # Per round, this build's CPU s/GB over the baseline's on the same path.
-    awk -v paths="$PATHS" '
-        { cpu[$2 " " $8] = $7; rounds[$8] = 1 }
-        END {
-            np = split(paths, ps, " ")
-            for (i = 1; i <= np; i++) {
-                p = ps[i]; b = p "@base"
-                if (index(paths, b) == 0 || p ~ /@base$/) continue
-                n = 0; sa = 0; sb = 0; list = ""
-                for (r in rounds) if ((p " " r) in cpu && (b " " r) in cpu && cpu[b " " r] > 0) {
-                    x = cpu[p " " r] / cpu[b " " r] - 1; v[++n] = x; sa += cpu[p " " r]; sb += cpu[b " " r]
-                }
-                if (n == 0 || sb == 0) continue
-                for (a = 1; a <= n; a++) for (c = a + 1; c <= n; c++) if (v[c] < v[a]) { t = v[a]; v[a] = v[c]; v[c] = t }
-                med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-                printf "%s against %s, CPU s/GB per round: median %+.1f%% (%+.1f%% to %+.1f%%, %d rounds); summed %+.1f%%\n", p, b, 100 * med, 100 * v[1], 100 * v[n], n, 100 * (sa / sb - 1)
-            }
-        }' "$results"
-fi
+# Per case and round, a path's CPU s/GB over another's in the same
+# round: this build's over the baseline's, and the link path's over
+# passthrough.
+awk -v cases="$CASES" -v paths="$PATHS" '
+    { cpu[$1 " " $2 " " $8] = $7; rounds[$8] = 1 }
+    function pair(c, p, b,   n, sa, sb, r, x, v, a, d, t, med) {
+        n = 0; sa = 0; sb = 0
+        for (r in rounds) if ((c " " p " " r) in cpu && (c " " b " " r) in cpu && cpu[c " " b " " r] > 0) {
+            x = cpu[c " " p " " r] / cpu[c " " b " " r] - 1; v[++n] = x
+            sa += cpu[c " " p " " r]; sb += cpu[c " " b " " r]
+        }
+        if (n == 0 || sb == 0) return
+        for (a = 1; a <= n; a++) for (d = a + 1; d <= n; d++) if (v[d] < v[a]) { t = v[a]; v[a] = v[d]; v[d] = t }
+        med = (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+        printf "%-6s %s against %s, CPU s/GB per round: median %+.1f%% (%+.1f%% to %+.1f%%, %d rounds); summed %+.1f%%\n", c, p, b, 100 * med, 100 * v[1], 100 * v[n], n, 100 * (sa / sb - 1)
+    }
+    END {
+        nc = split(cases, cs, " "); np = split(paths, ps, " ")
+        for (i = 1; i <= np; i++) have[ps[i]] = 1
+        for (k = 1; k <= nc; k++) {
+            for (i = 1; i <= np; i++) if (ps[i] !~ /@base$/ && (ps[i] "@base") in have) pair(cs[k], ps[i], ps[i] "@base")
+            if (("link" in have) && ("local" in have)) pair(cs[k], "link", "local")
+        }
+    }' "$results"
 echo "proxy peak RSS (VmHWM): $(proxy_hwm_kib "$P_PID") KiB; RSS now: ${rss} KiB"
 if [ -n "${BASELINE_BIN:-}" ]; then
     echo "baseline proxy peak RSS (VmHWM): $(proxy_hwm_kib "$Q_PID") KiB"

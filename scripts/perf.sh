@@ -26,11 +26,12 @@
 #
 # With BASELINE_BIN, a second proxy runs that binary beside this build and
 # its paths (local@base, link@base) join the rotation, so a change is
-# compared with the code before it under the same load; the summary then
-# also gives, per path, this build's CPU s/GB against the baseline's in
-# the same round (the median and range of those ratios, and the ratio of
-# the sums). PATHS picks the paths (direct is always run: it is the
-# reference for the other paths' throughput).
+# compared with the code before it under the same load. The summary pairs
+# rounds: per case, each path's CPU s/GB against its baseline's in the same
+# round, and the link path's against passthrough's (the median and range
+# of those ratios, and the ratio of the sums). PATHS picks the paths
+# (direct is always run: it is the reference for the other paths'
+# throughput).
 #
 # On a noisy machine (broker, producer and proxy share the cores), trust
 # CPU s/GB and RSS first: they measure the proxy alone. Throughput and

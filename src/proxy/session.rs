@@ -522,8 +522,6 @@ async fn requests(
     }
 }
 
-/// Resolves when the link states change, for a link connection; never
-/// otherwise.
 /// The next change of the link states, with the receiver to watch on
 /// (`None` once the states can no longer change).
 type LinkChanged = std::pin::Pin<

@@ -107,19 +107,15 @@ pub struct FrameReader<R> {
     /// The size prefix of the next frame, as far as it has arrived.
     head: [u8; 4],
     head_len: usize,
-    /// Bytes of the last read between frames not taken yet
-    /// (`inline[inline_at..inline_len]`).
-    inline: [u8; INLINE],
-    inline_at: usize,
-    inline_len: usize,
+    /// Bytes read past what has been taken (the next size prefix, the
+    /// next frames).
+    buffered: Buffered,
     /// The frame being read, once its size is known (`size` bytes). A
     /// `Vec` so that growing it can extend the allocation in place (large
     /// blocks are remapped, not copied); it becomes a `BytesMut` without a
     /// copy when complete.
     size: usize,
     body: Option<Vec<u8>>,
-    /// Bytes read past the frame being read; empty means unallocated.
-    ahead: BytesMut,
     /// When the frame being read must be complete.
     deadline: Option<Instant>,
     last_read: Instant,
@@ -141,12 +137,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             frame_timeout: None,
             head: [0; 4],
             head_len: 0,
-            inline: [0; INLINE],
-            inline_at: 0,
-            inline_len: 0,
+            buffered: Buffered::new(),
             size: 0,
             body: None,
-            ahead: BytesMut::new(),
             deadline: None,
             last_read: Instant::now(),
             charged: 0,
@@ -171,7 +164,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Whether part of a frame has arrived.
     pub fn mid_frame(&self) -> bool {
-        self.head_len > 0 || self.body.is_some() || self.pending() > 0
+        self.head_len > 0 || self.body.is_some() || !self.buffered.is_empty()
     }
 
     /// When bytes last arrived (or the reader was made).
@@ -214,22 +207,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if remaining == 0 {
                 return Ok(self.finish());
             }
-            if self.inline_at < self.inline_len {
-                let n = remaining.min(self.inline_len - self.inline_at);
+            if !self.buffered.is_empty() {
+                let n = remaining.min(self.buffered.len());
                 self.reserve(n).await?;
                 if let Some(body) = self.body.as_mut() {
-                    body.extend_from_slice(&self.inline[self.inline_at..self.inline_at + n]);
+                    body.extend_from_slice(&self.buffered.bytes()[..n]);
                 }
-                self.inline_at += n;
-                continue;
-            }
-            if !self.ahead.is_empty() {
-                let n = remaining.min(self.ahead.len());
-                self.reserve(n).await?;
-                if let Some(body) = self.body.as_mut() {
-                    body.extend_from_slice(&self.ahead[..n]);
-                }
-                self.consume_ahead(n);
+                self.buffered.consume(n);
                 continue;
             }
             // A large frame is read straight into its own buffer, which
@@ -255,17 +239,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 };
                 timed(deadline, self.inner.read_buf(&mut body.limit(room))).await
             } else {
-                if self.ahead.capacity() == 0 {
-                    self.ahead = BytesMut::with_capacity(READ_AHEAD);
-                }
-                timed(self.deadline, self.inner.read_buf(&mut self.ahead)).await
+                timed(
+                    self.deadline,
+                    self.inner.read_buf(self.buffered.read_ahead()),
+                )
+                .await
             };
             match n {
-                Ok(0) => {
-                    return Err(FrameError::Truncated {
-                        buffered: 4 + len + self.pending(),
-                    })
-                }
+                Ok(0) => return Err(FrameError::Truncated { buffered: 4 + len }),
                 Ok(_) => self.last_read = Instant::now(),
                 Err(e) => return Err(self.read_error(e)),
             }
@@ -276,44 +257,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// stream. Leaves `head_len == 0` on a clean close between frames.
     async fn read_head(&mut self) -> Result<(), FrameError> {
         let start = self.head_len;
-        if self.pending() == 0 {
-            // Into the reader's own array: no heap memory while idle, and a
-            // small frame comes in whole with its size. Idle between frames:
-            // no deadline.
+        if self.buffered.is_empty() {
+            // Idle between frames: no deadline.
             let deadline = if start == 0 { None } else { self.deadline };
-            let n = match timed(deadline, self.inner.read(&mut self.inline)).await {
+            match timed(deadline, self.buffered.read_inline(&mut self.inner)).await {
                 Ok(0) if start == 0 => return Ok(()),
                 Ok(0) => return Err(FrameError::Truncated { buffered: start }),
-                Ok(n) => n,
+                Ok(_) => self.last_read = Instant::now(),
                 Err(e) => return Err(self.read_error(e)),
-            };
-            self.last_read = Instant::now();
-            self.inline_at = 0;
-            self.inline_len = n;
+            }
         }
-        let want = 4 - start;
-        let n = if self.inline_at < self.inline_len {
-            let n = want.min(self.inline_len - self.inline_at);
-            self.head[start..start + n]
-                .copy_from_slice(&self.inline[self.inline_at..self.inline_at + n]);
-            self.inline_at += n;
-            n
-        } else {
-            let n = want.min(self.ahead.len());
-            self.head[start..start + n].copy_from_slice(&self.ahead[..n]);
-            self.consume_ahead(n);
-            n
-        };
+        let n = (4 - start).min(self.buffered.len());
+        self.head[start..start + n].copy_from_slice(&self.buffered.bytes()[..n]);
+        self.buffered.consume(n);
         self.head_len += n;
         if start == 0 {
             self.deadline = self.frame_timeout.map(|t| Instant::now() + t);
         }
         Ok(())
-    }
-
-    /// Bytes read and not yet taken (at most one of the two holds any).
-    fn pending(&self) -> usize {
-        self.inline_len - self.inline_at + self.ahead.len()
     }
 
     fn read_error(&self, e: ReadError) -> FrameError {
@@ -323,13 +284,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 ms: self.frame_timeout.unwrap_or_default().as_millis(),
                 buffered: self.head_len + self.body.as_ref().map_or(0, Vec::len),
             },
-        }
-    }
-
-    fn consume_ahead(&mut self, n: usize) {
-        self.ahead.advance(n);
-        if self.ahead.is_empty() {
-            self.ahead = BytesMut::new();
         }
     }
 
@@ -433,6 +387,79 @@ impl<R> Drop for FrameReader<R> {
     }
 }
 
+/// Bytes read from the stream and not taken yet. They sit in one of two
+/// places, never both: an array inside the reader, which the read between
+/// frames fills (the size prefix and, with it, a small frame whole; no heap
+/// memory while idle), or the read-ahead buffer, which a small frame's body
+/// is read through so that pipelined frames after it share that read. The
+/// read-ahead is freed as soon as it is empty.
+struct Buffered {
+    inline: [u8; INLINE],
+    /// `inline[inline_at..inline_len]` is not taken yet.
+    inline_at: usize,
+    inline_len: usize,
+    /// Empty means unallocated.
+    ahead: BytesMut,
+}
+
+impl Buffered {
+    fn new() -> Self {
+        Buffered {
+            inline: [0; INLINE],
+            inline_at: 0,
+            inline_len: 0,
+            ahead: BytesMut::new(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.inline_at < self.inline_len {
+            &self.inline[self.inline_at..self.inline_len]
+        } else {
+            &self.ahead
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Take the first `n` bytes (`n <= len()`).
+    fn consume(&mut self, n: usize) {
+        if self.inline_at < self.inline_len {
+            self.inline_at += n;
+        } else {
+            self.ahead.advance(n);
+            if self.ahead.is_empty() {
+                self.ahead = BytesMut::new();
+            }
+        }
+    }
+
+    /// One read into the inline array; only when nothing is buffered.
+    async fn read_inline<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        debug_assert!(self.is_empty());
+        let n = r.read(&mut self.inline).await?;
+        self.inline_at = 0;
+        self.inline_len = n;
+        Ok(n)
+    }
+
+    /// The read-ahead buffer to read into, allocated if it is not; only
+    /// when nothing is buffered.
+    fn read_ahead(&mut self) -> &mut BytesMut {
+        debug_assert!(self.is_empty());
+        if self.ahead.capacity() == 0 {
+            self.ahead = BytesMut::with_capacity(READ_AHEAD);
+        }
+        &mut self.ahead
+    }
+}
+
 enum ReadError {
     Io(std::io::Error),
     Timeout,
@@ -489,6 +516,29 @@ mod tests {
                 Err(e) => return (frames, Some(e)),
             }
         }
+    }
+
+    #[tokio::test]
+    async fn buffered_bytes_sit_inline_or_in_a_read_ahead_freed_when_empty() {
+        let mut p = Buffered::new();
+        let mut stream: &[u8] = &[1, 2, 3, 4, 5, 6];
+        assert_eq!(p.read_inline(&mut stream).await.unwrap(), 6);
+        assert_eq!(p.bytes(), [1, 2, 3, 4, 5, 6]);
+        p.consume(4);
+        assert_eq!(p.bytes(), [5, 6]);
+        p.consume(2);
+        assert!(p.is_empty());
+        assert_eq!(p.ahead.capacity(), 0, "the inline read allocates nothing");
+
+        let mut stream: &[u8] = &[7, 8, 9];
+        stream.read_buf(p.read_ahead()).await.unwrap();
+        assert!(p.ahead.capacity() >= READ_AHEAD);
+        assert_eq!(p.bytes(), [7, 8, 9]);
+        p.consume(1);
+        assert_eq!(p.bytes(), [8, 9]);
+        p.consume(2);
+        assert!(p.is_empty());
+        assert_eq!(p.ahead.capacity(), 0, "an empty read-ahead is freed");
     }
 
     #[tokio::test]
@@ -586,7 +636,11 @@ mod tests {
         let cap = r.body.as_ref().map_or(0, Vec::capacity);
         assert_eq!(cap, FIRST_CHUNK, "the first chunk of a large frame");
         assert_eq!(budget.in_use(), cap, "charged before it was allocated");
-        assert_eq!(r.ahead.capacity(), 0, "read straight into the frame");
+        assert_eq!(
+            r.buffered.ahead.capacity(),
+            0,
+            "read straight into the frame"
+        );
         // 10 bytes arrive: nothing grows.
         tx.write_all(&[1; 10]).await.expect("write");
         assert!(try_read(&mut r).await.is_none(), "no frame yet");
@@ -610,7 +664,11 @@ mod tests {
         let at = r.body.as_ref().map(|b| b.as_ptr());
         assert_eq!(r.body.as_ref().map(Vec::capacity), Some(body.len()));
         assert_eq!(r.body.as_ref().map(Vec::len), Some(1000));
-        assert_eq!(r.ahead.capacity(), 0, "read straight into the frame");
+        assert_eq!(
+            r.buffered.ahead.capacity(),
+            0,
+            "read straight into the frame"
+        );
         tx.write_all(&framed[4 + 1000..]).await.expect("write");
         let got = r.read_frame().await.expect("read").expect("frame");
         assert!(got[..] == body[..], "frame content differs");
@@ -685,7 +743,7 @@ mod tests {
         let got = r.read_frame().await.expect("read").expect("frame");
         assert_eq!(&got[..], &body[..]);
         assert_eq!(r.inner.reads, 1, "the size prefix and the body in one read");
-        assert_eq!(r.ahead.capacity(), 0, "no read-ahead allocated");
+        assert_eq!(r.buffered.ahead.capacity(), 0, "no read-ahead allocated");
         assert!(!r.mid_frame());
     }
 
@@ -743,7 +801,7 @@ mod tests {
         }
         assert!(try_read(&mut r).await.is_none(), "nothing more to read");
         assert!(!r.mid_frame());
-        assert_eq!(r.ahead.capacity(), 0, "read-ahead kept while idle");
+        assert_eq!(r.buffered.ahead.capacity(), 0, "read-ahead kept while idle");
         assert!(r.body.is_none());
     }
 

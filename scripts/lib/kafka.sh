@@ -43,21 +43,25 @@ kmp_cleanup() {
 
 # kmp_start_broker NAME CLUSTER_ID: starts a broker; sets NAME_PORT and
 # NAME_DIR (e.g. kmp_start_broker A MkU3OEVBNTcwNTJENDM2Qk -> $A_PORT).
-# With KMP_RELAY_PORT set, the broker also has a listener that advertises
-# that port (for a relay in front of it) and NAME_RELAY_TARGET is its port.
+# With KMP_RELAY_PORTS set (space-separated ports), the broker also has a
+# listener per port that advertises that port (for a relay in front of it),
+# and NAME_RELAY_TARGETS lists those listeners' own ports, in the same order.
 kmp_start_broker() {
-    local name=$1 cluster_id=$2 port cport dir rport listeners advertised
+    local name=$1 cluster_id=$2 port cport dir relay rport listeners advertised protocols i=0 targets=""
     port=$(kmp_free_port); cport=$(kmp_free_port)
     dir="$KMP_WORK/broker-$name"
     mkdir -p "$dir"
     listeners="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport"
     advertised="PLAINTEXT://127.0.0.1:$port"
-    if [ -n "${KMP_RELAY_PORT:-}" ]; then
-        rport=$(kmp_free_port)
-        listeners="$listeners,RELAY://127.0.0.1:$rport"
-        advertised="$advertised,RELAY://127.0.0.1:$KMP_RELAY_PORT"
-        printf -v "${name}_RELAY_TARGET" '%s' "$rport"
-    fi
+    protocols="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    for relay in ${KMP_RELAY_PORTS:-}; do
+        i=$((i + 1)); rport=$(kmp_free_port)
+        listeners="$listeners,RELAY$i://127.0.0.1:$rport"
+        advertised="$advertised,RELAY$i://127.0.0.1:$relay"
+        protocols="$protocols,RELAY$i:PLAINTEXT"
+        targets="$targets${targets:+ }$rport"
+    done
+    printf -v "${name}_RELAY_TARGETS" '%s' "$targets"
     cat > "$dir/server.properties" <<PROPS
 process.roles=broker,controller
 node.id=1
@@ -66,7 +70,7 @@ listeners=$listeners
 advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,RELAY:PLAINTEXT
+listener.security.protocol.map=$protocols
 log.dirs=$dir/data
 offsets.topic.replication.factor=1
 offsets.topic.num.partitions=1

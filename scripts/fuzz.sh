@@ -48,7 +48,10 @@ for t in $targets; do
     cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" $manual -- \
         -max_total_time="$seconds" -rss_limit_mb=512 -max_len=65536 \
         -print_final_stats=1 2>&1 | grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|==|SUMMARY|artifact_prefix|Test unit written)|panicked|ERROR' || true
-    if ls "fuzz/artifacts/$t"/crash-* "fuzz/artifacts/$t"/oom-* "fuzz/artifacts/$t"/leak-* >/dev/null 2>&1; then
+    # (Not `ls a* b* c*`: that fails unless every kind is present, which
+    # let a crash pass unnoticed.)
+    found=$(find "fuzz/artifacts/$t" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'oom-*' -o -name 'leak-*' -o -name 'timeout-*' \) 2>/dev/null || true)
+    if [ -n "$found" ]; then
         echo "fuzz: $t found a failing input:" >&2
         ls "fuzz/artifacts/$t" >&2
         exit 1

@@ -97,6 +97,11 @@ pub enum Refusal {
     /// from its log tail (unreadable, or still being rebuilt by another
     /// request past the wait), so its batches cannot be checked yet.
     StateNotRebuilt,
+    /// A link Produce naming one partition more than once: the whole
+    /// request is refused (INVALID_REQUEST). No producer sends one, the
+    /// broker would keep only one entry per partition, and the proxy tracks
+    /// each partition once per request.
+    DuplicatePartition,
 }
 
 /// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
@@ -134,6 +139,7 @@ impl Refusal {
             Refusal::ReadOnly | Refusal::ReadOnlyTopic => "read_only",
             Refusal::LinkFenced => "link_fenced",
             Refusal::StateNotRebuilt => "producer_state_not_rebuilt",
+            Refusal::DuplicatePartition => "duplicate_partition",
         }
     }
 
@@ -161,6 +167,7 @@ impl Refusal {
             // librdkafka stop it: it must be closed), non-retriable for any
             // other: the replicator is fenced, not paused.
             Refusal::LinkFenced => ResponseError::ProducerFenced,
+            Refusal::DuplicatePartition => ResponseError::InvalidRequest,
         }
     }
 }
@@ -483,7 +490,19 @@ pub fn plan_with(
     let mut plan = ProducePlan::default();
     // The topic's resolved name and id, cached across its partitions.
     let mut resolved: Option<(TopicRef, Option<String>, Uuid)> = None;
+    // Every partition entry as (topic's place in `topics`, index), to find
+    // a partition named twice.
+    let mut topics: Vec<TopicRef> = Vec::new();
+    let mut entries: Vec<(usize, i32)> = Vec::new();
     for_each_partition(frame, body_offset, version, |p| {
+        let slot = match topics.iter().rposition(|t| t == p.topic) {
+            Some(slot) => slot,
+            None => {
+                topics.push(p.topic.clone());
+                topics.len() - 1
+            }
+        };
+        entries.push((slot, p.index));
         if resolved.as_ref().map(|(t, _, _)| t) != Some(p.topic) {
             let (name, id) = if version >= 13 {
                 (topic_name(p.topic.topic_id), p.topic.topic_id)
@@ -582,6 +601,25 @@ pub fn plan_with(
         }
         Ok(())
     })?;
+    entries.sort_unstable();
+    if let Some(w) = entries.windows(2).find(|w| w[0] == w[1]) {
+        let (slot, index) = w[0];
+        let topic = match topics.get(slot) {
+            Some(t) if version >= 13 => t.topic_id.to_string(),
+            Some(t) => t.name.as_str().to_string(),
+            None => String::new(),
+        };
+        return refuse_all(
+            frame,
+            body_offset,
+            version,
+            Refusal::DuplicatePartition,
+            &format!(
+                "mirror link '{}': the request names partition {index} of topic {topic} more than once; refused whole",
+                link.name()
+            ),
+        );
+    }
     Ok(plan)
 }
 

@@ -675,3 +675,76 @@ fn local_writes_to_read_only_topics_are_refused_per_partition() {
     let (_, decoded) = decode_response(&r, 9).expect("decode");
     assert_eq!(decoded.responses[0].partition_responses[0].error_code, 90);
 }
+
+#[test]
+fn a_partition_named_twice_refuses_the_whole_request() {
+    // Found by the produce_plan fuzz target: partition 0 twice, one entry
+    // forwarded and one refused; re-emitting the request without the
+    // refused entry dropped both.
+    let link = link(ControlBatchPolicy::Drop);
+    let mut unreadable = BytesMut::from(&batch(6, false, &["b"])[..]);
+    unreadable[16] = 111; // magic: no v2 batch header
+    for version in [3, 9, 13] {
+        let frame = request(
+            version,
+            "mirror-east",
+            &[
+                ("orders", 0, batch(5, false, &["a"])),
+                ("orders", 0, unreadable.clone().freeze()),
+                ("orders", 2, batch(7, false, &["c"])),
+            ],
+        );
+        let offset = body_offset(&frame, version);
+        let plan = plan(&frame, offset, version, &link, &names).expect("plan");
+        assert_eq!(plan.patches(), 0, "v{version}: nothing patched");
+        assert_eq!(
+            plan.forwarded_partitions, 0,
+            "v{version}: nothing forwarded"
+        );
+        assert!(plan.tracked.is_empty(), "v{version}: nothing tracked");
+        let refusals: Vec<(i32, Refusal)> = plan
+            .local
+            .iter()
+            .map(|l| match &l.outcome {
+                LocalOutcome::Refused { refusal, message } => {
+                    assert!(message.contains("partition 0"), "{message}");
+                    (l.partition, *refusal)
+                }
+                other => panic!("v{version}: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            refusals,
+            vec![
+                (0, Refusal::DuplicatePartition),
+                (0, Refusal::DuplicatePartition),
+                (2, Refusal::DuplicatePartition)
+            ],
+            "v{version}"
+        );
+        let response = local_response(6, version, &plan.local).expect("encode");
+        assert!(!response.is_empty());
+    }
+    // The same index in two topics is two partitions.
+    let frame = request(
+        9,
+        "mirror-east",
+        &[
+            ("orders", 0, batch(5, false, &["a"])),
+            ("payments", 0, batch(5, false, &["a"])),
+        ],
+    );
+    let offset = body_offset(&frame, 9);
+    let plan = plan(&frame, offset, 9, &link, &names).expect("plan");
+    assert_eq!(plan.forwarded_partitions, 1);
+    assert!(matches!(
+        &plan.local[..],
+        [LocalPartition {
+            outcome: LocalOutcome::Refused {
+                refusal: Refusal::TopicNotMirrored,
+                ..
+            },
+            ..
+        }]
+    ));
+}

@@ -604,9 +604,9 @@ pub fn plan_with(
     entries.sort_unstable();
     if let Some(w) = entries.windows(2).find(|w| w[0] == w[1]) {
         let (slot, index) = w[0];
-        let topic = match topics.get(slot) {
-            Some(t) if version >= 13 => t.topic_id.to_string(),
-            Some(t) => t.name.as_str().to_string(),
+        let topic = match topics.get(slot).map(|t| t.key(version)) {
+            Some(TopicKey::Id(id)) => id.to_string(),
+            Some(TopicKey::Name(name)) => name.to_string(),
             None => String::new(),
         };
         return refuse_all(

@@ -50,7 +50,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(plan) = produce::refuse_all(&frame, offset, version, Refusal::NotAuthorized, "m") {
         let _ = produce::local_response(h.correlation_id, version, &plan.local);
     }
-    let topic_name = |_| Some("orders".to_string());
+    let topic_name = |_| Some(std::sync::Arc::from("orders"));
     for link in links() {
         let Ok(plan) = produce::plan(&frame, offset, version, link, &topic_name) else {
             continue;

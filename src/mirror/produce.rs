@@ -11,6 +11,7 @@
 //! merged with the proxy's answers.
 
 use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::produce_response::{
@@ -19,6 +20,7 @@ use kafka_protocol::messages::produce_response::{
 use kafka_protocol::messages::{ApiKey, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::ResponseError;
+use smallvec::SmallVec;
 use uuid::Uuid;
 
 use crate::mirror::link::{ControlBatchPolicy, Link};
@@ -332,24 +334,36 @@ impl ProducePlan {
     }
 }
 
+/// Kafka's definition of the Produce request, looked up once: every Produce
+/// is walked with it, and the lookup by name (a hash of the name, a probe,
+/// a compare) was two more places in memory to fetch per request.
+fn produce_request() -> Result<&'static schema::Message, &'static schema::SchemaError> {
+    static MESSAGE: OnceLock<Result<&'static schema::Message, schema::SchemaError>> =
+        OnceLock::new();
+    MESSAGE
+        .get_or_init(|| schema::message("ProduceRequest"))
+        .as_ref()
+        .map(|m| *m)
+}
+
 /// The Produce versions the proxy parses: those of Kafka's own definition
 /// (v3 to v13 for Kafka 4.4; v0 to v2 are refused by 4.x brokers).
 pub fn supported_versions() -> (i16, i16) {
-    match schema::message("ProduceRequest") {
+    match produce_request() {
         Ok(m) => (m.valid.min, m.valid.max),
         Err(_) => (1, 0),
     }
 }
 
 fn request_schema(version: i16) -> Result<&'static schema::Message, ProduceError> {
-    let (min, max) = supported_versions();
-    if !(min..=max).contains(&version) {
-        return Err(ProduceError::UnsupportedVersion(version));
-    }
-    schema::message("ProduceRequest").map_err(|e| ProduceError::Malformed {
+    let m = produce_request().map_err(|e| ProduceError::Malformed {
         version,
         reason: e.to_string(),
-    })
+    })?;
+    if !(m.valid.min..=m.valid.max).contains(&version) {
+        return Err(ProduceError::UnsupportedVersion(version));
+    }
+    Ok(m)
 }
 
 /// One partition entry of a Produce request, as the walk finds it.
@@ -461,7 +475,7 @@ pub fn plan(
     body_offset: usize,
     version: i16,
     link: &Link,
-    topic_name: &dyn Fn(Uuid) -> Option<String>,
+    topic_name: &dyn Fn(Uuid) -> Option<Arc<str>>,
 ) -> Result<ProducePlan, ProduceError> {
     plan_with(
         frame,
@@ -478,51 +492,45 @@ pub fn plan(
 /// request without its size prefix; `topic_name` resolves v13 topic ids,
 /// `topic_id` the ids of topics named by older versions; `origins` gives
 /// the mapped PID of every known origin.
+///
+/// Runs on every link request, between two of which the broker and the
+/// producer have had the cores and their caches: it allocates only what
+/// the plan keeps (the patches, and the batches of each tracked partition)
+/// and resolves each topic once.
 pub fn plan_with(
     frame: &Bytes,
     body_offset: usize,
     version: i16,
     link: &Link,
-    topic_name: &dyn Fn(Uuid) -> Option<String>,
+    topic_name: &dyn Fn(Uuid) -> Option<Arc<str>>,
     topic_id: &dyn Fn(&str) -> Option<Uuid>,
     origins: &dyn OriginLookup,
 ) -> Result<ProducePlan, ProduceError> {
     let mut plan = ProducePlan::default();
-    // The topic's resolved name and id, cached across its partitions.
-    let mut resolved: Option<(TopicRef, Option<String>, Uuid)> = None;
+    let mut topics: SmallVec<[RequestTopic; 2]> = SmallVec::new();
     // Every partition entry as (topic's place in `topics`, index), to find
     // a partition named twice.
-    let mut topics: Vec<TopicRef> = Vec::new();
-    let mut entries: Vec<(usize, i32)> = Vec::new();
+    let mut entries: SmallVec<[(usize, i32); 8]> = SmallVec::new();
     for_each_partition(frame, body_offset, version, |p| {
-        let slot = match topics.iter().rposition(|t| t == p.topic) {
+        // A topic's partitions come together: the last one is almost
+        // always the topic of this entry.
+        let slot = match topics.iter().rposition(|t| t.topic == *p.topic) {
             Some(slot) => slot,
             None => {
-                topics.push(p.topic.clone());
+                topics.push(RequestTopic::resolve(
+                    p.topic, version, topic_name, topic_id,
+                ));
                 topics.len() - 1
             }
         };
         entries.push((slot, p.index));
-        if resolved.as_ref().map(|(t, _, _)| t) != Some(p.topic) {
-            let (name, id) = if version >= 13 {
-                (topic_name(p.topic.topic_id), p.topic.topic_id)
-            } else {
-                let name = p.topic.name.0.as_str();
-                (
-                    Some(name.to_string()),
-                    topic_id(name).unwrap_or_else(Uuid::nil),
-                )
-            };
-            resolved = Some((p.topic.clone(), name, id));
-        }
-        let name = resolved.as_ref().and_then(|(_, n, _)| n.as_deref());
-        let id = resolved.as_ref().map_or_else(Uuid::nil, |(_, _, id)| *id);
+        let topic = &topics[slot];
         let refuse = |refusal: Refusal, message: String| LocalPartition {
             topic: p.topic.clone(),
             partition: p.index,
             outcome: LocalOutcome::Refused { refusal, message },
         };
-        let Some(name) = name else {
+        let Some(name) = topic.name(version) else {
             plan.local.push(refuse(
                 Refusal::UnknownTopicId,
                 format!(
@@ -550,10 +558,10 @@ pub fn plan_with(
         };
         let base = records.start;
         let partition = PartitionId {
-            topic_id: id,
+            topic_id: topic.id,
             partition: p.index,
         };
-        let before = plan.unresolved.len();
+        let (unresolved, patches) = (plan.unresolved.len(), plan.patches.len());
         let planned = plan_partition(
             &frame[records],
             base,
@@ -561,9 +569,15 @@ pub fn plan_with(
             name,
             partition,
             origins,
+            &mut plan.patches,
             &mut plan.unresolved,
         );
-        if plan.unresolved.len() > before {
+        if !matches!(planned, Ok(PartitionPlan::Forward { .. })) {
+            // Nothing of a partition answered here is patched.
+            plan.patches.truncate(patches);
+        }
+        if plan.unresolved.len() > unresolved {
+            plan.patches.truncate(patches);
             plan.local.push(refuse(
                 Refusal::StateWriteFailed,
                 format!(
@@ -576,13 +590,11 @@ pub fn plan_with(
         }
         match planned {
             Ok(PartitionPlan::Forward {
-                patches,
                 batch_count,
                 tracked,
             }) => {
                 plan.forwarded_partitions += 1;
-                plan.remapped_batches += patches.len();
-                plan.patches.extend(patches);
+                plan.remapped_batches += plan.patches.len() - patches;
                 if !tracked.is_empty() {
                     plan.tracked.push(TrackedPartition {
                         topic: p.topic.clone(),
@@ -601,10 +613,12 @@ pub fn plan_with(
         }
         Ok(())
     })?;
-    entries.sort_unstable();
+    if entries.len() > 1 {
+        entries.sort_unstable();
+    }
     if let Some(w) = entries.windows(2).find(|w| w[0] == w[1]) {
         let (slot, index) = w[0];
-        let topic = match topics.get(slot).map(|t| t.key(version)) {
+        let topic = match topics.get(slot).map(|t| t.topic.key(version)) {
             Some(TopicKey::Id(id)) => id.to_string(),
             Some(TopicKey::Name(name)) => name.to_string(),
             None => String::new(),
@@ -623,15 +637,58 @@ pub fn plan_with(
     Ok(plan)
 }
 
+/// A topic of a link request, resolved once per request.
+struct RequestTopic {
+    /// As the request names it.
+    topic: TopicRef,
+    /// A v13 topic id's name (`None`: not known to the proxy yet).
+    looked_up: Option<Arc<str>>,
+    /// The topic's id (nil: not known yet).
+    id: Uuid,
+}
+
+impl RequestTopic {
+    fn resolve(
+        topic: &TopicRef,
+        version: i16,
+        topic_name: &dyn Fn(Uuid) -> Option<Arc<str>>,
+        topic_id: &dyn Fn(&str) -> Option<Uuid>,
+    ) -> RequestTopic {
+        let (looked_up, id) = match version >= 13 {
+            true => (topic_name(topic.topic_id), topic.topic_id),
+            false => (
+                None,
+                topic_id(topic.name.0.as_str()).unwrap_or_else(Uuid::nil),
+            ),
+        };
+        RequestTopic {
+            topic: topic.clone(),
+            looked_up,
+            id,
+        }
+    }
+
+    /// The topic's name: the request's own before v13.
+    fn name(&self, version: i16) -> Option<&str> {
+        match version >= 13 {
+            true => self.looked_up.as_deref(),
+            false => Some(self.topic.name.0.as_str()),
+        }
+    }
+}
+
 enum PartitionPlan {
+    /// Its patches were added to the plan's.
     Forward {
-        patches: Vec<(Range<usize>, PidPatch)>,
         batch_count: usize,
         tracked: Vec<TrackedBatch>,
     },
     DropControl(usize),
 }
 
+/// Plan one partition's records, adding its patches to `patches` (the
+/// caller drops them again unless the partition is forwarded).
+#[allow(clippy::too_many_arguments)]
 fn plan_partition(
     records: &[u8],
     base: usize,
@@ -639,10 +696,10 @@ fn plan_partition(
     topic: &str,
     at: PartitionId,
     origins: &dyn OriginLookup,
+    patches: &mut Vec<(Range<usize>, PidPatch)>,
     unresolved: &mut Vec<Unresolved>,
 ) -> Result<PartitionPlan, (Refusal, String)> {
     let partition = at.partition;
-    let mut patches = Vec::new();
     let mut tracked = Vec::new();
     let mut offset_delta: i64 = 0;
     let mut batches = 0;
@@ -728,7 +785,6 @@ fn plan_partition(
         Ok(PartitionPlan::DropControl(control))
     } else {
         Ok(PartitionPlan::Forward {
-            patches,
             batch_count: batches,
             tracked,
         })

@@ -18,6 +18,7 @@
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -415,15 +416,20 @@ impl Dedupe {
         }
         tracked.dedupe = Some(Arc::clone(self));
         let evictions = states.evictions();
-        let mut decisions = Vec::with_capacity(plan.tracked.len());
+        // The partitions answered here, by their place in `plan.tracked`
+        // (in order; allocated only when there are some). Every batch of
+        // the others was begun.
+        let mut answered: Vec<(usize, LocalOutcome)> = Vec::new();
         let mut in_flight = false;
-        for tp in &plan.tracked {
-            let mut begun = Vec::with_capacity(tp.batches.len());
+        for (i, tp) in plan.tracked.iter().enumerate() {
+            // Which batches were begun (marked in flight), to undo them if
+            // the partition is answered here after all.
+            let mut begun: SmallVec<[usize; 16]> = SmallVec::new();
             let mut duplicate: Option<(i64, usize)> = None;
             let mut outcome = None;
-            for b in &tp.batches {
+            for (k, b) in tp.batches.iter().enumerate() {
                 match states.begin(&(tp.partition, b.origin), &b.id) {
-                    Check::Append => begun.push(*b),
+                    Check::Append => begun.push(k),
                     Check::Duplicate { base_offset } => {
                         let d = duplicate.get_or_insert((base_offset, 0));
                         d.1 += 1;
@@ -469,17 +475,20 @@ impl Dedupe {
                     });
                 }
             }
-            if outcome.is_some() {
-                for b in &begun {
+            if let Some(outcome) = outcome {
+                for &k in &begun {
+                    let b = &tp.batches[k];
                     states.failed(&(tp.partition, b.origin), &b.id);
                 }
-                begun.clear();
+                answered.push((i, outcome));
             }
-            decisions.push((outcome, begun));
         }
         if in_flight && wait {
-            for (tp, (_, begun)) in plan.tracked.iter().zip(&decisions) {
-                for b in begun {
+            for (i, tp) in plan.tracked.iter().enumerate() {
+                if answered.iter().any(|(j, _)| *j == i) {
+                    continue; // undone above
+                }
+                for b in &tp.batches {
                     states.failed(&(tp.partition, b.origin), &b.id);
                 }
             }
@@ -493,14 +502,15 @@ impl Dedupe {
         }
         let evicted = states.evictions() - evictions;
         drop(inner);
-        for (tp, (outcome, begun)) in std::mem::take(&mut plan.tracked).into_iter().zip(decisions) {
-            match outcome {
+        let mut answered = answered.into_iter().peekable();
+        for (i, tp) in std::mem::take(&mut plan.tracked).into_iter().enumerate() {
+            match answered.next_if(|(j, _)| *j == i) {
                 None => tracked.partitions.push(BegunPartition {
                     topic: tp.topic,
                     partition: tp.partition,
-                    batches: begun,
+                    batches: tp.batches,
                 }),
-                Some(outcome) => {
+                Some((_, outcome)) => {
                     plan.forwarded_partitions -= 1;
                     plan.local.push(LocalPartition {
                         topic: tp.topic,
@@ -534,12 +544,12 @@ impl Tracked {
     /// A visitor of the Produce response (of `version`) that finds the
     /// answers to the begun partitions, for [`settle`](Self::settle).
     pub fn answers(&self, version: i16) -> Answers<'_> {
-        let asked = self
-            .partitions
-            .iter()
-            .map(|bp| (&bp.topic, bp.partition.partition))
-            .collect();
-        Answers::new(version, asked)
+        Answers::new(
+            version,
+            self.partitions
+                .iter()
+                .map(|bp| (&bp.topic, bp.partition.partition)),
+        )
     }
 
     /// Response half: every begun partition the broker answered with error

@@ -12,7 +12,6 @@
 //! parts (planning in [`produce`], [`crate::mirror::producer_state`]) stay
 //! pure.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -396,8 +395,7 @@ impl<'a> ProduceFilter<'a> {
         };
         // A response that cannot be walked returned above and dropped
         // `tracked`: its batches fail.
-        if let Some(answers) = answers {
-            let found = answers.into_found();
+        if let Some(found) = answers.map(|a| a.into_found()) {
             tracked.settle(&found, crate::state::now_ms());
         }
         if local.is_empty() {
@@ -437,7 +435,7 @@ async fn rebuild(
     let partition = claim.partition();
     let name = shared
         .topic_name(partition.topic_id)
-        .unwrap_or_else(|| claim.topic().name.0.to_string());
+        .map_or_else(|| claim.topic().name.0.to_string(), |n| n.to_string());
     let owner = |mapped: i64| state.view().owner(partition, mapped);
     let floor = state.barrier_floor(partition).unwrap_or(0);
     let run = claim.run(state.client(), &name, floor, &owner);
@@ -471,10 +469,28 @@ async fn rebuild(
 
 /// A Produce topic's name: the request's own before v13, else looked up by
 /// its id (`None` while the proxy has not seen the id in a response).
-fn topic_name<'t>(shared: &Shared, topic: TopicKey<'t>) -> Option<Cow<'t, str>> {
+fn topic_name<'t>(shared: &Shared, topic: TopicKey<'t>) -> Option<TopicName<'t>> {
     match topic {
-        TopicKey::Name(name) => Some(Cow::Borrowed(name)),
-        TopicKey::Id(id) => shared.topic_name(id).map(Cow::Owned),
+        TopicKey::Name(name) => Some(TopicName::Request(name)),
+        TopicKey::Id(id) => shared.topic_name(id).map(TopicName::Known),
+    }
+}
+
+/// A topic name borrowed from the request or shared with the proxy's
+/// table of topic ids: never copied per request.
+enum TopicName<'t> {
+    Request(&'t str),
+    Known(Arc<str>),
+}
+
+impl std::ops::Deref for TopicName<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            TopicName::Request(name) => name,
+            TopicName::Known(name) => name,
+        }
     }
 }
 

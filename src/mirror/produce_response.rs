@@ -11,6 +11,7 @@
 //! versions). Pure: bytes in, answers out.
 
 use kafka_protocol::messages::ApiKey;
+use smallvec::SmallVec;
 use uuid::Uuid;
 
 use crate::mirror::produce::{ProduceError, TopicRef};
@@ -45,23 +46,35 @@ impl PartitionAnswer {
 /// before v13, by id from v13. The first answer for a partition counts.
 pub struct Answers<'q> {
     by_id: bool,
-    asked: Vec<(&'q TopicRef, i32)>,
-    found: Vec<Option<PartitionAnswer>>,
-    /// Whether `asked[i]` is of the topic being walked.
-    in_topic: Vec<bool>,
+    /// Inline for the usual request of a partition or two: no allocation.
+    asked: SmallVec<[Asked<'q>; 2]>,
     index: i32,
     current: PartitionAnswer,
 }
 
+/// One asked partition and what was found for it.
+struct Asked<'q> {
+    topic: &'q TopicRef,
+    partition: i32,
+    /// Whether it is of the topic being walked.
+    in_topic: bool,
+    found: Option<PartitionAnswer>,
+}
+
 impl<'q> Answers<'q> {
     /// A visitor for a response of `version` to the partitions `asked`.
-    pub fn new(version: i16, asked: Vec<(&'q TopicRef, i32)>) -> Answers<'q> {
-        let n = asked.len();
+    pub fn new(version: i16, asked: impl IntoIterator<Item = (&'q TopicRef, i32)>) -> Answers<'q> {
         Answers {
             by_id: version >= 13,
-            asked,
-            found: vec![None; n],
-            in_topic: vec![false; n],
+            asked: asked
+                .into_iter()
+                .map(|(topic, partition)| Asked {
+                    topic,
+                    partition,
+                    in_topic: false,
+                    found: None,
+                })
+                .collect(),
             index: -1,
             current: PartitionAnswer::UNSET,
         }
@@ -70,7 +83,7 @@ impl<'q> Answers<'q> {
     /// The answer to each asked partition, in the order asked (`None`: the
     /// response does not mention it).
     pub fn into_found(self) -> Vec<Option<PartitionAnswer>> {
-        self.found
+        self.asked.iter().map(|a| a.found).collect()
     }
 
     /// Walk the Produce response `frame` (header and body, no size prefix)
@@ -91,14 +104,14 @@ impl Visitor for Answers<'_> {
         match (field.path.as_str(), value) {
             ("Responses.Name", Value::Str(name)) if !self.by_id => {
                 let name = name.unwrap_or_default();
-                for (hit, (topic, _)) in self.in_topic.iter_mut().zip(&self.asked) {
-                    *hit = topic.name.0.as_bytes() == name;
+                for a in &mut self.asked {
+                    a.in_topic = a.topic.name.0.as_bytes() == name;
                 }
             }
             ("Responses.TopicId", Value::Uuid(id)) if self.by_id => {
                 let id = Uuid::from_bytes(id);
-                for (hit, (topic, _)) in self.in_topic.iter_mut().zip(&self.asked) {
-                    *hit = topic.topic_id == id;
+                for a in &mut self.asked {
+                    a.in_topic = a.topic.topic_id == id;
                 }
             }
             ("Responses.PartitionResponses.Index", Value::Int(i)) => self.index = i as i32,
@@ -121,7 +134,7 @@ impl Visitor for Answers<'_> {
 
     fn enter(&mut self, field: &Field) {
         match field.path.as_str() {
-            "Responses" => self.in_topic.iter_mut().for_each(|hit| *hit = false),
+            "Responses" => self.asked.iter_mut().for_each(|a| a.in_topic = false),
             "Responses.PartitionResponses" => {
                 self.index = -1;
                 self.current = PartitionAnswer::UNSET;
@@ -132,9 +145,9 @@ impl Visitor for Answers<'_> {
 
     fn leave(&mut self, field: &Field) -> bool {
         if field.path == "Responses.PartitionResponses" {
-            for (i, (_, partition)) in self.asked.iter().enumerate() {
-                if self.in_topic[i] && *partition == self.index && self.found[i].is_none() {
-                    self.found[i] = Some(self.current);
+            for a in &mut self.asked {
+                if a.in_topic && a.partition == self.index && a.found.is_none() {
+                    a.found = Some(self.current);
                 }
             }
         }

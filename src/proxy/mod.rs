@@ -94,7 +94,9 @@ pub struct Shared {
     nodes: Mutex<HashMap<i32, NodeEntry>>,
     /// Whether any bootstrap broker is reachable.
     bootstrap_health: Arc<Health>,
-    topic_names: RwLock<HashMap<Uuid, String>>,
+    /// Shared names: looked up for every link Produce (v13), where a copy
+    /// would be an allocation per request.
+    topic_names: RwLock<HashMap<Uuid, Arc<str>>>,
     /// The reverse of `topic_names`, for Produce before v13.
     topic_ids: RwLock<HashMap<String, Uuid>>,
     /// The state topic; `None` without mirror links.
@@ -294,7 +296,7 @@ impl Shared {
     }
 
     /// The name of a topic id seen in a Metadata response.
-    pub fn topic_name(&self, id: Uuid) -> Option<String> {
+    pub fn topic_name(&self, id: Uuid) -> Option<Arc<str>> {
         self.topic_names.read().ok()?.get(&id).cloned()
     }
 
@@ -306,7 +308,12 @@ impl Shared {
                 ids.extend(learnt.topics.iter().map(|(id, name)| (name.clone(), *id)));
             }
             if let Ok(mut names) = self.topic_names.write() {
-                names.extend(learnt.topics);
+                names.extend(
+                    learnt
+                        .topics
+                        .into_iter()
+                        .map(|(id, name)| (id, Arc::from(name))),
+                );
             }
         }
         for (node, host, port) in learnt.brokers {

@@ -111,8 +111,8 @@ fn decode(frame: &Bytes, offset: usize, version: i16) -> Result<ProduceRequest, 
     ProduceRequest::decode(&mut body, version)
 }
 
-fn names(id: Uuid) -> Option<String> {
-    (id == TOPIC_ID).then(|| "orders".to_string())
+fn names(id: Uuid) -> Option<std::sync::Arc<str>> {
+    (id == TOPIC_ID).then(|| "orders".into())
 }
 
 fn rewrite(frame: Bytes, version: i16, link: &Link) -> (ProducePlan, Bytes) {

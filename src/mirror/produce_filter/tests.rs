@@ -266,6 +266,83 @@ fn a_partition_mixing_a_duplicate_and_a_new_batch_is_refused_whole() {
     assert!(alone.local.is_empty());
 }
 
+/// Partitions 0 to 2 of one request, each with one batch.
+fn plan_of_three(batches: [BatchId; 3]) -> ProducePlan {
+    let mut p = ProducePlan::default();
+    for (partition, batch) in batches.into_iter().enumerate() {
+        let one = plan(partition as i32, &[(batch, 0)]);
+        p.tracked.extend(one.tracked);
+        p.forwarded_partitions += 1;
+    }
+    p
+}
+
+#[test]
+fn partitions_answered_here_leave_the_others_begun_in_request_order() {
+    let d = dedupe();
+    // Partitions 0 and 2 have appended a batch; partition 1 has not.
+    let mut first = plan_of_three([id(0, 0, 9), id(0, 0, 9), id(0, 0, 9)]);
+    let t = begin(&d, &mut first, "east", false).expect("begun");
+    let found = [
+        Some(answer(100)),
+        Some(PartitionAnswer {
+            error_code: 1, // OFFSET_OUT_OF_RANGE: failed, nothing appended
+            ..answer(-1)
+        }),
+        Some(answer(300)),
+    ];
+    t.settle(&found, 1);
+    // Sent again with partition 1's batch: 0 and 2 are duplicates, answered
+    // here with their offsets; 1 alone is begun and goes to the broker.
+    let mut again = plan_of_three([id(0, 0, 9), id(0, 0, 9), id(0, 0, 9)]);
+    let t = begin(&d, &mut again, "east", false).expect("begun");
+    assert_eq!(again.forwarded_partitions, 1);
+    let local: Vec<(i32, LocalOutcome)> = again
+        .local
+        .iter()
+        .map(|l| (l.partition, l.outcome.clone()))
+        .collect();
+    assert_eq!(
+        local,
+        vec![
+            (
+                0,
+                LocalOutcome::Duplicate {
+                    base_offset: 100,
+                    batches: 1
+                }
+            ),
+            (
+                2,
+                LocalOutcome::Duplicate {
+                    base_offset: 300,
+                    batches: 1
+                }
+            ),
+        ]
+    );
+    // Begun: partition 1 alone, which its answer then records.
+    t.settle(&[Some(answer(200))], 1);
+    let mut third = plan(1, &[(id(0, 0, 9), 0)]);
+    begin(&d, &mut third, "east", false).expect("begun");
+    assert_eq!(
+        third.local[0].outcome,
+        LocalOutcome::Duplicate {
+            base_offset: 200,
+            batches: 1
+        }
+    );
+}
+
+fn answer(base_offset: i64) -> PartitionAnswer {
+    PartitionAnswer {
+        error_code: 0,
+        base_offset,
+        log_append_time_ms: -1,
+        leader_id: -1,
+    }
+}
+
 #[test]
 fn a_mapped_pid_reused_by_another_origin_starts_afresh() {
     let d = dedupe();

@@ -9,7 +9,6 @@
 //! request costs an atomic load and an atomic increment: no lock shared by
 //! all connections, no allocation.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::{Arc, OnceLock};
 
@@ -155,7 +154,9 @@ pub struct Metrics {
     producer_state_rebuilds: Family<ResultLabels, Counter>,
     producer_state_rebuild_marks: Family<FixedLabels, Counter>,
     producer_state_offsets_beyond_bound: Counter,
-    links: HashMap<String, LinkMetrics>,
+    /// Looked up for every link request (foldhash, as the other per-request
+    /// maps).
+    links: foldhash::HashMap<String, LinkMetrics>,
     /// The state topic (`state`).
     pub state: StateMetrics,
     /// Link control (failover).

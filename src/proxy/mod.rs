@@ -96,9 +96,9 @@ pub struct Shared {
     bootstrap_health: Arc<Health>,
     /// Shared names: looked up for every link Produce (v13), where a copy
     /// would be an allocation per request.
-    topic_names: RwLock<HashMap<Uuid, Arc<str>>>,
+    topic_names: RwLock<foldhash::HashMap<Uuid, Arc<str>>>,
     /// The reverse of `topic_names`, for Produce before v13.
-    topic_ids: RwLock<HashMap<String, Uuid>>,
+    topic_ids: RwLock<foldhash::HashMap<String, Uuid>>,
     /// The state topic; `None` without mirror links.
     pub state: Option<Arc<StateStore>>,
     /// This instance's membership of the instances' group
@@ -504,8 +504,8 @@ impl Proxy {
             acceptor,
             nodes: Mutex::new(HashMap::new()),
             bootstrap_health: Health::new(),
-            topic_names: RwLock::new(HashMap::new()),
-            topic_ids: RwLock::new(HashMap::new()),
+            topic_names: RwLock::default(),
+            topic_ids: RwLock::default(),
             state,
             members,
         });

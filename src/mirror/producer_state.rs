@@ -220,6 +220,25 @@ impl ProducerStateEntry {
             .find(|m| m.first_seq == b.first_seq && m.last_seq == b.last_seq)
     }
 
+    /// Marks `b` in flight (see [`ProducerStates::mark_in_flight`]).
+    fn mark_in_flight(&mut self, b: &BatchId) -> Result<(), String> {
+        if self.in_flight_slot(b).is_some() {
+            return Ok(());
+        }
+        let Some(slot) = self.in_flight.iter_mut().find(|s| s.is_none()) else {
+            return Err(format!(
+                "producer {} has {MAX_IN_FLIGHT} batches in flight already",
+                b.producer_id
+            ));
+        };
+        *slot = Some(InFlightBatch {
+            epoch: b.epoch,
+            first_seq: b.first_seq,
+            last_seq: b.last_seq,
+        });
+        Ok(())
+    }
+
     fn in_flight_slot(&self, b: &BatchId) -> Option<usize> {
         self.in_flight.iter().position(|f| {
             f.is_some_and(|f| {
@@ -454,17 +473,34 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// [`check`](Self::check), and on `Append` mark the batch in flight.
     /// More than [`MAX_IN_FLIGHT`] batches of one producer in flight is
     /// refused as out of order.
+    ///
+    /// A producer already held is found once for both (this runs for every
+    /// mirrored batch).
     pub fn begin(&mut self, partition: &P, batch: &BatchId) -> Check {
-        let verdict = self.check(partition, batch);
-        if verdict == Check::Append && batch.first_seq >= 0 {
-            if let Err(message) = self.mark_in_flight(partition, batch) {
-                return Check::Refuse {
-                    kind: RefusalKind::OutOfOrderSequence,
-                    message,
-                };
-            }
+        if batch.first_seq < 0 {
+            return Check::Append;
         }
-        verdict
+        let now = self.tick();
+        let verdict = match self.entries.get_mut(&(*partition, batch.producer_id)) {
+            Some(e) => {
+                e.last_used = now;
+                let verdict = e.check(batch);
+                if verdict != Check::Append {
+                    return verdict;
+                }
+                // Held with a free slot, or full of batches in flight: not
+                // empty either way, so never removed here.
+                e.mark_in_flight(batch)
+            }
+            None => self.mark_in_flight(partition, batch),
+        };
+        match verdict {
+            Ok(()) => Check::Append,
+            Err(message) => Check::Refuse {
+                kind: RefusalKind::OutOfOrderSequence,
+                message,
+            },
+        }
     }
 
     /// Marks `batch` in flight, so that a retry of it waits
@@ -475,25 +511,11 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
             return Ok(());
         }
         let e = self.entry_mut(partition, batch.producer_id);
-        if e.in_flight_slot(batch).is_some() {
-            return Ok(());
+        let marked = e.mark_in_flight(batch);
+        if marked.is_err() && e.is_empty() {
+            self.remove(partition, batch.producer_id);
         }
-        let Some(slot) = e.in_flight.iter_mut().find(|s| s.is_none()) else {
-            let message = format!(
-                "producer {} has {MAX_IN_FLIGHT} batches in flight already",
-                batch.producer_id
-            );
-            if e.is_empty() {
-                self.remove(partition, batch.producer_id);
-            }
-            return Err(message);
-        };
-        *slot = Some(InFlightBatch {
-            epoch: batch.epoch,
-            first_seq: batch.first_seq,
-            last_seq: batch.last_seq,
-        });
-        Ok(())
+        marked
     }
 
     /// The broker appended `batch` at `base_offset`: remember it (as one of

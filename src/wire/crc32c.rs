@@ -26,7 +26,8 @@ pub fn checksum(data: &[u8]) -> u32 {
 /// Taking two `[u8; N]` makes unequal lengths unrepresentable. Only the
 /// difference is added: the function never recomputes from the message, so a
 /// CRC that was wrong before stays wrong by exactly the same amount.
-/// Cost is O(N) plus one 32-step multiplication per non-zero hex digit of\n/// `bytes_after`; the message itself is never read.
+/// Cost is O(N) plus one 32-step multiplication per non-zero hex digit of
+/// `bytes_after`; the message itself is never read.
 pub fn patch<const N: usize>(old_crc: u32, old: [u8; N], new: [u8; N], bytes_after: u64) -> u32 {
     let mut reg = 0u32;
     for (o, n) in old.iter().zip(new.iter()) {

@@ -26,18 +26,12 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{
-    ApiKey, ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader,
-};
-use kafka_protocol::protocol::{Encodable, StrBytes};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::messages::{ApiKey, ProduceResponse};
 use regex::Regex;
 use uuid::Uuid;
 
+use kafka_mirror_proxy::client::protocol::{self, PartitionRef};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
@@ -45,6 +39,7 @@ use kafka_mirror_proxy::mirror::produce;
 use kafka_mirror_proxy::mirror::produce_filter::{Begin, Dedupe};
 use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
 use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
+use kafka_mirror_proxy::wire::batch::{self, NewBatch, NewRecord};
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
 
 /// Counts allocations, to report how many each phase makes.
@@ -77,68 +72,54 @@ const PID: i64 = 5;
 /// Offset of baseSequence in a v2 record batch.
 const BASE_SEQUENCE: usize = 53;
 
+/// One batch of `records` 1 KiB records from producer `PID` (the library's
+/// batch builder; incompressible values).
 fn batch(records: usize) -> Bytes {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let records: Vec<Record> = (0..records)
-        .map(|i| Record {
-            transactional: false,
-            control: false,
-            partition_leader_epoch: 0,
-            producer_id: PID,
-            producer_epoch: 0,
-            timestamp_type: TimestampType::Creation,
-            offset: i as i64,
-            sequence: i as i32,
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::from(
-                (0..1024)
-                    .map(|_| {
-                        seed ^= seed << 13;
-                        seed ^= seed >> 7;
-                        seed ^= seed << 17;
-                        seed as u8
-                    })
-                    .collect::<Vec<u8>>(),
-            )),
-            headers: Default::default(),
-            delete_horizon: false,
+    let values: Vec<Vec<u8>> = (0..records)
+        .map(|_| {
+            (0..1024)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect()
         })
         .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .expect("encode");
-    buf.freeze()
+    let records: Vec<NewRecord<'_>> = values
+        .iter()
+        .map(|v| NewRecord {
+            key: None,
+            value: Some(v),
+            headers: &[],
+            timestamp: 1_700_000_000_000,
+        })
+        .collect();
+    let producer = NewBatch {
+        producer_id: PID,
+        producer_epoch: 0,
+        base_sequence: 0,
+        transactional: false,
+        control: false,
+    };
+    Bytes::from(batch::build(&producer, &records).expect("batch"))
 }
 
+/// A v13 Produce of `b` to partition 0 of `orders`, as the link sends it.
 fn request(b: &Bytes) -> BytesMut {
-    let body = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(30_000)
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_topic_id(ORDERS_ID)
-            .with_partition_data(vec![PartitionProduceData::default()
-                .with_index(0)
-                .with_records(Some(b.clone()))])]);
-    let mut out = BytesMut::new();
-    RequestHeader::default()
-        .with_request_api_key(0)
-        .with_request_api_version(VERSION)
-        .with_correlation_id(1)
-        .with_client_id(Some(StrBytes::from_static_str("mirror-east")))
-        .encode(&mut out, ApiKey::Produce.request_header_version(VERSION))
-        .expect("header");
-    body.encode(&mut out, VERSION).expect("body");
-    out
+    let to = PartitionRef {
+        topic: "orders",
+        topic_id: ORDERS_ID,
+        partition: 0,
+        leader_epoch: -1,
+    };
+    let body = protocol::produce_request(VERSION, &to, b.clone(), 30_000).expect("request");
+    protocol::encode_request(&body, VERSION, 1, "mirror-east").expect("frame")
 }
 
+/// The broker's answer to [`request`]: appended at `base_offset`.
 fn response(base_offset: i64) -> Bytes {
     let body = ProduceResponse::default().with_responses(vec![TopicProduceResponse::default()
         .with_topic_id(ORDERS_ID)
@@ -146,13 +127,9 @@ fn response(base_offset: i64) -> Bytes {
             .with_index(0)
             .with_base_offset(base_offset)
             .with_log_append_time_ms(-1)])]);
-    let mut out = BytesMut::new();
-    ResponseHeader::default()
-        .with_correlation_id(1)
-        .encode(&mut out, ApiKey::Produce.response_header_version(VERSION))
-        .expect("header");
-    body.encode(&mut out, VERSION).expect("body");
-    out.freeze()
+    produce::encode_response(1, VERSION, &body)
+        .expect("response")
+        .freeze()
 }
 
 /// Write `buf`, evicting the proxy's data as the broker and the producer

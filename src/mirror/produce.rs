@@ -572,12 +572,12 @@ pub fn plan_with(
             &mut plan.patches,
             &mut plan.unresolved,
         );
-        if !matches!(planned, Ok(PartitionPlan::Forward { .. })) {
+        let new_origins = plan.unresolved.len() > unresolved;
+        if new_origins || !matches!(planned, Ok(PartitionPlan::Forward { .. })) {
             // Nothing of a partition answered here is patched.
             plan.patches.truncate(patches);
         }
-        if plan.unresolved.len() > unresolved {
-            plan.patches.truncate(patches);
+        if new_origins {
             plan.local.push(refuse(
                 Refusal::StateWriteFailed,
                 format!(
@@ -613,9 +613,7 @@ pub fn plan_with(
         }
         Ok(())
     })?;
-    if entries.len() > 1 {
-        entries.sort_unstable();
-    }
+    entries.sort_unstable();
     if let Some(w) = entries.windows(2).find(|w| w[0] == w[1]) {
         let (slot, index) = w[0];
         let topic = match topics.get(slot).map(|t| t.topic.key(version)) {

@@ -1,5 +1,6 @@
 //! The Produce filter on the link path and the spoofed path. Input: a whole
-//! request frame (header and body). Invariants: no panic; applying the plan
+//! request frame (header and body). Invariants: no panic; the hand-written
+//! Produce walk reports what the schema walk reports; applying the plan
 //! changes at most 12 bytes per patched batch; a batch whose CRC was wrong
 //! stays wrong and a right one stays right; a request re-emitted without
 //! some partitions still walks.
@@ -10,6 +11,7 @@ use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::produce::{self, Refusal};
 use kafka_mirror_proxy::wire::batch::crc_is_valid;
 use kafka_mirror_proxy::wire::header::{produce_acks, RequestHeaderPeek};
+use kafka_mirror_proxy::wire::produce_walk;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
@@ -46,6 +48,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(offset) = h.body_offset(&frame, header_version) else {
         return;
     };
+    assert_eq!(
+        produce_walk::events(version, &frame, offset),
+        produce_walk::schema_events(version, &frame, offset),
+        "the two Produce walks disagree"
+    );
     let _ = produce_acks(&frame, offset, version);
     if let Ok(plan) = produce::refuse_all(&frame, offset, version, Refusal::NotAuthorized, "m") {
         let _ = produce::local_response(h.correlation_id, version, &plan.local);

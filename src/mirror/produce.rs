@@ -28,7 +28,7 @@ use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::pid::{cluster_hash, map_pid, Mapping, NO_PRODUCER_ID};
 use crate::mirror::producer_state::{BatchId, RefusalKind};
 use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
-use crate::wire::{schema, walk};
+use crate::wire::{produce_walk, schema, walk};
 
 /// Why a Produce request could not be handled at all (the connection is
 /// closed: nothing of it is forwarded).
@@ -355,6 +355,15 @@ pub fn supported_versions() -> (i16, i16) {
     }
 }
 
+/// Refuse a version the proxy does not parse, before walking it.
+fn check_version(version: i16) -> Result<(), ProduceError> {
+    let (min, max) = produce_walk::VERSIONS;
+    match (min..=max).contains(&version) {
+        true => Ok(()),
+        false => Err(ProduceError::UnsupportedVersion(version)),
+    }
+}
+
 fn request_schema(version: i16) -> Result<&'static schema::Message, ProduceError> {
     let m = produce_request().map_err(|e| ProduceError::Malformed {
         version,
@@ -374,96 +383,85 @@ struct PartitionEntry<'a> {
     records: Option<Range<usize>>,
 }
 
-/// Walks a Produce request and hands every partition entry, in request
-/// order, to a callback; allocates nothing from the wire.
-struct PartitionWalk<F> {
-    version: i16,
-    topic: TopicRef,
-    index: i32,
-    records: Option<Range<usize>>,
-    error: Option<ProduceError>,
-    on_partition: F,
-}
-
-impl<F: FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>> walk::Visitor for PartitionWalk<F> {
-    fn value(&mut self, field: &schema::Field, value: walk::Value<'_>) -> walk::Edit {
-        match (field.path.as_str(), value) {
-            ("TopicData.Name", walk::Value::Str(Some(name))) => match std::str::from_utf8(name) {
-                Ok(n) => self.topic.name = TopicName(StrBytes::from_string(n.to_string())),
-                Err(_) => self.fail("topic name is not UTF-8".into()),
-            },
-            ("TopicData.TopicId", walk::Value::Uuid(id)) => {
-                self.topic.topic_id = Uuid::from_bytes(id)
-            }
-            ("TopicData.PartitionData.Index", walk::Value::Int(i)) => self.index = i as i32,
-            ("TopicData.PartitionData.Records", walk::Value::Bytes(span)) => self.records = span,
-            _ => {}
-        }
-        walk::Edit::Keep
-    }
-
-    fn enter(&mut self, field: &schema::Field) {
-        if field.path == "TopicData" {
-            self.topic = TopicRef {
-                name: TopicName::default(),
-                topic_id: Uuid::nil(),
-            };
-        }
-        if field.path == "TopicData.PartitionData" {
-            self.index = -1;
-            self.records = None;
-        }
-    }
-
-    fn leave(&mut self, field: &schema::Field) -> bool {
-        if field.path == "TopicData.PartitionData" && self.error.is_none() {
-            let entry = PartitionEntry {
-                topic: &self.topic,
-                index: self.index,
-                records: self.records.clone(),
-            };
-            if let Err(e) = (self.on_partition)(entry) {
-                self.error = Some(e);
-            }
-        }
-        true
-    }
-}
-
-impl<F> PartitionWalk<F> {
-    fn fail(&mut self, reason: String) {
-        if self.error.is_none() {
-            self.error = Some(ProduceError::Malformed {
-                version: self.version,
-                reason,
-            });
-        }
-    }
-}
-
 /// Walk every partition entry of the Produce request in `frame` (body at
-/// `body_offset`).
+/// `body_offset`) and hand each, in request order, to `on_partition`. The
+/// first error it returns stops the calls; the walk still checks the rest,
+/// so a malformed request is always reported as malformed. Allocates
+/// nothing: a topic name is a slice of the frame.
 fn for_each_partition(
     frame: &Bytes,
     body_offset: usize,
     version: i16,
     on_partition: impl FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>,
 ) -> Result<(), ProduceError> {
-    let msg = request_schema(version)?;
-    let mut v = PartitionWalk {
+    struct Entries<'f, F> {
+        frame: &'f Bytes,
+        version: i16,
+        topic: TopicRef,
+        error: Option<ProduceError>,
+        on_partition: F,
+    }
+    impl<'f, F: FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>> produce_walk::Visitor<'f>
+        for Entries<'f, F>
+    {
+        fn topic(&mut self, topic: produce_walk::Topic<'f>) {
+            self.topic = match topic {
+                produce_walk::Topic::Id(id) => TopicRef {
+                    name: TopicName::default(),
+                    topic_id: Uuid::from_bytes(id),
+                },
+                produce_walk::Topic::Name(name) => {
+                    match StrBytes::from_utf8(self.frame.slice_ref(name)) {
+                        Ok(name) => TopicRef {
+                            name: TopicName(name),
+                            topic_id: Uuid::nil(),
+                        },
+                        Err(_) => {
+                            if self.error.is_none() {
+                                self.error = Some(ProduceError::Malformed {
+                                    version: self.version,
+                                    reason: "topic name is not UTF-8".into(),
+                                });
+                            }
+                            TopicRef {
+                                name: TopicName::default(),
+                                topic_id: Uuid::nil(),
+                            }
+                        }
+                    }
+                }
+            };
+        }
+        fn partition(&mut self, index: i32, records: Option<Range<usize>>) {
+            if self.error.is_some() {
+                return;
+            }
+            let entry = PartitionEntry {
+                topic: &self.topic,
+                index,
+                records,
+            };
+            if let Err(e) = (self.on_partition)(entry) {
+                self.error = Some(e);
+            }
+        }
+    }
+    check_version(version)?;
+    let mut v = Entries {
+        frame,
         version,
         topic: TopicRef {
             name: TopicName::default(),
             topic_id: Uuid::nil(),
         },
-        index: -1,
-        records: None,
         error: None,
         on_partition,
     };
-    walk::walk(msg, version, frame, body_offset, &mut v).map_err(|e| ProduceError::Malformed {
-        version,
-        reason: e.to_string(),
+    produce_walk::walk(version, frame, body_offset, &mut v).map_err(|e| {
+        ProduceError::Malformed {
+            version,
+            reason: e.to_string(),
+        }
     })?;
     v.error.map_or(Ok(()), Err)
 }
@@ -854,41 +852,37 @@ pub fn any_topic(
     version: i16,
     pred: impl FnMut(TopicKey<'_>) -> bool,
 ) -> Result<bool, ProduceError> {
-    struct TopicWalk<F> {
-        by_id: bool,
+    struct Topics<F> {
         found: bool,
         not_utf8: bool,
         pred: F,
     }
-    impl<F: FnMut(TopicKey<'_>) -> bool> walk::Visitor for TopicWalk<F> {
-        fn value(&mut self, field: &schema::Field, value: walk::Value<'_>) -> walk::Edit {
+    impl<F: FnMut(TopicKey<'_>) -> bool> produce_walk::Visitor<'_> for Topics<F> {
+        fn topic(&mut self, topic: produce_walk::Topic<'_>) {
             if self.found || self.not_utf8 {
-                return walk::Edit::Keep;
+                return;
             }
-            match (field.path.as_str(), value) {
-                ("TopicData.Name", walk::Value::Str(Some(name))) if !self.by_id => {
-                    match std::str::from_utf8(name) {
-                        Ok(n) => self.found = (self.pred)(TopicKey::Name(n)),
-                        Err(_) => self.not_utf8 = true,
-                    }
-                }
-                ("TopicData.TopicId", walk::Value::Uuid(id)) if self.by_id => {
+            match topic {
+                produce_walk::Topic::Name(name) => match std::str::from_utf8(name) {
+                    Ok(n) => self.found = (self.pred)(TopicKey::Name(n)),
+                    Err(_) => self.not_utf8 = true,
+                },
+                produce_walk::Topic::Id(id) => {
                     self.found = (self.pred)(TopicKey::Id(Uuid::from_bytes(id)))
                 }
-                _ => {}
             }
-            walk::Edit::Keep
         }
+        fn partition(&mut self, _: i32, _: Option<Range<usize>>) {}
     }
-    let msg = request_schema(version)?;
-    let mut v = TopicWalk {
-        by_id: version >= 13,
+    check_version(version)?;
+    let mut v = Topics {
         found: false,
         not_utf8: false,
         pred,
     };
     let malformed = |reason: String| ProduceError::Malformed { version, reason };
-    walk::walk(msg, version, frame, body_offset, &mut v).map_err(|e| malformed(e.to_string()))?;
+    produce_walk::walk(version, frame, body_offset, &mut v)
+        .map_err(|e| malformed(e.to_string()))?;
     if v.not_utf8 {
         return Err(malformed("topic name is not UTF-8".into()));
     }

@@ -1,0 +1,351 @@
+//! The Produce request's walk, written out by hand for the one message every
+//! produced byte passes through.
+//!
+//! `wire::walk` walks any message from its schema: on every value it looks
+//! the field up in the schema tree and hands the visitor the field, whose
+//! path (a heap string) the visitor compares to know what it got. For the
+//! Produce request, on every request, those lookups and compares touch more
+//! memory than the request itself between two requests whose caches the
+//! broker has had. This walk makes the same checks in the same order with
+//! the Produce request's layout (v3 to v13) spelled out, and reports only
+//! what the proxy reads: each topic, and each partition's index and records.
+//!
+//! It is held to the schema walk, not trusted beside it: a property test
+//! and the `produce_plan` fuzz target check that both report the same
+//! topics, partitions and errors, byte for byte, on every version the
+//! compiled-in schema knows; a test fails if that range changes.
+//!
+//! Like `wire::walk` it reserves nothing from the wire: every count and
+//! length is checked against the bytes that remain before it is used.
+//!
+//! Pure: bytes in, events out.
+
+use std::ops::Range;
+
+use super::walk::WalkError;
+
+/// The Produce versions this walk knows: those of the compiled-in schema.
+pub const VERSIONS: (i16, i16) = (3, 13);
+/// Compact strings, arrays and tagged fields from here on.
+const FIRST_FLEXIBLE: i16 = 9;
+/// Topics named by id instead of by name from here on.
+const FIRST_BY_ID: i16 = 13;
+
+// The schema's field paths, which the errors name as `wire::walk` does.
+const TRANSACTIONAL_ID: &str = "TransactionalId";
+const ACKS: &str = "Acks";
+const TIMEOUT_MS: &str = "TimeoutMs";
+const TOPIC_DATA: &str = "TopicData";
+const NAME: &str = "TopicData.Name";
+const TOPIC_ID: &str = "TopicData.TopicId";
+const PARTITION_DATA: &str = "TopicData.PartitionData";
+const INDEX: &str = "TopicData.PartitionData.Index";
+const RECORDS: &str = "TopicData.PartitionData.Records";
+const TAGGED: &str = "(tagged fields)";
+
+/// A topic as the request names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic<'a> {
+    /// Before v13: the name's bytes (UTF-8 is the visitor's to check).
+    Name(&'a [u8]),
+    /// From v13.
+    Id([u8; 16]),
+}
+
+/// Receives what the walk reads, in request order.
+pub trait Visitor<'a> {
+    /// A topic entry starts; its partitions follow.
+    fn topic(&mut self, topic: Topic<'a>);
+    /// A partition entry of the last topic, once all of it has been read.
+    /// `records` is where its records are in the input (`None`: null).
+    fn partition(&mut self, index: i32, records: Option<Range<usize>>);
+}
+
+/// Walk `input[start..]`, which must be exactly one Produce request body at
+/// `version`. Spans are offsets into `input`. Fails as `wire::walk::walk`
+/// fails on the same bytes, with the same error.
+pub fn walk<'a, V: Visitor<'a>>(
+    version: i16,
+    input: &'a [u8],
+    start: usize,
+    visitor: &mut V,
+) -> Result<(), WalkError> {
+    let (min, max) = VERSIONS;
+    if !(min..=max).contains(&version) {
+        return Err(WalkError::Version {
+            message: "ProduceRequest".into(),
+            version,
+            min,
+            max,
+        });
+    }
+    let mut r = Reader {
+        input,
+        pos: start.min(input.len()),
+        flexible: version >= FIRST_FLEXIBLE,
+    };
+    r.string(TRANSACTIONAL_ID, true)?;
+    r.fixed::<2>(ACKS)?;
+    r.fixed::<4>(TIMEOUT_MS)?;
+    for _ in 0..r.count(TOPIC_DATA)? {
+        let topic = if version >= FIRST_BY_ID {
+            Topic::Id(r.fixed(TOPIC_ID)?)
+        } else {
+            Topic::Name(r.string(NAME, false)?.unwrap_or_default())
+        };
+        visitor.topic(topic);
+        for _ in 0..r.count(PARTITION_DATA)? {
+            let index = i32::from_be_bytes(r.fixed(INDEX)?);
+            let records = r.records(RECORDS)?;
+            r.tagged()?;
+            visitor.partition(index, records);
+        }
+        r.tagged()?;
+    }
+    r.tagged()?;
+    if r.pos != input.len() {
+        return Err(WalkError::Trailing {
+            message: "ProduceRequest".into(),
+            count: input.len() - r.pos,
+        });
+    }
+    Ok(())
+}
+
+/// A cursor over the input; `pos` never passes its end.
+struct Reader<'a> {
+    input: &'a [u8],
+    pos: usize,
+    flexible: bool,
+}
+
+impl<'a> Reader<'a> {
+    fn left(&self) -> usize {
+        self.input.len() - self.pos
+    }
+
+    fn take(&mut self, path: &str, n: u64) -> Result<Range<usize>, WalkError> {
+        let left = self.left();
+        if n > left as u64 {
+            return Err(short(path, self.pos, n, left));
+        }
+        let r = self.pos..self.pos + n as usize;
+        self.pos = r.end;
+        Ok(r)
+    }
+
+    fn fixed<const N: usize>(&mut self, path: &str) -> Result<[u8; N], WalkError> {
+        let r = self.take(path, N as u64)?;
+        let mut b = [0u8; N];
+        b.copy_from_slice(&self.input[r]);
+        Ok(b)
+    }
+
+    fn uvarint(&mut self, path: &str) -> Result<u32, WalkError> {
+        let at = self.pos;
+        let mut value = 0u32;
+        for i in 0..5 {
+            let Some(&b) = self.input.get(self.pos) else {
+                return Err(short(path, at, i + 1, self.input.len() - at));
+            };
+            self.pos += 1;
+            value |= u32::from(b & 0x7F) << (7 * i);
+            if b & 0x80 == 0 {
+                // The fifth byte may only carry the top four bits.
+                if i == 4 && b > 0x0F {
+                    break;
+                }
+                return Ok(value);
+            }
+        }
+        Err(WalkError::Varint {
+            path: path.into(),
+            at,
+        })
+    }
+
+    /// A length or count: `None` for null (-1).
+    fn length(&mut self, path: &str, wide: bool) -> Result<Option<u64>, WalkError> {
+        let at = self.pos;
+        let len = if self.flexible {
+            i64::from(self.uvarint(path)?) - 1
+        } else if wide {
+            i64::from(i32::from_be_bytes(self.fixed(path)?))
+        } else {
+            i64::from(i16::from_be_bytes(self.fixed(path)?))
+        };
+        match len {
+            -1 => Ok(None),
+            n if n >= 0 => Ok(Some(n as u64)),
+            n => Err(WalkError::Length {
+                path: path.into(),
+                at,
+                len: n,
+            }),
+        }
+    }
+
+    fn string(&mut self, path: &str, nullable: bool) -> Result<Option<&'a [u8]>, WalkError> {
+        let start = self.pos;
+        match self.length(path, false)? {
+            None if nullable => Ok(None),
+            None => Err(WalkError::Null {
+                path: path.into(),
+                at: self.pos,
+            }),
+            Some(n) if n > i16::MAX as u64 => Err(WalkError::Length {
+                path: path.into(),
+                at: start,
+                len: n as i64,
+            }),
+            Some(n) => {
+                let r = self.take(path, n)?;
+                Ok(Some(&self.input[r]))
+            }
+        }
+    }
+
+    /// Nullable records: a span of the input.
+    fn records(&mut self, path: &str) -> Result<Option<Range<usize>>, WalkError> {
+        match self.length(path, true)? {
+            None => Ok(None),
+            Some(n) => self.take(path, n).map(Some),
+        }
+    }
+
+    /// The element count of a non-nullable array, checked against the
+    /// bytes left (every element takes at least one).
+    fn count(&mut self, path: &str) -> Result<u64, WalkError> {
+        let start = self.pos;
+        match self.length(path, true)? {
+            None => Err(WalkError::Null {
+                path: path.into(),
+                at: start,
+            }),
+            Some(n) => self.check_count(path, start, n).map(|()| n),
+        }
+    }
+
+    fn check_count(&self, path: &str, at: usize, count: u64) -> Result<(), WalkError> {
+        let left = self.left();
+        if count > left as u64 {
+            return Err(WalkError::Count {
+                path: path.into(),
+                at,
+                count,
+                left,
+            });
+        }
+        Ok(())
+    }
+
+    /// A tagged-field section (flexible versions only). The Produce request
+    /// defines no tagged fields, so each one is skipped by its size.
+    fn tagged(&mut self) -> Result<(), WalkError> {
+        if !self.flexible {
+            return Ok(());
+        }
+        let start = self.pos;
+        let count = u64::from(self.uvarint(TAGGED)?);
+        self.check_count(TAGGED, start, count)?;
+        for _ in 0..count {
+            self.uvarint(TAGGED)?;
+            let size = self.uvarint(TAGGED)?;
+            self.take(TAGGED, u64::from(size))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a walk reported, recorded: to hold this walk to the schema walk
+/// in tests and in the `produce_plan` fuzz target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Name(Vec<u8>),
+    Id([u8; 16]),
+    Partition(i32, Option<Range<usize>>),
+}
+
+/// This walk's events and result.
+pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<(), WalkError>) {
+    struct Record(Vec<Event>);
+    impl Visitor<'_> for Record {
+        fn topic(&mut self, topic: Topic<'_>) {
+            self.0.push(match topic {
+                Topic::Name(n) => Event::Name(n.to_vec()),
+                Topic::Id(id) => Event::Id(id),
+            });
+        }
+        fn partition(&mut self, index: i32, records: Option<Range<usize>>) {
+            self.0.push(Event::Partition(index, records));
+        }
+    }
+    let mut r = Record(Vec::new());
+    let result = walk(version, input, start, &mut r);
+    (r.0, result)
+}
+
+/// The schema walk's events and result on the same input (`Version` when
+/// the schema cannot be had).
+pub fn schema_events(
+    version: i16,
+    input: &[u8],
+    start: usize,
+) -> (Vec<Event>, Result<(), WalkError>) {
+    use super::schema::{self, Field};
+    use super::walk::{self, Edit, Value};
+    #[derive(Default)]
+    struct Record {
+        events: Vec<Event>,
+        index: i32,
+        records: Option<Range<usize>>,
+    }
+    impl walk::Visitor for Record {
+        fn value(&mut self, field: &Field, value: Value<'_>) -> Edit {
+            match (field.path.as_str(), value) {
+                (NAME, Value::Str(Some(n))) => self.events.push(Event::Name(n.to_vec())),
+                (TOPIC_ID, Value::Uuid(id)) => self.events.push(Event::Id(id)),
+                (INDEX, Value::Int(i)) => self.index = i as i32,
+                (RECORDS, Value::Bytes(span)) => self.records = span,
+                _ => {}
+            }
+            Edit::Keep
+        }
+        fn leave(&mut self, field: &Field) -> bool {
+            if field.path == PARTITION_DATA {
+                let records = self.records.take();
+                self.events.push(Event::Partition(self.index, records));
+            }
+            true
+        }
+    }
+    let msg = match schema::message("ProduceRequest") {
+        Ok(m) => m,
+        Err(_) => {
+            let (min, max) = VERSIONS;
+            let e = WalkError::Version {
+                message: "ProduceRequest".into(),
+                version,
+                min,
+                max,
+            };
+            return (Vec::new(), Err(e));
+        }
+    };
+    let mut r = Record::default();
+    let result = walk::walk(msg, version, input, start, &mut r);
+    (r.events, result)
+}
+
+#[cold]
+fn short(path: &str, at: usize, need: u64, left: usize) -> WalkError {
+    WalkError::Short {
+        path: path.into(),
+        at,
+        need,
+        left,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -31,6 +31,7 @@ use kafka_mirror_proxy::mirror::producer_state::{BatchId, Check, ProducerStates}
 use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
 use kafka_mirror_proxy::wire::crc32c;
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
+use kafka_mirror_proxy::wire::produce_response_walk::Walked;
 use uuid::Uuid;
 
 const VERSION: i16 = 9;
@@ -325,14 +326,19 @@ fn produce_response(c: &mut Criterion) {
         topic_id: Uuid::nil(),
     };
     let mut group = c.benchmark_group("link_produce_response_v11_1_partition");
-    group.bench_function("answers_on_the_endpoint_walk", |b| {
+    group.bench_function("answers_on_the_response_walk", |b| {
         b.iter(|| {
-            let mut answers = Answers::new(version, vec![(&tracked, 0)]);
-            let (out, _) =
-                addresses::rewrite_with(ApiKey::Produce, version, &frame, &adv, &mut answers)
-                    .expect("walk");
-            assert!(out.is_none());
+            let mut answers = Answers::new(vec![(&tracked, 0)]);
+            let walked = answers.walk(&frame, version).expect("walk");
+            assert_eq!(walked, Walked::Whole);
             answers.into_found()
+        })
+    });
+    group.bench_function("schema_endpoint_walk_alone", |b| {
+        b.iter(|| {
+            let (out, _) =
+                addresses::rewrite(ApiKey::Produce, version, &frame, &adv).expect("walk");
+            assert!(out.is_none());
         })
     });
     group.bench_function("endpoint_walk_then_validate_and_decode", |b| {

@@ -14,7 +14,7 @@
 //! - link: `plan` (request walk, topic and origin lookups, patch plan),
 //!   `apply` (the 8-byte patch), `begin` (producer state), `answers` (the
 //!   response walk with the answers visitor), `settle` (producer state);
-//! - local: `any_topic` (the read-only check's walk), `endpoint_walk` (the
+//! - local: `any_topic` (the read-only check's walk), `response_walk` (the
 //!   response walk alone).
 //!
 //! `cargo run --release --example cold_cost [ITERATIONS]`
@@ -37,10 +37,11 @@ use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::produce;
 use kafka_mirror_proxy::mirror::produce_filter::{Begin, Dedupe};
-use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
+use kafka_mirror_proxy::mirror::produce_response::Answers;
 use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
 use kafka_mirror_proxy::wire::batch::{self, NewBatch, NewRecord};
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
+use kafka_mirror_proxy::wire::produce_response_walk::Walked;
 
 /// Counts allocations, to report how many each phase makes.
 struct Counting;
@@ -148,7 +149,7 @@ const PHASES: [&str; 7] = [
     "answers",
     "settle",
     "any_topic",
-    "endpoint_walk",
+    "response_walk",
 ];
 /// The first `LINK` phases are the link's, the rest the local path's.
 const LINK: usize = 5;
@@ -204,10 +205,6 @@ fn main() {
     let view = RwLock::new(view);
     let dedupe = Dedupe::new(10_000, 1 << 20, Arc::new(Metrics::new(["east"])));
     dedupe.assume_rebuilt(at);
-    let adv = Advertised {
-        host: "proxy".into(),
-        port_base: 19093,
-    };
 
     let b = batch(15);
     let template = request(&b);
@@ -270,11 +267,9 @@ fn main() {
             });
             assert!(!tracked.is_empty(), "request {n}: nothing begun");
             let found = measure(&mut t, &mut a, 3, || {
-                let mut answers = tracked.answers(VERSION);
-                let (out, _) =
-                    addresses::rewrite_with(ApiKey::Produce, VERSION, &resp, &adv, &mut answers)
-                        .expect("walk");
-                assert!(out.is_none());
+                let mut answers = tracked.answers();
+                let walked = answers.walk(&resp, VERSION).expect("walk");
+                assert_eq!(walked, Walked::Whole);
                 answers.into_found()
             });
             assert!(found[0].is_some());
@@ -296,10 +291,12 @@ fn main() {
                 .expect("walk")
             });
             assert!(!hit);
-            let (out, _) = measure(&mut t, &mut a, 6, || {
-                addresses::rewrite(ApiKey::Produce, VERSION, &resp, &adv).expect("walk")
+            let walked = measure(&mut t, &mut a, 6, || {
+                Answers::new(std::iter::empty())
+                    .walk(&resp, VERSION)
+                    .expect("walk")
             });
-            assert!(out.is_none());
+            assert_eq!(walked, Walked::Whole);
 
             if i >= WARM_UP {
                 times.push(t);

@@ -2,10 +2,13 @@
 //! FindCoordinator, DescribeCluster, ApiVersions, Produce, Fetch, ShareFetch,
 //! ShareAcknowledge, DescribeQuorum). Input: one byte picking the API, one
 //! the version, then the response frame.
-//! Invariants: no panic; a rewritten frame walks again and needs no change.
+//! Invariants: no panic; a rewritten frame walks again and needs no change;
+//! the hand-written Produce response walk reports what the schema walk does.
 #![no_main]
 
 use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
+use kafka_mirror_proxy::wire::header::response_body_offset;
+use kafka_mirror_proxy::wire::produce_response_walk::{self, Walked};
 use kafka_protocol::messages::ApiKey;
 use libfuzzer_sys::fuzz_target;
 
@@ -26,6 +29,19 @@ fuzz_target!(|data: &[u8]| {
             assert!(again.is_none(), "clamping is idempotent");
         }
         return;
+    }
+    if api == ApiKey::Produce {
+        let header_version = ApiKey::Produce.response_header_version(version);
+        if let Some(start) = response_body_offset(frame, header_version) {
+            let (ours, walked) = produce_response_walk::events(version, frame, start);
+            let (theirs, schema) = produce_response_walk::schema_events(version, frame, start);
+            assert_eq!(ours, theirs, "the two Produce response walks disagree");
+            match walked {
+                Ok(Walked::Whole) => assert_eq!(schema, Ok(())),
+                Err(e) => assert_eq!(schema, Err(e)),
+                Ok(Walked::NamesBrokers) => {}
+            }
+        }
     }
     if let Ok((Some(out), _)) = addresses::rewrite(api, version, frame, &adv) {
         let (again, _) = addresses::rewrite(api, version, &out, &adv).expect("walks again");

@@ -541,11 +541,10 @@ impl Tracked {
         self.partitions.is_empty()
     }
 
-    /// A visitor of the Produce response (of `version`) that finds the
-    /// answers to the begun partitions, for [`settle`](Self::settle).
-    pub fn answers(&self, version: i16) -> Answers<'_> {
+    /// A visitor of the Produce response that finds the answers to the
+    /// begun partitions, for [`settle`](Self::settle).
+    pub fn answers(&self) -> Answers<'_> {
         Answers::new(
-            version,
             self.partitions
                 .iter()
                 .map(|bp| (&bp.topic, bp.partition.partition)),

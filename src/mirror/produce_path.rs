@@ -27,6 +27,7 @@ use crate::proxy::addresses::{self, RewriteError, UnsupportedVersion};
 use crate::proxy::{Shared, StartError};
 use crate::state::StateStore;
 use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
+use crate::wire::produce_response_walk::Walked;
 
 /// Why a Produce request or its response could not be handled; the session
 /// closes the connection (each maps to the `SessionError` of the same name).
@@ -370,32 +371,28 @@ impl<'a> ProduceFilter<'a> {
             local,
             tracked,
         } = state;
-        // One walk looks for leader endpoints (KIP-951, v10+: rare, and the
-        // frame passes untouched unless it names a broker) and for the
-        // answers to the tracked partitions; nothing is decoded for them.
-        let mut answers = (!tracked.is_empty()).then(|| tracked.answers(version));
-        let frame = if addresses::carries_addresses(ApiKey::Produce, version) {
-            let (out, learnt) = match answers.as_mut() {
-                Some(answers) => addresses::rewrite_with(
-                    ApiKey::Produce,
-                    version,
-                    &frame,
-                    &shared.advertised,
-                    answers,
-                )?,
-                None => addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?,
-            };
-            shared.learn(learnt)?;
-            out.unwrap_or(frame)
-        } else {
-            if let Some(answers) = answers.as_mut() {
-                answers.walk(&frame, version)?;
-            }
-            frame
+        // Every response that can name brokers (v10+), or that answers
+        // tracked partitions, gets one walk: it reads the answers and stops
+        // at leader endpoints (KIP-951: only when a leader moved), which only
+        // then are rewritten by a walk of the response's schema.
+        let mut answers = tracked.answers();
+        let walk = !tracked.is_empty() || addresses::carries_addresses(ApiKey::Produce, version);
+        let frame = match walk {
+            true => match answers.walk(&frame, version)? {
+                Walked::Whole => frame,
+                Walked::NamesBrokers => {
+                    let (out, learnt) =
+                        addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?;
+                    shared.learn(learnt)?;
+                    out.unwrap_or(frame)
+                }
+            },
+            false => frame,
         };
+        let found = answers.into_found();
         // A response that cannot be walked returned above and dropped
         // `tracked`: its batches fail.
-        if let Some(found) = answers.map(|a| a.into_found()) {
+        if !tracked.is_empty() {
             tracked.settle(&found, crate::state::now_ms());
         }
         if local.is_empty() {

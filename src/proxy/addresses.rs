@@ -286,18 +286,6 @@ pub fn rewrite(
     frame: &[u8],
     adv: &Advertised,
 ) -> Result<(Option<BytesMut>, Learnt), RewriteError> {
-    rewrite_with(api, version, frame, adv, &mut walk::Validate)
-}
-
-/// Like [`rewrite`], with `also` looking at the same walk (the Produce
-/// filter reads its partition answers there instead of walking again).
-pub fn rewrite_with<V: Visitor>(
-    api: ApiKey,
-    version: i16,
-    frame: &[u8],
-    adv: &Advertised,
-    also: &mut V,
-) -> Result<(Option<BytesMut>, Learnt), RewriteError> {
     let Some(spec) = endpoints(api) else {
         return Ok((None, Learnt::default()));
     };
@@ -320,7 +308,7 @@ pub fn rewrite_with<V: Visitor>(
         error: None,
     };
     // First a walk that only looks: most responses need no change.
-    walk::walk(msg, version, frame, start, &mut walk::Both(&mut v, also)).map_err(decode_err)?;
+    walk::walk(msg, version, frame, start, &mut v).map_err(decode_err)?;
     if let Some(e) = v.error.take() {
         return Err(e);
     }
@@ -714,55 +702,6 @@ mod tests {
             assert_eq!(
                 learnt.brokers,
                 vec![(2, "b2.internal.example.com".into(), 9092)]
-            );
-        }
-    }
-
-    #[test]
-    fn a_visitor_beside_the_rewrite_sees_the_same_walk() {
-        use crate::mirror::produce::TopicRef;
-        use crate::mirror::produce_response::Answers;
-        use kafka_protocol::messages::produce_response::{
-            LeaderIdAndEpoch, NodeEndpoint, PartitionProduceResponse, TopicProduceResponse,
-        };
-        let orders = TopicRef {
-            name: TopicName(StrBytes::from_static_str("orders")),
-            topic_id: uuid::Uuid::nil(),
-        };
-        let moved = ProduceResponse::default()
-            .with_responses(vec![TopicProduceResponse::default()
-                .with_name(orders.name.clone())
-                .with_partition_responses(vec![PartitionProduceResponse::default()
-                    .with_index(3)
-                    .with_error_code(6)
-                    .with_base_offset(-1)
-                    .with_current_leader(
-                        LeaderIdAndEpoch::default().with_leader_id(BrokerId(2)),
-                    )])])
-            .with_node_endpoints(vec![NodeEndpoint::default()
-                .with_node_id(BrokerId(2))
-                .with_host(StrBytes::from_static_str("b2.internal.example.com"))
-                .with_port(9092)]);
-        for version in 10..=ProduceResponse::VERSIONS.max {
-            let input = frame(ApiKey::Produce, version, &moved);
-            let (alone, _) = rewrite(ApiKey::Produce, version, &input, &adv()).expect("walk");
-            let mut answers = Answers::new(version, vec![(&orders, 3)]);
-            let (beside, learnt) =
-                rewrite_with(ApiKey::Produce, version, &input, &adv(), &mut answers).expect("walk");
-            // The rewrite is the same with or without the visitor beside it.
-            assert_eq!(beside, alone, "v{version}");
-            assert!(beside.is_some(), "v{version}: the endpoint is rewritten");
-            assert_eq!(learnt.brokers.len(), 1, "v{version}");
-            let found = answers.into_found();
-            assert_eq!(
-                found,
-                vec![Some(crate::mirror::produce_response::PartitionAnswer {
-                    error_code: 6,
-                    base_offset: -1,
-                    log_append_time_ms: -1,
-                    leader_id: 2,
-                })],
-                "v{version}"
             );
         }
     }

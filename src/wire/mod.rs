@@ -6,6 +6,7 @@ pub mod batch;
 pub mod crc32c;
 pub mod frame;
 pub mod header;
+pub mod produce_response_walk;
 pub mod produce_walk;
 pub mod schema;
 pub mod walk;

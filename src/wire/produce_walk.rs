@@ -41,7 +41,7 @@ const TOPIC_ID: &str = "TopicData.TopicId";
 const PARTITION_DATA: &str = "TopicData.PartitionData";
 const INDEX: &str = "TopicData.PartitionData.Index";
 const RECORDS: &str = "TopicData.PartitionData.Records";
-const TAGGED: &str = "(tagged fields)";
+pub(super) const TAGGED: &str = "(tagged fields)";
 
 /// A topic as the request names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,20 +70,8 @@ pub fn walk<'a, V: Visitor<'a>>(
     start: usize,
     visitor: &mut V,
 ) -> Result<(), WalkError> {
-    let (min, max) = VERSIONS;
-    if !(min..=max).contains(&version) {
-        return Err(WalkError::Version {
-            message: "ProduceRequest".into(),
-            version,
-            min,
-            max,
-        });
-    }
-    let mut r = Reader {
-        input,
-        pos: start.min(input.len()),
-        flexible: version >= FIRST_FLEXIBLE,
-    };
+    check_version("ProduceRequest", version, VERSIONS)?;
+    let mut r = Reader::new(input, start, version >= FIRST_FLEXIBLE);
     r.string(TRANSACTIONAL_ID, true)?;
     r.fixed::<2>(ACKS)?;
     r.fixed::<4>(TIMEOUT_MS)?;
@@ -103,28 +91,35 @@ pub fn walk<'a, V: Visitor<'a>>(
         r.tagged()?;
     }
     r.tagged()?;
-    if r.pos != input.len() {
-        return Err(WalkError::Trailing {
-            message: "ProduceRequest".into(),
-            count: input.len() - r.pos,
-        });
-    }
-    Ok(())
+    r.finish("ProduceRequest")
 }
 
-/// A cursor over the input; `pos` never passes its end.
-struct Reader<'a> {
-    input: &'a [u8],
-    pos: usize,
+/// A cursor over the input; `pos` never passes `end`. Shared with the
+/// Produce response's walk (`wire::produce_response_walk`).
+pub(super) struct Reader<'a> {
+    pub(super) input: &'a [u8],
+    pub(super) pos: usize,
+    /// Reads stop here: the end of the input, or of the tagged field being
+    /// read.
+    pub(super) end: usize,
     flexible: bool,
 }
 
 impl<'a> Reader<'a> {
-    fn left(&self) -> usize {
-        self.input.len() - self.pos
+    pub(super) fn new(input: &'a [u8], start: usize, flexible: bool) -> Reader<'a> {
+        Reader {
+            input,
+            pos: start.min(input.len()),
+            end: input.len(),
+            flexible,
+        }
     }
 
-    fn take(&mut self, path: &str, n: u64) -> Result<Range<usize>, WalkError> {
+    fn left(&self) -> usize {
+        self.end.saturating_sub(self.pos)
+    }
+
+    pub(super) fn take(&mut self, path: &str, n: u64) -> Result<Range<usize>, WalkError> {
         let left = self.left();
         if n > left as u64 {
             return Err(short(path, self.pos, n, left));
@@ -134,19 +129,19 @@ impl<'a> Reader<'a> {
         Ok(r)
     }
 
-    fn fixed<const N: usize>(&mut self, path: &str) -> Result<[u8; N], WalkError> {
+    pub(super) fn fixed<const N: usize>(&mut self, path: &str) -> Result<[u8; N], WalkError> {
         let r = self.take(path, N as u64)?;
         let mut b = [0u8; N];
         b.copy_from_slice(&self.input[r]);
         Ok(b)
     }
 
-    fn uvarint(&mut self, path: &str) -> Result<u32, WalkError> {
+    pub(super) fn uvarint(&mut self, path: &str) -> Result<u32, WalkError> {
         let at = self.pos;
         let mut value = 0u32;
         for i in 0..5 {
-            let Some(&b) = self.input.get(self.pos) else {
-                return Err(short(path, at, i + 1, self.input.len() - at));
+            let Some(&b) = self.input.get(self.pos).filter(|_| self.pos < self.end) else {
+                return Err(short(path, at, i + 1, self.end.saturating_sub(at)));
             };
             self.pos += 1;
             value |= u32::from(b & 0x7F) << (7 * i);
@@ -185,7 +180,11 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn string(&mut self, path: &str, nullable: bool) -> Result<Option<&'a [u8]>, WalkError> {
+    pub(super) fn string(
+        &mut self,
+        path: &str,
+        nullable: bool,
+    ) -> Result<Option<&'a [u8]>, WalkError> {
         let start = self.pos;
         match self.length(path, false)? {
             None if nullable => Ok(None),
@@ -215,7 +214,7 @@ impl<'a> Reader<'a> {
 
     /// The element count of a non-nullable array, checked against the
     /// bytes left (every element takes at least one).
-    fn count(&mut self, path: &str) -> Result<u64, WalkError> {
+    pub(super) fn count(&mut self, path: &str) -> Result<u64, WalkError> {
         let start = self.pos;
         match self.length(path, true)? {
             None => Err(WalkError::Null {
@@ -239,21 +238,59 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// A tagged-field section (flexible versions only). The Produce request
-    /// defines no tagged fields, so each one is skipped by its size.
-    fn tagged(&mut self) -> Result<(), WalkError> {
+    /// The head of a tagged-field section: how many fields follow
+    /// (flexible versions only; 0 otherwise).
+    pub(super) fn tagged_count(&mut self) -> Result<u64, WalkError> {
         if !self.flexible {
-            return Ok(());
+            return Ok(0);
         }
         let start = self.pos;
         let count = u64::from(self.uvarint(TAGGED)?);
         self.check_count(TAGGED, start, count)?;
-        for _ in 0..count {
-            self.uvarint(TAGGED)?;
-            let size = self.uvarint(TAGGED)?;
+        Ok(count)
+    }
+
+    /// A tagged field's head: its tag and size.
+    pub(super) fn tag(&mut self) -> Result<(u32, u32), WalkError> {
+        Ok((self.uvarint(TAGGED)?, self.uvarint(TAGGED)?))
+    }
+
+    /// A tagged-field section none of whose fields this walk reads: each
+    /// is skipped by its size.
+    pub(super) fn tagged(&mut self) -> Result<(), WalkError> {
+        for _ in 0..self.tagged_count()? {
+            let (_, size) = self.tag()?;
             self.take(TAGGED, u64::from(size))?;
         }
         Ok(())
+    }
+
+    /// Fail unless the whole input was read.
+    pub(super) fn finish(&self, message: &str) -> Result<(), WalkError> {
+        match self.pos == self.input.len() {
+            true => Ok(()),
+            false => Err(WalkError::Trailing {
+                message: message.into(),
+                count: self.input.len() - self.pos,
+            }),
+        }
+    }
+}
+
+/// The error for a version outside `(min, max)`, if `version` is.
+pub(super) fn check_version(
+    message: &str,
+    version: i16,
+    (min, max): (i16, i16),
+) -> Result<(), WalkError> {
+    match (min..=max).contains(&version) {
+        true => Ok(()),
+        false => Err(WalkError::Version {
+            message: message.into(),
+            version,
+            min,
+            max,
+        }),
     }
 }
 
@@ -338,7 +375,7 @@ pub fn schema_events(
 }
 
 #[cold]
-fn short(path: &str, at: usize, need: u64, left: usize) -> WalkError {
+pub(super) fn short(path: &str, at: usize, need: u64, left: usize) -> WalkError {
     WalkError::Short {
         path: path.into(),
         at,

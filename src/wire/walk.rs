@@ -96,26 +96,6 @@ pub trait Visitor {
     }
 }
 
-/// Two visitors over one walk: `0` may edit, `1` only looks (its edits
-/// are ignored, and it cannot drop a struct).
-pub struct Both<'a, A, B>(pub &'a mut A, pub &'a mut B);
-
-impl<A: Visitor, B: Visitor> Visitor for Both<'_, A, B> {
-    fn value(&mut self, field: &Field, value: Value<'_>) -> Edit {
-        let edit = self.0.value(field, value.clone());
-        self.1.value(field, value);
-        edit
-    }
-    fn enter(&mut self, field: &Field) {
-        self.0.enter(field);
-        self.1.enter(field);
-    }
-    fn leave(&mut self, field: &Field) -> bool {
-        self.1.leave(field);
-        self.0.leave(field)
-    }
-}
-
 /// A visitor that looks at nothing: the walk only validates.
 pub struct Validate;
 impl Visitor for Validate {}

@@ -84,7 +84,7 @@ impl SettleWith for Tracked {
             .encode(&mut frame, ApiKey::Produce.response_header_version(V))
             .expect("header");
         response.encode(&mut frame, V).expect("body");
-        let mut answers = self.answers(V);
+        let mut answers = self.answers();
         answers.walk(&frame, V).expect("walk");
         let found = answers.into_found();
         self.settle(&found, 1);

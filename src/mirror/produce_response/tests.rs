@@ -59,7 +59,7 @@ fn finds_each_asked_partition_in_exact_v9_bytes() {
     let (t, u, v) = (topic("t", 1), topic("u", 2), topic("v", 3));
     let asked = vec![(&u, 0), (&t, 1), (&t, 0), (&t, 5), (&v, 0)];
     let frame = v9_bytes();
-    let mut a = Answers::new(9, asked);
+    let mut a = Answers::new(asked);
     a.walk(&frame, 9).expect("walk");
     assert_eq!(
         a.into_found(),
@@ -78,16 +78,16 @@ fn a_cut_or_padded_response_is_an_error() {
     let t = topic("t", 1);
     let frame = v9_bytes();
     for cut in [3, 5, 9, frame.len() - 1] {
-        let mut a = Answers::new(9, vec![(&t, 0)]);
+        let mut a = Answers::new(vec![(&t, 0)]);
         assert!(a.walk(&frame[..cut], 9).is_err(), "cut at {cut}");
     }
     let mut padded = frame.clone();
     padded.push(0);
-    assert!(Answers::new(9, vec![(&t, 0)]).walk(&padded, 9).is_err());
+    assert!(Answers::new(vec![(&t, 0)]).walk(&padded, 9).is_err());
     // A forged topic count: an error, no allocation sized by it.
     let mut forged = frame;
     forged[5] = 0xff;
-    assert!(Answers::new(9, vec![(&t, 0)]).walk(&forged, 9).is_err());
+    assert!(Answers::new(vec![(&t, 0)]).walk(&forged, 9).is_err());
 }
 
 fn encoded(version: i16, response: &ProduceResponse) -> Vec<u8> {
@@ -127,7 +127,7 @@ fn matches_topics_by_name_before_v13_and_by_id_from_v13_at_every_version() {
     ]);
     for version in 3..=13 {
         let frame = encoded(version, &response);
-        let mut found = Answers::new(version, vec![(&b, 2), (&a, 2)]);
+        let mut found = Answers::new(vec![(&b, 2), (&a, 2)]);
         found.walk(&frame, version).expect("walk");
         // The current leader exists from v10.
         let leader = if version >= 10 { 4 } else { -1 };
@@ -158,7 +158,57 @@ fn the_first_answer_for_a_partition_counts() {
         .with_name(t.name.clone())
         .with_partition_responses(vec![part(10), part(20)])]);
     let frame = encoded(9, &response);
-    let mut a = Answers::new(9, vec![(&t, 0)]);
+    let mut a = Answers::new(vec![(&t, 0)]);
     a.walk(&frame, 9).expect("walk");
     assert_eq!(a.into_found(), vec![Some(answer(0, 10, -1))]);
+}
+
+#[test]
+fn a_response_naming_a_moved_leader_is_answered_then_left_to_the_address_rewrite() {
+    use crate::proxy::addresses::{self, Advertised};
+    use kafka_protocol::messages::produce_response::NodeEndpoint;
+    use kafka_protocol::messages::BrokerId;
+    let orders = topic("orders", 0);
+    let moved = ProduceResponse::default()
+        .with_responses(vec![TopicProduceResponse::default()
+            .with_name(orders.name.clone())
+            .with_partition_responses(vec![PartitionProduceResponse::default()
+                .with_index(3)
+                .with_error_code(6)
+                .with_base_offset(-1)
+                .with_current_leader(
+                    LeaderIdAndEpoch::default().with_leader_id(BrokerId(2)),
+                )])])
+        .with_node_endpoints(vec![NodeEndpoint::default()
+            .with_node_id(BrokerId(2))
+            .with_host(StrBytes::from_static_str("b2.internal.example.com"))
+            .with_port(9092)]);
+    let adv = Advertised {
+        host: "proxy.example".into(),
+        port_base: 19000,
+    };
+    for version in 10..=13 {
+        let frame = encoded(version, &moved);
+        let mut answers = Answers::new(vec![(&orders, 3)]);
+        let walked = answers.walk(&frame, version).expect("walk");
+        assert_eq!(walked, Walked::NamesBrokers, "v{version}");
+        assert_eq!(
+            answers.into_found(),
+            vec![Some(PartitionAnswer {
+                leader_id: 2,
+                ..answer(6, -1, -1)
+            })],
+            "v{version}"
+        );
+        // What the response half does next: the schema walk rewrites the
+        // endpoint and learns the broker's address.
+        let (out, learnt) =
+            addresses::rewrite(ApiKey::Produce, version, &frame, &adv).expect("rewrite");
+        assert!(out.is_some(), "v{version}: the endpoint is rewritten");
+        assert_eq!(
+            learnt.brokers,
+            vec![(2, "b2.internal.example.com".into(), 9092)],
+            "v{version}"
+        );
+    }
 }

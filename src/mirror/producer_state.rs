@@ -480,10 +480,8 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         if batch.first_seq < 0 {
             return Check::Append;
         }
-        let now = self.tick();
-        let verdict = match self.entries.get_mut(&(*partition, batch.producer_id)) {
+        let verdict = match self.touch(partition, batch.producer_id) {
             Some(e) => {
-                e.last_used = now;
                 let verdict = e.check(batch);
                 if verdict != Check::Append {
                     return verdict;

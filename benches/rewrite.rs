@@ -18,9 +18,6 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criteri
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
 use regex::Regex;
 
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
@@ -29,57 +26,50 @@ use kafka_mirror_proxy::mirror::produce;
 use kafka_mirror_proxy::mirror::produce_response::Answers;
 use kafka_mirror_proxy::mirror::producer_state::{BatchId, Check, ProducerStates};
 use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
-use kafka_mirror_proxy::wire::crc32c;
+use kafka_mirror_proxy::wire::batch::{NewBatch, NewRecord};
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
 use kafka_mirror_proxy::wire::produce_response_walk::Walked;
+use kafka_mirror_proxy::wire::{self, crc32c};
 use uuid::Uuid;
 
 const VERSION: i16 = 9;
 const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
 
-/// One batch of about `size` bytes from producer 5 (incompressible values).
+/// One batch of about `size` bytes from producer 5 (incompressible values),
+/// built by the library's own batch builder.
 fn batch(size: usize) -> Bytes {
     let record_value = 1000;
     let count = (size / (record_value + 20)).max(1);
     let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let records: Vec<Record> = (0..count)
-        .map(|i| {
-            let value: Vec<u8> = (0..record_value)
+    let values: Vec<Vec<u8>> = (0..count)
+        .map(|_| {
+            (0..record_value)
                 .map(|_| {
                     seed ^= seed << 13;
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
                     seed as u8
                 })
-                .collect();
-            Record {
-                transactional: false,
-                control: false,
-                partition_leader_epoch: 0,
-                producer_id: 5,
-                producer_epoch: 0,
-                timestamp_type: TimestampType::Creation,
-                offset: i as i64,
-                sequence: i as i32,
-                timestamp: 1_700_000_000_000,
-                key: None,
-                value: Some(Bytes::from(value)),
-                headers: Default::default(),
-                delete_horizon: false,
-            }
+                .collect()
         })
         .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .expect("encode");
-    buf.freeze()
+    let records: Vec<NewRecord<'_>> = values
+        .iter()
+        .map(|v| NewRecord {
+            key: None,
+            value: Some(v),
+            headers: &[],
+            timestamp: 1_700_000_000_000,
+        })
+        .collect();
+    let producer = NewBatch {
+        producer_id: 5,
+        producer_epoch: 0,
+        base_sequence: 0,
+        transactional: false,
+        control: false,
+    };
+    Bytes::from(wire::batch::build(&producer, &records).expect("batch"))
 }
 
 fn request(partitions: usize, batch_size: usize) -> (Bytes, Bytes) {

@@ -2,12 +2,11 @@
 //! and responses built by hand.
 
 use super::*;
-use bytes::BytesMut;
 use kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
-use kafka_protocol::messages::{ApiKey, ResponseHeader, TopicName};
-use kafka_protocol::protocol::{Encodable, StrBytes};
+use kafka_protocol::messages::TopicName;
+use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
 use crate::mirror::pid::ClusterId;
@@ -78,12 +77,7 @@ trait SettleWith {
 
 impl SettleWith for Tracked {
     fn settle_with(self, response: &ProduceResponse) {
-        let mut frame = BytesMut::new();
-        ResponseHeader::default()
-            .with_correlation_id(1)
-            .encode(&mut frame, ApiKey::Produce.response_header_version(V))
-            .expect("header");
-        response.encode(&mut frame, V).expect("body");
+        let frame = crate::mirror::produce::encode_response(1, V, response).expect("encode");
         let mut answers = self.answers();
         answers.walk(&frame, V).expect("walk");
         let found = answers.into_found();

@@ -2,12 +2,11 @@
 //! responses encoded by `kafka-protocol` at every version.
 
 use super::*;
-use bytes::BytesMut;
 use kafka_protocol::messages::produce_response::{
     LeaderIdAndEpoch, PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
-use kafka_protocol::messages::{ResponseHeader, TopicName};
-use kafka_protocol::protocol::{Encodable, StrBytes};
+use kafka_protocol::messages::TopicName;
+use kafka_protocol::protocol::StrBytes;
 
 fn topic(name: &str, id: u128) -> TopicRef {
     TopicRef {
@@ -91,13 +90,9 @@ fn a_cut_or_padded_response_is_an_error() {
 }
 
 fn encoded(version: i16, response: &ProduceResponse) -> Vec<u8> {
-    let mut f = BytesMut::new();
-    ResponseHeader::default()
-        .with_correlation_id(3)
-        .encode(&mut f, ApiKey::Produce.response_header_version(version))
-        .expect("header");
-    response.encode(&mut f, version).expect("body");
-    f.to_vec()
+    crate::mirror::produce::encode_response(3, version, response)
+        .expect("encode")
+        .to_vec()
 }
 
 #[test]

@@ -224,7 +224,7 @@ impl LocalPartition {
 #[derive(Debug, Default)]
 pub struct ProducePlan {
     /// (where the batch is in the frame, patch) for every batch to remap.
-    patches: Vec<(Range<usize>, PidPatch)>,
+    patches: Patches,
     /// Partitions the proxy answers itself.
     pub local: Vec<LocalPartition>,
     /// Partitions that go to the broker.
@@ -237,8 +237,18 @@ pub struct ProducePlan {
     pub unresolved: Vec<Unresolved>,
     /// Forwarded partitions holding batches with a sequence, for the
     /// mirrored producer state (their batches with the mapped PID).
-    pub tracked: Vec<TrackedPartition>,
+    pub tracked: TrackedPartitions,
 }
+
+// Inline room for one: a producer sends at most one batch per partition
+// per request, and a mirror link's requests mostly name one partition.
+
+/// The patches of a plan: one per remapped batch.
+type Patches = SmallVec<[(Range<usize>, PidPatch); 1]>;
+/// The tracked partitions of a plan.
+pub type TrackedPartitions = SmallVec<[TrackedPartition; 1]>;
+/// The tracked batches of one partition.
+pub type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
 
 /// A forwarded partition whose batches the mirrored producer state checks.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,7 +258,7 @@ pub struct TrackedPartition {
     /// Every batch of the partition entry (tracked or not).
     pub batch_count: usize,
     /// The batches with a producer id and a sequence, in order.
-    pub batches: Vec<TrackedBatch>,
+    pub batches: TrackedBatches,
 }
 
 /// One batch with a sequence, as it will reach the broker.
@@ -492,9 +502,9 @@ pub fn plan(
 /// the mapped PID of every known origin.
 ///
 /// Runs on every link request, between two of which the broker and the
-/// producer have had the cores and their caches: it allocates only what
-/// the plan keeps (the patches, and the batches of each tracked partition)
-/// and resolves each topic once.
+/// producer have had the cores and their caches: it resolves each topic
+/// once, and allocates only for a request of several partitions or
+/// batches (the plan keeps one of each inline).
 pub fn plan_with(
     frame: &Bytes,
     body_offset: usize,
@@ -677,7 +687,7 @@ enum PartitionPlan {
     /// Its patches were added to the plan's.
     Forward {
         batch_count: usize,
-        tracked: Vec<TrackedBatch>,
+        tracked: TrackedBatches,
     },
     DropControl(usize),
 }
@@ -692,11 +702,11 @@ fn plan_partition(
     topic: &str,
     at: PartitionId,
     origins: &dyn OriginLookup,
-    patches: &mut Vec<(Range<usize>, PidPatch)>,
+    patches: &mut Patches,
     unresolved: &mut Vec<Unresolved>,
 ) -> Result<PartitionPlan, (Refusal, String)> {
     let partition = at.partition;
-    let mut tracked = Vec::new();
+    let mut tracked = TrackedBatches::new();
     let mut offset_delta: i64 = 0;
     let mut batches = 0;
     let mut control = 0;

@@ -27,7 +27,7 @@ use crate::client::{Client, ClientError};
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
-    LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatch,
+    LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatches,
 };
 use crate::mirror::produce_response::{Answers, PartitionAnswer};
 use crate::mirror::producer_state::{Check, ProducerStates, Replayed};
@@ -110,13 +110,14 @@ fn whole_end(records: &[u8]) -> Option<i64> {
 /// failed and their partitions marked for a rebuild.
 pub struct Tracked {
     dedupe: Option<Arc<Dedupe>>,
-    partitions: Vec<BegunPartition>,
+    /// Inline room for one, as in the plan.
+    partitions: SmallVec<[BegunPartition; 1]>,
 }
 
 struct BegunPartition {
     topic: TopicRef,
     partition: PartitionId,
-    batches: Vec<TrackedBatch>,
+    batches: TrackedBatches,
 }
 
 /// What [`Dedupe::begin`] decided for a request.
@@ -379,7 +380,7 @@ impl Dedupe {
     pub fn begin(self: &Arc<Self>, plan: &mut ProducePlan, link: &str, wait: bool) -> Begin {
         let mut tracked = Tracked {
             dedupe: None,
-            partitions: Vec::new(),
+            partitions: SmallVec::new(),
         };
         if plan.tracked.is_empty() {
             return Begin::Begun(tracked);
@@ -532,7 +533,7 @@ impl Tracked {
     pub fn none() -> Tracked {
         Tracked {
             dedupe: None,
-            partitions: Vec::new(),
+            partitions: SmallVec::new(),
         }
     }
 

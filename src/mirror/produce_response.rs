@@ -62,8 +62,8 @@ impl<'q> Answers<'q> {
     }
 
     /// The answer to each asked partition, in the order asked (`None`: the
-    /// response does not mention it).
-    pub fn into_found(self) -> Vec<Option<PartitionAnswer>> {
+    /// response does not mention it). Inline, like `asked`.
+    pub fn into_found(self) -> SmallVec<[Option<PartitionAnswer>; 2]> {
         self.asked.iter().map(|a| a.found).collect()
     }
 

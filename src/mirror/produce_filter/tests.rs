@@ -10,6 +10,7 @@ use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
 
 use crate::mirror::pid::ClusterId;
+use crate::mirror::produce::TrackedBatch;
 use crate::mirror::producer_state::BatchId;
 
 const TOPIC_ID: Uuid = Uuid::from_u128(7);
@@ -366,7 +367,7 @@ fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
             topic: topic(),
             partition: at(1),
             batch_count: 1,
-            batches: vec![TrackedBatch {
+            batches: smallvec::smallvec![TrackedBatch {
                 id: id(0, 0, 4),
                 origin: origin(5),
                 offset_delta: 0,

@@ -61,7 +61,7 @@ fn finds_each_asked_partition_in_exact_v9_bytes() {
     let mut a = Answers::new(asked);
     a.walk(&frame, 9).expect("walk");
     assert_eq!(
-        a.into_found(),
+        a.into_found().to_vec(),
         vec![
             Some(answer(0, 5, 1000)),
             Some(answer(6, -1, -1)),
@@ -127,7 +127,7 @@ fn matches_topics_by_name_before_v13_and_by_id_from_v13_at_every_version() {
         // The current leader exists from v10.
         let leader = if version >= 10 { 4 } else { -1 };
         assert_eq!(
-            found.into_found(),
+            found.into_found().to_vec(),
             vec![
                 Some(PartitionAnswer {
                     leader_id: leader,
@@ -155,7 +155,7 @@ fn the_first_answer_for_a_partition_counts() {
     let frame = encoded(9, &response);
     let mut a = Answers::new(vec![(&t, 0)]);
     a.walk(&frame, 9).expect("walk");
-    assert_eq!(a.into_found(), vec![Some(answer(0, 10, -1))]);
+    assert_eq!(a.into_found().to_vec(), vec![Some(answer(0, 10, -1))]);
 }
 
 #[test]
@@ -188,7 +188,7 @@ fn a_response_naming_a_moved_leader_is_answered_then_left_to_the_address_rewrite
         let walked = answers.walk(&frame, version).expect("walk");
         assert_eq!(walked, Walked::NamesBrokers, "v{version}");
         assert_eq!(
-            answers.into_found(),
+            answers.into_found().to_vec(),
             vec![Some(PartitionAnswer {
                 leader_id: 2,
                 ..answer(6, -1, -1)

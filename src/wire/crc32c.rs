@@ -26,14 +26,15 @@ pub fn checksum(data: &[u8]) -> u32 {
 /// Taking two `[u8; N]` makes unequal lengths unrepresentable. Only the
 /// difference is added: the function never recomputes from the message, so a
 /// CRC that was wrong before stays wrong by exactly the same amount.
-/// Cost is O(N) plus one 32-step multiplication per non-zero hex digit of
-/// `bytes_after`; the message itself is never read.
+/// Cost is O(N) plus one multiplication per non-zero hex digit of
+/// `bytes_after` (four for a 16 KiB batch); the message itself is never
+/// read.
 pub fn patch<const N: usize>(old_crc: u32, old: [u8; N], new: [u8; N], bytes_after: u64) -> u32 {
     let mut reg = 0u32;
     for (o, n) in old.iter().zip(new.iter()) {
         reg = (reg >> 8) ^ BYTE_TABLE[((reg ^ u32::from(o ^ n)) & 0xFF) as usize];
     }
-    old_crc ^ multmodp(x8nmodp(bytes_after), reg)
+    old_crc ^ append_zeros(reg, bytes_after)
 }
 
 /// Byte-at-a-time table of the raw (zero-init, no final xor) CRC register.
@@ -66,6 +67,47 @@ const fn multmodp(a: u32, mut b: u32) -> u32 {
     p
 }
 
+/// `a * b mod P`, as [`multmodp`] but four bits of `a` at a time: `b`
+/// times each of the 16 polynomials of degree < 4, then Horner's rule over
+/// `a`'s nibbles, highest powers first. Eight dependent steps instead of
+/// 32: about half the time of a CRC patch.
+fn mul(a: u32, b: u32) -> u32 {
+    // Bit 3 of a nibble index is its x^0 (the reflected order): index 8 is
+    // `b`, 4 is `b * x`, 2 is `b * x^2`, 1 is `b * x^3`.
+    let mut by_bit = [0u32; 4];
+    let mut v = b;
+    for slot in by_bit.iter_mut().rev() {
+        *slot = v;
+        v = times_x(v);
+    }
+    let mut table = [0u32; 16];
+    for i in 1..16 {
+        table[i] = table[i & (i - 1)] ^ by_bit[i.trailing_zeros() as usize];
+    }
+    let mut p = 0;
+    for shift in (0..32).step_by(4) {
+        p = (p >> 4) ^ TIMES_X4[(p & 0xF) as usize] ^ table[((a >> shift) & 0xF) as usize];
+    }
+    p
+}
+
+/// `v * x mod P`.
+const fn times_x(v: u32) -> u32 {
+    (v >> 1) ^ (POLY & 0u32.wrapping_sub(v & 1))
+}
+
+/// `TIMES_X4[v]`: the reduction of `v * x^4` for the four bits `v` that
+/// the shift moves past `x^31`.
+const TIMES_X4: [u32; 16] = {
+    let mut table = [0; 16];
+    let mut i = 0;
+    while i < 16 {
+        table[i] = times_x(times_x(times_x(times_x(i as u32))));
+        i += 1;
+    }
+    table
+};
+
 /// `X8N[g][v] = x^(8 * v * 16^g) mod P`: one multiplication per non-zero
 /// hex digit of the byte count (at most 8 for a batch under 2 GiB), so the
 /// cost barely moves between a 1 KiB and a 1 MiB batch.
@@ -91,19 +133,20 @@ const X8N: [[u32; 16]; 16] = {
     table
 };
 
-/// `x^(8n) mod P`: the operator that appends `n` zero bytes.
-fn x8nmodp(mut n: u64) -> u32 {
-    let mut p = ONE;
+/// `reg * x^(8n) mod P`: the raw register `reg` after `n` zero bytes.
+/// Multiplies by each digit's operator in turn rather than building
+/// `x^(8n)` first: one multiplication fewer.
+fn append_zeros(mut reg: u32, mut n: u64) -> u32 {
     let mut g = 0;
     while n != 0 {
         let digit = (n & 0xF) as usize;
         if digit != 0 {
-            p = multmodp(X8N[g][digit], p);
+            reg = mul(X8N[g][digit], reg);
         }
         n >>= 4;
         g += 1;
     }
-    p
+    reg
 }
 
 #[cfg(test)]
@@ -140,12 +183,23 @@ mod tests {
 
     #[test]
     fn zero_byte_operator_matches_bitwise() {
-        for n in [0usize, 1, 2, 3, 7, 8, 61, 255, 1000, 4097] {
+        for n in [0usize, 1, 2, 3, 7, 8, 61, 255, 1000, 4097, 15_309, 65_536] {
             assert_eq!(
-                multmodp(x8nmodp(n as u64), 0xDEAD_BEEF),
+                append_zeros(0xDEAD_BEEF, n as u64),
                 append_zeros_slow(0xDEAD_BEEF, n)
             );
         }
+    }
+
+    #[test]
+    fn one_is_the_identity_of_both_multiplications() {
+        for v in [0, 1, ONE, 0xDEAD_BEEF, u32::MAX] {
+            assert_eq!(mul(ONE, v), v);
+            assert_eq!(mul(v, ONE), v);
+            assert_eq!(multmodp(ONE, v), v);
+        }
+        // x^31 * x = x^32 = P's low terms: the reflected polynomial itself.
+        assert_eq!(mul(1, ONE >> 1), POLY);
     }
 
     #[test]
@@ -191,13 +245,17 @@ mod tests {
     #[test]
     fn huge_bytes_after_is_fast_and_consistent() {
         // Appending 2^k zero bytes twice equals appending 2^(k+1) once.
+        let reg = 0xDEAD_BEEF;
         for k in [20u32, 40, 62] {
             let n = 1u64 << k;
-            assert_eq!(multmodp(x8nmodp(n), x8nmodp(n)), x8nmodp(2 * n));
+            assert_eq!(
+                append_zeros(append_zeros(reg, n), n),
+                append_zeros(reg, 2 * n)
+            );
         }
         assert_eq!(
-            multmodp(x8nmodp(u64::MAX), x8nmodp(1)),
-            multmodp(x8nmodp(1 << 63), x8nmodp(1 << 63))
+            append_zeros(append_zeros(reg, u64::MAX), 1),
+            append_zeros(append_zeros(reg, 1 << 63), 1 << 63)
         );
     }
 
@@ -213,6 +271,11 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn nibble_multiplication_matches_bitwise(a in any::<u32>(), b in any::<u32>()) {
+            prop_assert_eq!(mul(a, b), multmodp(a, b));
+        }
+
         #[test]
         fn patch_matches_recompute(
             (data, pos) in data_and_pos(),

@@ -44,8 +44,9 @@ pub enum ProduceError {
     Encode { version: i16, reason: String },
 }
 
-/// A topic as the request names it: by name before v13, by id from v13.
-#[derive(Debug, Clone, PartialEq)]
+/// A topic as the request names it: by name before v13, by id from v13
+/// (the other field empty: the default).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TopicRef {
     pub name: TopicName,
     pub topic_id: Uuid,
@@ -417,14 +418,14 @@ fn for_each_partition(
         fn topic(&mut self, topic: produce_walk::Topic<'f>) {
             self.topic = match topic {
                 produce_walk::Topic::Id(id) => TopicRef {
-                    name: TopicName::default(),
                     topic_id: Uuid::from_bytes(id),
+                    ..TopicRef::default()
                 },
                 produce_walk::Topic::Name(name) => {
                     match StrBytes::from_utf8(self.frame.slice_ref(name)) {
                         Ok(name) => TopicRef {
                             name: TopicName(name),
-                            topic_id: Uuid::nil(),
+                            ..TopicRef::default()
                         },
                         Err(_) => {
                             if self.error.is_none() {
@@ -433,10 +434,7 @@ fn for_each_partition(
                                     reason: "topic name is not UTF-8".into(),
                                 });
                             }
-                            TopicRef {
-                                name: TopicName::default(),
-                                topic_id: Uuid::nil(),
-                            }
+                            TopicRef::default()
                         }
                     }
                 }
@@ -460,10 +458,7 @@ fn for_each_partition(
     let mut v = Entries {
         frame,
         version,
-        topic: TopicRef {
-            name: TopicName::default(),
-            topic_id: Uuid::nil(),
-        },
+        topic: TopicRef::default(),
         error: None,
         on_partition,
     };

@@ -15,7 +15,7 @@
 //!
 //! Pure: bytes in, events out.
 
-use super::produce_walk::{check_version, Reader, Topic, TAGGED};
+use super::produce_walk::{self, check_version, Reader, Topic, TAGGED};
 use super::walk::WalkError;
 
 /// The Produce response versions this walk knows: those of the schema.
@@ -163,22 +163,14 @@ fn current_leader(r: &mut Reader<'_>) -> Result<i32, WalkError> {
 }
 
 /// What a walk reported, recorded: to hold this walk to the schema walk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    Name(Vec<u8>),
-    Id([u8; 16]),
-    Partition(Partition),
-}
+pub type Event = produce_walk::Event<Partition>;
 
 /// This walk's events and result.
 pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<Walked, WalkError>) {
     struct Record(Vec<Event>);
     impl Visitor<'_> for Record {
         fn topic(&mut self, topic: Topic<'_>) {
-            self.0.push(match topic {
-                Topic::Name(n) => Event::Name(n.to_vec()),
-                Topic::Id(id) => Event::Id(id),
-            });
+            self.0.push(topic.into());
         }
         fn partition(&mut self, partition: Partition) {
             self.0.push(Event::Partition(partition));
@@ -228,12 +220,9 @@ pub fn schema_events(
             true
         }
     }
-    let msg = match schema::message("ProduceResponse") {
-        Ok(m) => m,
-        Err(_) => {
-            let e = check_version("ProduceResponse", version, (1, 0));
-            return (Vec::new(), e);
-        }
+    let Ok(msg) = schema::message("ProduceResponse") else {
+        let e = produce_walk::schema_unavailable("ProduceResponse", version, VERSIONS);
+        return (Vec::new(), Err(e));
     };
     let mut r = Record {
         events: Vec::new(),

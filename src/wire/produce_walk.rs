@@ -294,27 +294,56 @@ pub(super) fn check_version(
     }
 }
 
-/// What a walk reported, recorded: to hold this walk to the schema walk
-/// in tests and in the `produce_plan` fuzz target.
+/// What a walk reported, recorded: to hold a hand walk to the schema walk
+/// in tests and in the `produce_plan` and `responses` fuzz targets. `P` is
+/// what a partition carries: its index and records in a request
+/// ([`RequestPartition`]), its answer in a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub enum Event<P> {
     Name(Vec<u8>),
     Id([u8; 16]),
-    Partition(i32, Option<Range<usize>>),
+    Partition(P),
+}
+
+impl<P> From<Topic<'_>> for Event<P> {
+    fn from(topic: Topic<'_>) -> Event<P> {
+        match topic {
+            Topic::Name(n) => Event::Name(n.to_vec()),
+            Topic::Id(id) => Event::Id(id),
+        }
+    }
+}
+
+/// A request's partition entry as recorded: its index, and where its
+/// records are (`None`: null).
+pub type RequestPartition = (i32, Option<Range<usize>>);
+
+/// The error a recorder reports when the compiled-in schema of `message`
+/// cannot be had: as if no version were walkable, naming the versions the
+/// hand walk covers.
+pub(super) fn schema_unavailable(message: &str, version: i16, versions: (i16, i16)) -> WalkError {
+    let (min, max) = versions;
+    WalkError::Version {
+        message: message.into(),
+        version,
+        min,
+        max,
+    }
 }
 
 /// This walk's events and result.
-pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<(), WalkError>) {
-    struct Record(Vec<Event>);
+pub fn events(
+    version: i16,
+    input: &[u8],
+    start: usize,
+) -> (Vec<Event<RequestPartition>>, Result<(), WalkError>) {
+    struct Record(Vec<Event<RequestPartition>>);
     impl Visitor<'_> for Record {
         fn topic(&mut self, topic: Topic<'_>) {
-            self.0.push(match topic {
-                Topic::Name(n) => Event::Name(n.to_vec()),
-                Topic::Id(id) => Event::Id(id),
-            });
+            self.0.push(topic.into());
         }
         fn partition(&mut self, index: i32, records: Option<Range<usize>>) {
-            self.0.push(Event::Partition(index, records));
+            self.0.push(Event::Partition((index, records)));
         }
     }
     let mut r = Record(Vec::new());
@@ -322,18 +351,17 @@ pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<(
     (r.0, result)
 }
 
-/// The schema walk's events and result on the same input (`Version` when
-/// the schema cannot be had).
+/// The schema walk's events and result on the same input.
 pub fn schema_events(
     version: i16,
     input: &[u8],
     start: usize,
-) -> (Vec<Event>, Result<(), WalkError>) {
+) -> (Vec<Event<RequestPartition>>, Result<(), WalkError>) {
     use super::schema::{self, Field};
     use super::walk::{self, Edit, Value};
     #[derive(Default)]
     struct Record {
-        events: Vec<Event>,
+        events: Vec<Event<RequestPartition>>,
         index: i32,
         records: Option<Range<usize>>,
     }
@@ -351,23 +379,14 @@ pub fn schema_events(
         fn leave(&mut self, field: &Field) -> bool {
             if field.path == PARTITION_DATA {
                 let records = self.records.take();
-                self.events.push(Event::Partition(self.index, records));
+                self.events.push(Event::Partition((self.index, records)));
             }
             true
         }
     }
-    let msg = match schema::message("ProduceRequest") {
-        Ok(m) => m,
-        Err(_) => {
-            let (min, max) = VERSIONS;
-            let e = WalkError::Version {
-                message: "ProduceRequest".into(),
-                version,
-                min,
-                max,
-            };
-            return (Vec::new(), Err(e));
-        }
+    let Ok(msg) = schema::message("ProduceRequest") else {
+        let e = schema_unavailable("ProduceRequest", version, VERSIONS);
+        return (Vec::new(), Err(e));
     };
     let mut r = Record::default();
     let result = walk::walk(msg, version, input, start, &mut r);

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use std::collections::BTreeMap;
 
 /// Both walks on `body`; they must agree, and this walk's result is returned.
-fn both(version: i16, body: &[u8]) -> (Vec<Event>, Result<(), WalkError>) {
+fn both(version: i16, body: &[u8]) -> (Vec<Event<RequestPartition>>, Result<(), WalkError>) {
     let ours = events(version, body, 0);
     let theirs = schema_events(version, body, 0);
     assert_eq!(ours, theirs, "v{version}: {body:02x?}");
@@ -101,8 +101,8 @@ fn a_v8_body_reports_its_topic_and_partitions() {
         events,
         vec![
             Event::Name(b"t".to_vec()),
-            Event::Partition(2, Some(27..30)),
-            Event::Partition(5, None),
+            Event::Partition((2, Some(27..30))),
+            Event::Partition((5, None)),
         ]
     );
 }
@@ -121,7 +121,7 @@ fn a_v13_body_reports_topic_ids_and_skips_unknown_tagged_fields() {
     result.expect("walks");
     assert_eq!(
         events,
-        vec![Event::Id(id), Event::Partition(9, Some(30..33))]
+        vec![Event::Id(id), Event::Partition((9, Some(30..33)))]
     );
 }
 

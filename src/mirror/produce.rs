@@ -241,14 +241,14 @@ pub struct ProducePlan {
     pub tracked: TrackedPartitions,
 }
 
-// Inline room for one: a producer sends at most one batch per partition
-// per request, and a mirror link's requests mostly name one partition.
-
 /// The patches of a plan: one per remapped batch.
-type Patches = SmallVec<[(Range<usize>, PidPatch); 1]>;
+type Patches = Vec<(Range<usize>, PidPatch)>;
 /// The tracked partitions of a plan.
-pub type TrackedPartitions = SmallVec<[TrackedPartition; 1]>;
-/// The tracked batches of one partition.
+pub type TrackedPartitions = Vec<TrackedPartition>;
+/// The tracked batches of one partition: inline room for one, as a
+/// producer sends at most one batch per partition per request. (The plan
+/// itself keeps its vectors on the heap: it lives in every connection's
+/// task, whose size idle connections pay for.)
 pub type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
 
 /// A forwarded partition whose batches the mirrored producer state checks.
@@ -498,8 +498,8 @@ pub fn plan(
 ///
 /// Runs on every link request, between two of which the broker and the
 /// producer have had the cores and their caches: it resolves each topic
-/// once, and allocates only for a request of several partitions or
-/// batches (the plan keeps one of each inline).
+/// once and allocates only what the plan keeps (the patches, the tracked
+/// partitions; a partition's first tracked batch is kept inline).
 pub fn plan_with(
     frame: &Bytes,
     body_offset: usize,

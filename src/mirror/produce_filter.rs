@@ -110,8 +110,7 @@ fn whole_end(records: &[u8]) -> Option<i64> {
 /// failed and their partitions marked for a rebuild.
 pub struct Tracked {
     dedupe: Option<Arc<Dedupe>>,
-    /// Inline room for one, as in the plan.
-    partitions: SmallVec<[BegunPartition; 1]>,
+    partitions: Vec<BegunPartition>,
 }
 
 struct BegunPartition {
@@ -380,7 +379,7 @@ impl Dedupe {
     pub fn begin(self: &Arc<Self>, plan: &mut ProducePlan, link: &str, wait: bool) -> Begin {
         let mut tracked = Tracked {
             dedupe: None,
-            partitions: SmallVec::new(),
+            partitions: Vec::new(),
         };
         if plan.tracked.is_empty() {
             return Begin::Begun(tracked);
@@ -533,7 +532,7 @@ impl Tracked {
     pub fn none() -> Tracked {
         Tracked {
             dedupe: None,
-            partitions: SmallVec::new(),
+            partitions: Vec::new(),
         }
     }
 

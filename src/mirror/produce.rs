@@ -225,7 +225,7 @@ impl LocalPartition {
 #[derive(Debug, Default)]
 pub struct ProducePlan {
     /// (where the batch is in the frame, patch) for every batch to remap.
-    patches: Patches,
+    patches: Vec<(Range<usize>, PidPatch)>,
     /// Partitions the proxy answers itself.
     pub local: Vec<LocalPartition>,
     /// Partitions that go to the broker.
@@ -238,13 +238,9 @@ pub struct ProducePlan {
     pub unresolved: Vec<Unresolved>,
     /// Forwarded partitions holding batches with a sequence, for the
     /// mirrored producer state (their batches with the mapped PID).
-    pub tracked: TrackedPartitions,
+    pub tracked: Vec<TrackedPartition>,
 }
 
-/// The patches of a plan: one per remapped batch.
-type Patches = Vec<(Range<usize>, PidPatch)>;
-/// The tracked partitions of a plan.
-pub type TrackedPartitions = Vec<TrackedPartition>;
 /// The tracked batches of one partition: inline room for one, as a
 /// producer sends at most one batch per partition per request. (The plan
 /// itself keeps its vectors on the heap: it lives in every connection's
@@ -697,7 +693,7 @@ fn plan_partition(
     topic: &str,
     at: PartitionId,
     origins: &dyn OriginLookup,
-    patches: &mut Patches,
+    patches: &mut Vec<(Range<usize>, PidPatch)>,
     unresolved: &mut Vec<Unresolved>,
 ) -> Result<PartitionPlan, (Refusal, String)> {
     let partition = at.partition;

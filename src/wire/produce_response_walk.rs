@@ -221,7 +221,7 @@ pub fn schema_events(
         }
     }
     let Ok(msg) = schema::message("ProduceResponse") else {
-        let e = produce_walk::schema_unavailable("ProduceResponse", version, VERSIONS);
+        let e = produce_walk::version_error("ProduceResponse", version, VERSIONS);
         return (Vec::new(), Err(e));
     };
     let mut r = Record {

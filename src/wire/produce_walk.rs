@@ -285,12 +285,7 @@ pub(super) fn check_version(
 ) -> Result<(), WalkError> {
     match (min..=max).contains(&version) {
         true => Ok(()),
-        false => Err(WalkError::Version {
-            message: message.into(),
-            version,
-            min,
-            max,
-        }),
+        false => Err(version_error(message, version, (min, max))),
     }
 }
 
@@ -318,10 +313,10 @@ impl<P> From<Topic<'_>> for Event<P> {
 /// records are (`None`: null).
 pub type RequestPartition = (i32, Option<Range<usize>>);
 
-/// The error a recorder reports when the compiled-in schema of `message`
-/// cannot be had: as if no version were walkable, naming the versions the
-/// hand walk covers.
-pub(super) fn schema_unavailable(message: &str, version: i16, versions: (i16, i16)) -> WalkError {
+/// `version` of `message` cannot be walked; `versions` can. Also what a
+/// recorder reports when the compiled-in schema cannot be had, naming the
+/// versions the hand walk covers.
+pub(super) fn version_error(message: &str, version: i16, versions: (i16, i16)) -> WalkError {
     let (min, max) = versions;
     WalkError::Version {
         message: message.into(),
@@ -385,7 +380,7 @@ pub fn schema_events(
         }
     }
     let Ok(msg) = schema::message("ProduceRequest") else {
-        let e = schema_unavailable("ProduceRequest", version, VERSIONS);
+        let e = version_error("ProduceRequest", version, VERSIONS);
         return (Vec::new(), Err(e));
     };
     let mut r = Record::default();

@@ -15,8 +15,10 @@ pub mod health;
 pub mod session;
 pub mod tls;
 pub mod upstream;
+pub mod watch_wait;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -261,6 +263,11 @@ impl Shared {
             // The sender lives as long as `self`: not reached.
             std::future::pending::<()>().await;
         }
+    }
+
+    /// [`Shared::shutting_down`], for a loop that polls it with every frame.
+    pub fn shutdown_wait(&self) -> watch_wait::WatchWait<bool, impl Future<Output = ()> + '_> {
+        watch_wait::WatchWait::new(self.shutdown.subscribe(), self.shutting_down())
     }
 
     /// Client connections open now.

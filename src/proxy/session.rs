@@ -15,6 +15,7 @@
 //! and at shutdown, when it stops reading and lets the response loop
 //! deliver what is owed before the connection closes.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,11 +25,12 @@ use bytes::BytesMut;
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::addresses::{self, RewriteError, UnsupportedVersion};
 use super::upstream::{BoxStream, ConnectError};
+use super::watch_wait::WatchWait;
 use super::{Shared, StartError, Target};
 use crate::mirror::link::CertSubject;
 use crate::mirror::produce::{ProduceError, Refusal};
@@ -380,13 +382,12 @@ async fn requests(
     // connection when it first waits, and made anew per frame that was a
     // registration and a removal per request. The idle timer is not moved
     // by activity; when it fires it looks at the activity and re-arms.
-    let shutdown = shared.shutting_down();
-    tokio::pin!(shutdown);
+    let mut shutdown = shared.shutdown_wait();
     let idle_timer = tokio::time::sleep(idle);
     tokio::pin!(idle_timer);
     // The link's state changes, watched once the connection speaks as a
     // link (boxed: only link connections pay for it).
-    let mut link_changed: Option<LinkChanged> = None;
+    let mut link_changed = None;
     let filter = ProduceFilter::new(shared);
     loop {
         if link_changed.is_none() && link_session.is_some() {
@@ -524,18 +525,17 @@ async fn requests(
 
 /// The next change of the link states, with the receiver to watch on
 /// (`None` once the states can no longer change).
-type LinkChanged = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Option<tokio::sync::watch::Receiver<u64>>> + Send>,
->;
-
-fn watch_link_state(mut rx: tokio::sync::watch::Receiver<u64>) -> LinkChanged {
-    Box::pin(async move { rx.changed().await.ok().map(|()| rx) })
+fn watch_link_state(
+    mut rx: watch::Receiver<u64>,
+) -> WatchWait<u64, impl Future<Output = Option<watch::Receiver<u64>>> + Send> {
+    WatchWait::new(
+        rx.clone(),
+        async move { rx.changed().await.ok().map(|()| rx) },
+    )
 }
 
 /// Waits for the watched change; forever when nothing is watched.
-async fn next_link_change(
-    changed: &mut Option<LinkChanged>,
-) -> Option<tokio::sync::watch::Receiver<u64>> {
+async fn next_link_change<F: Future + Unpin>(changed: &mut Option<F>) -> F::Output {
     match changed {
         Some(f) => f.await,
         None => std::future::pending().await,

@@ -85,89 +85,80 @@ mod tests {
         }
     }
 
-    /// `rx.wait_for(|v| *v)`, counting how often it is polled.
-    fn counted(
-        mut rx: watch::Receiver<bool>,
-        polls: Arc<AtomicUsize>,
-    ) -> impl Future<Output = bool> {
-        let inner = async move { rx.wait_for(|v| *v).await.is_ok() };
-        let mut inner = Box::pin(inner);
-        std::future::poll_fn(move |cx| {
-            polls.fetch_add(1, Ordering::SeqCst);
-            inner.as_mut().poll(cx)
-        })
+    /// A waker and how often it was woken.
+    fn waker() -> (Waker, impl Fn() -> usize) {
+        let flag = Arc::new(Flag::default());
+        let waker = Waker::from(Arc::clone(&flag));
+        (waker, move || flag.0.load(Ordering::SeqCst))
     }
 
+    fn poll<F: Future>(wait: &mut WatchWait<bool, F>, waker: &Waker) -> Poll<F::Output> {
+        Pin::new(wait).poll(&mut Context::from_waker(waker))
+    }
+
+    /// A wait on a fresh channel for `true`, and how often the wait it
+    /// wraps was polled.
     fn setup() -> (
         watch::Sender<bool>,
         WatchWait<bool, impl Future<Output = bool>>,
-        Arc<AtomicUsize>,
+        impl Fn() -> usize,
     ) {
-        let (tx, rx) = watch::channel(false);
+        let (tx, mut rx) = watch::channel(false);
         let polls = Arc::new(AtomicUsize::new(0));
-        let wait = WatchWait::new(tx.subscribe(), counted(rx, Arc::clone(&polls)));
-        (tx, wait, polls)
+        let counter = Arc::clone(&polls);
+        let mut inner = Box::pin(async move { rx.wait_for(|v| *v).await.is_ok() });
+        let counted = std::future::poll_fn(move |cx| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            inner.as_mut().poll(cx)
+        });
+        let wait = WatchWait::new(tx.subscribe(), counted);
+        (tx, wait, move || polls.load(Ordering::SeqCst))
     }
 
     #[test]
     fn a_quiet_channel_is_not_polled_again() {
         let (_tx, mut wait, polls) = setup();
-        let flag = Arc::new(Flag::default());
-        let waker = Waker::from(Arc::clone(&flag));
-        let mut cx = Context::from_waker(&waker);
+        let (w, woken) = waker();
         for _ in 0..100 {
-            assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
+            assert!(poll(&mut wait, &w).is_pending());
         }
-        assert_eq!(polls.load(Ordering::SeqCst), 1);
-        assert_eq!(flag.0.load(Ordering::SeqCst), 0);
+        assert_eq!(polls(), 1);
+        assert_eq!(woken(), 0);
     }
 
     #[test]
     fn a_send_wakes_and_is_seen() {
         let (tx, mut wait, polls) = setup();
-        let flag = Arc::new(Flag::default());
-        let waker = Waker::from(Arc::clone(&flag));
-        let mut cx = Context::from_waker(&waker);
-        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
+        let (w, woken) = waker();
+        assert!(poll(&mut wait, &w).is_pending());
         // A send the wait does not resolve on: polled once, then quiet.
         tx.send_replace(false);
-        assert_eq!(flag.0.load(Ordering::SeqCst), 1);
-        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
-        assert!(Pin::new(&mut wait).poll(&mut cx).is_pending());
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        assert_eq!(woken(), 1);
+        assert!(poll(&mut wait, &w).is_pending());
+        assert!(poll(&mut wait, &w).is_pending());
+        assert_eq!(polls(), 2);
         tx.send_replace(true);
-        assert_eq!(flag.0.load(Ordering::SeqCst), 2);
-        assert_eq!(Pin::new(&mut wait).poll(&mut cx), Poll::Ready(true));
-        assert_eq!(polls.load(Ordering::SeqCst), 3);
+        assert_eq!(woken(), 2);
+        assert_eq!(poll(&mut wait, &w), Poll::Ready(true));
+        assert_eq!(polls(), 3);
     }
 
     #[test]
     fn a_send_before_the_first_poll_is_seen() {
         let (tx, mut wait, _polls) = setup();
         tx.send_replace(true);
-        let waker = Waker::from(Arc::new(Flag::default()));
-        let mut cx = Context::from_waker(&waker);
-        assert_eq!(Pin::new(&mut wait).poll(&mut cx), Poll::Ready(true));
+        assert_eq!(poll(&mut wait, &waker().0), Poll::Ready(true));
     }
 
     #[test]
     fn a_new_waker_is_registered() {
         let (tx, mut wait, polls) = setup();
-        let first = Arc::new(Flag::default());
-        let second = Arc::new(Flag::default());
-        let (w1, w2) = (
-            Waker::from(Arc::clone(&first)),
-            Waker::from(Arc::clone(&second)),
-        );
-        assert!(Pin::new(&mut wait)
-            .poll(&mut Context::from_waker(&w1))
-            .is_pending());
-        assert!(Pin::new(&mut wait)
-            .poll(&mut Context::from_waker(&w2))
-            .is_pending());
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        let ((first, first_woken), (second, second_woken)) = (waker(), waker());
+        assert!(poll(&mut wait, &first).is_pending());
+        assert!(poll(&mut wait, &second).is_pending());
+        assert_eq!(polls(), 2);
         tx.send_replace(true);
-        assert_eq!(second.0.load(Ordering::SeqCst), 1);
+        assert_eq!((first_woken(), second_woken()), (0, 1));
     }
 
     #[tokio::test]

@@ -163,12 +163,8 @@ mod tests {
 
     #[tokio::test]
     async fn resolves_in_a_task_after_many_quiet_polls() {
-        let (tx, rx) = watch::channel(false);
+        let (tx, wait, _polls) = setup();
         let done = Arc::new(AtomicBool::new(false));
-        let wait = WatchWait::new(tx.subscribe(), {
-            let mut rx = rx;
-            async move { rx.wait_for(|v| *v).await.is_ok() }
-        });
         let task = tokio::spawn({
             let done = Arc::clone(&done);
             async move {

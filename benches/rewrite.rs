@@ -25,7 +25,7 @@ use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionI
 use kafka_mirror_proxy::mirror::produce;
 use kafka_mirror_proxy::mirror::produce_response::Answers;
 use kafka_mirror_proxy::mirror::producer_state::{BatchId, Check, ProducerStates};
-use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
+use kafka_mirror_proxy::mirror::state_records::{OriginValue, StateRecord};
 use kafka_mirror_proxy::wire::batch::{NewBatch, NewRecord};
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
 use kafka_mirror_proxy::wire::produce_response_walk::Walked;
@@ -238,7 +238,7 @@ fn bench(c: &mut Criterion) {
 /// to look for KIP-951 leader endpoints; now walked, and passed untouched
 /// when it names no broker (issue 6, defect 9).
 fn produce_response(c: &mut Criterion) {
-    use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
+    use kafka_mirror_proxy::filter::addresses::{self, Advertised};
     use kafka_protocol::messages::produce_response::{
         PartitionProduceResponse, TopicProduceResponse,
     };

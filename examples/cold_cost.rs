@@ -33,12 +33,12 @@ use uuid::Uuid;
 
 use kafka_mirror_proxy::client::protocol::{self, PartitionRef};
 use kafka_mirror_proxy::metrics::Metrics;
+use kafka_mirror_proxy::mirror::dedupe::{Begin, Dedupe};
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::produce;
-use kafka_mirror_proxy::mirror::produce_filter::{Begin, Dedupe};
 use kafka_mirror_proxy::mirror::produce_response::Answers;
-use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
+use kafka_mirror_proxy::mirror::state_records::{OriginValue, StateRecord};
 use kafka_mirror_proxy::wire::batch::{self, NewBatch, NewRecord};
 use kafka_mirror_proxy::wire::header::RequestHeaderPeek;
 use kafka_mirror_proxy::wire::produce_response_walk::Walked;

@@ -59,7 +59,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_mirror_proxy::client::error::error_name;
 use kafka_mirror_proxy::client::protocol::{IsolationLevel, OffsetSpec, Produced};
 use kafka_mirror_proxy::client::{Client, ClientConfig, ClientError};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::wire::aborted::{AbortedFilter, Decision};
 use kafka_mirror_proxy::wire::batch::{BatchHeader, BATCH_LENGTH_OFFSET, HEADER_LEN, LOG_OVERHEAD};
 use tokio::sync::watch;

@@ -192,7 +192,7 @@ async fn limit_time(State(limit): State<Duration>, request: Request, next: Next)
 
 /// Ready when at least one bootstrap broker accepts a connection.
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    if let Some(why) = shared.state.as_ref().and_then(|s| s.not_ready_reason()) {
+    if let Some(why) = shared.ctx.state.as_ref().and_then(|s| s.not_ready_reason()) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
@@ -217,7 +217,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        shared.metrics.render(),
+        shared.ctx.metrics.render(),
     )
         .into_response()
 }
@@ -248,12 +248,12 @@ fn control_error(e: crate::control::links::ControlError) -> Response {
 async fn links(State(shared): State<Arc<Shared>>) -> Response {
     json_response(
         StatusCode::OK,
-        serde_json::json!({ "links": shared.control.links() }),
+        serde_json::json!({ "links": shared.ctx.control.links() }),
     )
 }
 
 async fn link(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
-    match shared.control.link(&name) {
+    match shared.ctx.control.link(&name) {
         Ok(report) => json_response(StatusCode::OK, report),
         Err(e) => control_error(e),
     }
@@ -272,7 +272,7 @@ async fn failover(
             "wait must be a number of seconds (e.g. ?wait=30)",
         );
     };
-    match shared.control.failover(&shared, &name, wait).await {
+    match shared.ctx.control.failover(&name, wait).await {
         Ok((report, true)) => json_response(StatusCode::OK, report),
         Ok((report, false)) => json_response(StatusCode::ACCEPTED, report),
         Err(e) => control_error(e),
@@ -315,7 +315,7 @@ async fn start(
             }
         }
     }
-    match shared.control.start_link(&name, source).await {
+    match shared.ctx.control.start_link(&name, source).await {
         Ok(report) => json_response(StatusCode::OK, report),
         Err(e) => control_error(e),
     }

@@ -16,10 +16,10 @@ use regex::Regex;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::client::sasl::{Credentials, Mechanism};
-use crate::control::link_state::LinkState;
-use crate::mirror::link::{ControlBatchPolicy, Link, Links};
+use crate::mirror::link::{link_env_name, ControlBatchPolicy, Link, Links};
+use crate::mirror::link_state::LinkState;
 use crate::mirror::pid::ClusterId;
+use crate::wire::sasl::{Credentials, Mechanism};
 
 /// The prefix shared by every variable the proxy reads.
 pub const PREFIX: &str = "MIRROR_PROXY_";
@@ -327,11 +327,6 @@ fn valid_host_port(s: &str) -> bool {
         Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
         None => false,
     }
-}
-
-/// The `<NAME>` part of a link's variables.
-pub fn link_env_name(link: &str) -> String {
-    link.to_ascii_uppercase().replace('-', "_")
 }
 
 impl Config {

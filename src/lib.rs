@@ -1,17 +1,36 @@
 //! kafka-mirror-proxy: a Kafka wire-protocol proxy placed in front of the
 //! destination brokers of a cross-cluster mirror.
 //!
-//! Pure modules first (`wire`, `mirror`), I/O last (`proxy`, `client`,
-//! `admin`). See the README's architecture section for a request's path
-//! through them.
+//! The modules are layers. Each may use only the layers before it in this
+//! list, so the code reads bottom up and a request's path top down;
+//! `tests/layers.rs` reads `src/` and fails on any `crate::` path that
+//! points up or sideways:
+//!
+//! layers: wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > cli
+//!
+//! - `wire`: Kafka bytes, pure (headers, walks, record batches, CRC).
+//! - `metrics`: the Prometheus registry and its bounded label types.
+//! - `mirror`: the mirror's rules, pure (PID mapping, links, origins, the
+//!   Produce plan, producer state, barrier bytes).
+//! - `config`: `MIRROR_PROXY_*` parsed and checked once.
+//! - `net`: frames on sockets, dialing brokers, TLS, broker health.
+//! - `client`: the proxy's own Kafka client.
+//! - `state`: the state topic, loaded, tailed and written.
+//! - `control`: link states, failover, instance membership.
+//! - `filter`: the per-request filters (Produce path, address rewriting).
+//! - `proxy`: listeners, the node registry, the session of a connection.
+//! - `admin`, `cli`: the HTTP API and the operator's commands; `main.rs`
+//!   wires everything together.
 
 pub mod admin;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod control;
+pub mod filter;
 pub mod metrics;
 pub mod mirror;
+pub mod net;
 pub mod proxy;
 pub mod state;
 pub mod wire;

@@ -199,7 +199,7 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
 
 /// The origins of `pid` recorded in the state topic.
 fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()> {
-    use kafka_mirror_proxy::proxy::upstream::Upstream;
+    use kafka_mirror_proxy::net::upstream::Upstream;
     let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
     // The upstream settings when the MIRROR_PROXY_* variables describe them.
     let config = {

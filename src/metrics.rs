@@ -19,8 +19,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::proxy::Target;
-
 /// `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
@@ -50,27 +48,17 @@ impl EncodeLabelValue for ApiKeyLabel {
 
 /// Value of the `listener` label: `bootstrap` or `node-<id>`. Node ids come
 /// from broker responses, not from clients.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Listener(pub Target);
-
-// By hand: `Target` (proxy/mod.rs) does not derive `Hash`.
-impl std::hash::Hash for Listener {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        match self.0 {
-            Target::Bootstrap => state.write_u8(0),
-            Target::Node(n) => {
-                state.write_u8(1);
-                state.write_i32(n);
-            }
-        }
-    }
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Listener {
+    Bootstrap,
+    Node(i32),
 }
 
 impl EncodeLabelValue for Listener {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        match self.0 {
-            Target::Bootstrap => encoder.write_str("bootstrap"),
-            Target::Node(n) => write!(encoder, "node-{n}"),
+        match self {
+            Listener::Bootstrap => encoder.write_str("bootstrap"),
+            Listener::Node(n) => write!(encoder, "node-{n}"),
         }
     }
 }
@@ -396,16 +384,14 @@ impl Metrics {
         // The bootstrap listener always exists: show its series before the
         // first connection.
         let _ = metrics.client_connections.get_or_create(&ListenerLabels {
-            listener: Listener(Target::Bootstrap),
+            listener: Listener::Bootstrap,
         });
         metrics
     }
 
     /// A client connection was accepted on `target`'s listener.
-    pub fn connection_opened(&self, target: Target) -> ActiveConnection {
-        let labels = ListenerLabels {
-            listener: Listener(target),
-        };
+    pub fn connection_opened(&self, listener: Listener) -> ActiveConnection {
+        let labels = ListenerLabels { listener };
         self.client_connections.get_or_create(&labels).inc();
         let gauge = self.client_connections_active.get_or_create_owned(&labels);
         gauge.inc();
@@ -421,38 +407,31 @@ impl Metrics {
 
     /// A client connection to `target`'s listener was refused, for
     /// `reason` (a fixed label).
-    pub fn connection_refused(&self, target: Target, reason: &'static str) {
+    pub fn connection_refused(&self, listener: Listener, reason: &'static str) {
         self.connections_refused
-            .get_or_create(&RefusedConnectionLabels {
-                listener: Listener(target),
-                reason,
-            })
+            .get_or_create(&RefusedConnectionLabels { listener, reason })
             .inc();
     }
 
     /// `target`'s broker became unreachable: its port is closed.
-    pub fn broker_down(&self, target: Target) {
-        let labels = ListenerLabels {
-            listener: Listener(target),
-        };
+    pub fn broker_down(&self, listener: Listener) {
+        let labels = ListenerLabels { listener };
         self.broker_unreachable.get_or_create(&labels).set(1);
         self.broker_outages.get_or_create(&labels).inc();
     }
 
     /// `target`'s broker answers again: its port is open.
-    pub fn broker_up(&self, target: Target) {
+    pub fn broker_up(&self, listener: Listener) {
         self.broker_unreachable
-            .get_or_create(&ListenerLabels {
-                listener: Listener(target),
-            })
+            .get_or_create(&ListenerLabels { listener })
             .set(0);
     }
 
     /// The proxy connected to `broker` for a client of `target`'s listener.
-    pub fn upstream_connected(&self, target: Target, broker: &str) {
+    pub fn upstream_connected(&self, listener: Listener, broker: &str) {
         self.upstream_connections
             .get_or_create(&UpstreamLabels {
-                listener: Listener(target),
+                listener,
                 broker: broker.to_string(),
             })
             .inc();
@@ -646,8 +625,8 @@ mod tests {
         m.batches_remapped("a\"b", 3);
         m.control_batches_dropped("east", 2);
         m.partition_refused("east", "topic_not_mirrored");
-        m.upstream_connected(Target::Node(1), "127.0.0.1:9092");
-        let conn = m.connection_opened(Target::Node(1));
+        m.upstream_connected(Listener::Node(1), "127.0.0.1:9092");
+        let conn = m.connection_opened(Listener::Node(1));
         let text = m.render();
         for line in [
             "# HELP kafka_mirror_proxy_requests_total Requests received, by API key.\n",

@@ -16,7 +16,7 @@ use kafka_mirror_proxy::control::barriers::{place, BarrierResult};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::barrier::{barrier_batch, parse_barrier};
 use kafka_mirror_proxy::mirror::pid::ClusterId;
-use kafka_mirror_proxy::state::records::StateRecord;
+use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use kafka_mirror_proxy::state::StateStore;
 use support::capture::CaptureRelay;
 use support::crate_client::{client, new_topic, runtime, state_records};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kafka_mirror_proxy::client::protocol::NewTopic;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use kafka_mirror_proxy::net::upstream::Upstream;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 

@@ -29,11 +29,11 @@ use tokio::net::TcpListener;
 use uuid::Uuid;
 
 use kafka_mirror_proxy::client::protocol::{OffsetSpec, Produced};
-use kafka_mirror_proxy::client::sasl::{Credentials, Mechanism};
 use kafka_mirror_proxy::client::{Client, ClientConfig, ClientError, CompactedTopic};
 use kafka_mirror_proxy::config::Config;
-use kafka_mirror_proxy::proxy::upstream::Upstream;
+use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::wire::batch::{self, NewBatch, NewRecord};
+use kafka_mirror_proxy::wire::sasl::{Credentials, Mechanism};
 use support::certs::TestCa;
 use support::crate_client::{new_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions, Security};

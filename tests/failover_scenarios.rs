@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::Client;
-use kafka_mirror_proxy::state::records::StateRecord;
+use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use replicator::{Mode, ReplicatorOptions};
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};

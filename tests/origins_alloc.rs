@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, ClusterId};
-use kafka_mirror_proxy::state::records::{OriginValue, StateRecord};
+use kafka_mirror_proxy::mirror::state_records::{OriginValue, StateRecord};
 use uuid::Uuid;
 
 struct Counting;

@@ -14,9 +14,9 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use bytes::Bytes;
 use kafka_mirror_proxy::client::protocol::{self as client, Rpc};
+use kafka_mirror_proxy::filter::addresses::{self, Advertised};
 use kafka_mirror_proxy::mirror::link::{ControlBatchPolicy, Link};
 use kafka_mirror_proxy::mirror::produce;
-use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
 use kafka_mirror_proxy::wire::header::{response_body_offset, RequestHeaderPeek};
 use kafka_mirror_proxy::wire::schema;
 use kafka_mirror_proxy::wire::walk;
@@ -32,7 +32,7 @@ use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use support::capture::{CaptureRelay, Exchange};
 use support::tools;
 
-use kafka_mirror_proxy::proxy::addresses::{response_schema, WALKED_RESPONSES as RESPONSE_APIS};
+use kafka_mirror_proxy::filter::addresses::{response_schema, WALKED_RESPONSES as RESPONSE_APIS};
 
 /// The APIs whose responses the proxy's own client reads, in the order the
 /// `client_responses` fuzz target numbers them (the same as `RESPONSE_APIS`

@@ -21,7 +21,7 @@ use anyhow::{bail, ensure, Context, Result};
 
 use kafka_mirror_proxy::mirror::origins::{compose, fold32};
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, ClusterId};
-use kafka_mirror_proxy::state::records::StateRecord;
+use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{free_port, free_port_run, proxy_bin, ProxyProcess};

@@ -2,7 +2,7 @@
 //! and never a frame over the maximum.
 #![no_main]
 
-use kafka_mirror_proxy::wire::frame::FrameReader;
+use kafka_mirror_proxy::net::frame::FrameReader;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

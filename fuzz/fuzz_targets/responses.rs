@@ -6,7 +6,7 @@
 //! the hand-written Produce response walk reports what the schema walk does.
 #![no_main]
 
-use kafka_mirror_proxy::proxy::addresses::{self, Advertised};
+use kafka_mirror_proxy::filter::addresses::{self, Advertised};
 use kafka_mirror_proxy::wire::header::response_body_offset;
 use kafka_mirror_proxy::wire::produce_response_walk::{self, Walked};
 use kafka_protocol::messages::ApiKey;

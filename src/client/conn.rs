@@ -1,5 +1,5 @@
 //! One connection of the proxy's own client to one broker: connect through
-//! `proxy::upstream::Upstream` (TCP, TLS when configured), negotiate API
+//! `net::upstream::Upstream` (TCP, TLS when configured), negotiate API
 //! versions, authenticate with SASL when configured, then one request at a
 //! time, each bounded by a timeout.
 //!
@@ -16,10 +16,10 @@ use tokio::io::{ReadHalf, WriteHalf};
 
 use super::error::{error_name, ClientError};
 use super::protocol::{self, ApiVersionTable, ApiVersionsAnswer, Rpc};
-use super::sasl::{self, Credentials, Mechanism, Scram};
 use super::ClientConfig;
-use crate::proxy::upstream::BoxStream;
-use crate::wire::frame::{write_frame, FrameReader};
+use crate::net::frame::{write_frame, FrameReader};
+use crate::net::upstream::BoxStream;
+use crate::wire::sasl::{self, Credentials, Mechanism, Scram};
 
 /// An open, negotiated and authenticated broker connection.
 pub struct Connection {

@@ -3,8 +3,8 @@
 
 use kafka_protocol::ResponseError;
 
-use crate::proxy::upstream::ConnectError;
-use crate::wire::frame::FrameError;
+use crate::net::frame::FrameError;
+use crate::net::upstream::ConnectError;
 
 /// An error of the proxy's own Kafka client.
 #[derive(Debug, thiserror::Error)]

@@ -2,9 +2,8 @@
 //! brokers on its own behalf (the `__mirror_state` topic, the failover
 //! barrier, reading a partition's tail), never on behalf of a user.
 //!
-//! - `conn`: one broker connection through `proxy::upstream::Upstream` (TCP,
+//! - `conn`: one broker connection through `net::upstream::Upstream` (TCP,
 //!   TLS with the upstream settings), ApiVersions negotiation, SASL.
-//! - `sasl`: PLAIN and SCRAM-SHA-256/512 messages (pure).
 //! - `protocol`: request builders and response interpreters (pure); every
 //!   response is walked with Kafka's schema before `kafka-protocol` decodes it.
 //! - `group`: group membership requests (FindCoordinator, JoinGroup,
@@ -24,7 +23,6 @@ pub mod error;
 pub mod group;
 pub mod metadata;
 pub mod protocol;
-pub mod sasl;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -33,8 +31,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::config::Config;
-use crate::proxy::tls::TlsSetupError;
-use crate::proxy::upstream::{ConnectError, Upstream};
+use crate::net::tls::TlsSetupError;
+use crate::net::upstream::{ConnectError, Upstream};
 use conn::Connection;
 pub use error::ClientError;
 use metadata::{Broker, Cluster, ClusterInfo, Leader, Lookup, TopicInfo};
@@ -50,7 +48,7 @@ pub struct ClientConfig {
     pub bootstrap: Vec<String>,
     /// TCP/TLS connection settings, shared with the proxy's forwarding.
     pub upstream: Upstream,
-    pub sasl: Option<sasl::Credentials>,
+    pub sasl: Option<crate::wire::sasl::Credentials>,
     pub client_id: String,
     /// Largest response frame accepted.
     pub max_frame_bytes: usize,
@@ -690,8 +688,8 @@ mod tests {
         assert!(c.upstream.tls.is_none());
         assert_eq!(
             c.sasl,
-            Some(sasl::Credentials {
-                mechanism: sasl::Mechanism::ScramSha256,
+            Some(crate::wire::sasl::Credentials {
+                mechanism: crate::wire::sasl::Mechanism::ScramSha256,
                 username: "proxy".into(),
                 password: "secret".into(),
             })

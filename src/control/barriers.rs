@@ -15,7 +15,7 @@ use bytes::Bytes;
 use crate::client::protocol::{OffsetSpec, Produced};
 use crate::mirror::barrier::barrier_batch;
 use crate::mirror::pid::ClusterId;
-use crate::state::records::{BarrierKey, BarrierValue};
+use crate::mirror::state_records::{BarrierKey, BarrierValue};
 use crate::state::{now_ms, AppliedBarrier, StateStore};
 
 /// How a partition's barrier ended.

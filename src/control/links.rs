@@ -24,14 +24,14 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::barriers::{self, BarrierOutcome, BarrierResult};
-use super::link_state::{self, Conflict, LinkState, LinkStatus};
 use super::members::Members;
 use crate::config::ReadOnlyError;
 use crate::metrics::Metrics;
 use crate::mirror::link::{Link, Links};
+use crate::mirror::link_state::{self, Conflict, LinkState, LinkStatus};
 use crate::mirror::pid::ClusterId;
 use crate::mirror::produce::{Refusal, READ_ONLY_TOPIC_MIN_PRODUCE_VERSION};
-use crate::state::records::{DrainedKey, DrainedValue};
+use crate::mirror::state_records::{DrainedKey, DrainedValue};
 use crate::state::{now_ms, StateStore};
 
 /// Attempts per partition before its barrier is reported failed.
@@ -295,7 +295,7 @@ impl Control {
     /// Start the instance's background work: drained records for every
     /// fenced link, and (once the state topic is loaded) the resumption of
     /// any failover found `STOPPING`.
-    pub fn start(self: &Arc<Self>, shared: Arc<crate::proxy::Shared>) {
+    pub fn start(self: &Arc<Self>) {
         let Some(state) = self.state.clone() else {
             return;
         };
@@ -318,7 +318,7 @@ impl Control {
                     );
                     // A failover id of -1 (STOPPING from INITIAL_STATE, never
                     // persisted): `failover` gives it an id first.
-                    if let Err(e) = me.failover(&shared, link.name(), Duration::ZERO).await {
+                    if let Err(e) = me.failover(link.name(), Duration::ZERO).await {
                         tracing::warn!(link = link.name(), error = %e, "could not resume the failover");
                     }
                 }
@@ -407,7 +407,6 @@ impl Control {
     /// it to finish. Returns the report and whether the failover is complete.
     pub async fn failover(
         self: &Arc<Self>,
-        shared: &Arc<crate::proxy::Shared>,
         name: &str,
         wait: Duration,
     ) -> Result<(Value, bool), ControlError> {
@@ -451,7 +450,7 @@ impl Control {
         } else {
             current
         };
-        let run = self.ensure_failover(shared, &link, status).await?;
+        let run = self.ensure_failover(&link, status).await?;
         let mut finished = run.finished.subscribe();
         let _ = tokio::time::timeout(wait, finished.wait_for(|f| *f)).await;
         let report = self.report(&link);
@@ -462,7 +461,6 @@ impl Control {
     /// The run of `status`'s failover on this instance, started if needed.
     async fn ensure_failover(
         self: &Arc<Self>,
-        shared: &Arc<crate::proxy::Shared>,
         link: &Arc<Link>,
         status: LinkStatus,
     ) -> Result<Arc<Run>, ControlError> {
@@ -480,12 +478,11 @@ impl Control {
         runs.insert(link.name().to_string(), Arc::clone(&run));
         drop(runs);
         let me = Arc::clone(self);
-        let shared = Arc::clone(shared);
         let link = Arc::clone(link);
         let r = Arc::clone(&run);
         tokio::spawn(async move {
             let started = Instant::now();
-            let outcome = me.run_failover(&shared, &link, &r, status).await;
+            let outcome = me.run_failover(&link, &r, status).await;
             if let Err(e) = &outcome {
                 tracing::warn!(link = link.name(), failover_id = r.id, error = %e, "failover stopped short; `POST /links/{}/failover` resumes it", link.name());
                 lock(&r.progress).error = Some(e.clone());
@@ -499,13 +496,7 @@ impl Control {
         Ok(run)
     }
 
-    async fn run_failover(
-        &self,
-        shared: &crate::proxy::Shared,
-        link: &Link,
-        run: &Run,
-        status: LinkStatus,
-    ) -> Result<(), String> {
+    async fn run_failover(&self, link: &Link, run: &Run, status: LinkStatus) -> Result<(), String> {
         let state = self.loaded_state().map_err(|e| e.to_string())?;
         let name = link.name();
         // 1. Every live instance drains the link (bounded).
@@ -595,7 +586,6 @@ impl Control {
                 *slot = PartitionProgress::Done(outcome);
             }
         }
-        _ = shared; // the barriers use the state store's own client
         if failed > 0 {
             return Err(format!(
                 "{failed} of {} partition barrier(s) failed after {BARRIER_ATTEMPTS} attempts each; the link stays STOPPING",

@@ -1,6 +1,5 @@
 //! Link control: what a failover does to a link (SPEC §7).
 //!
-//! - `link_state`: the states and their transition rules (pure).
 //! - `barriers`: one partition's `MIRROR_PID_RESET` barrier, sent, recorded
 //!   in the state topic and applied to the producer state.
 //! - `members`: the live proxy instances on the state topic.
@@ -8,7 +7,6 @@
 //!   and draining every instance does, and the failover runner.
 
 pub mod barriers;
-pub mod link_state;
 pub mod links;
 pub mod members;
 

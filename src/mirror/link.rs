@@ -11,8 +11,13 @@ use std::sync::Arc;
 
 use regex::Regex;
 
-use crate::control::link_state::LinkState;
+use crate::mirror::link_state::LinkState;
 use crate::mirror::pid::{cluster_hash, ClusterId};
+
+/// The `<NAME>` part of a link's `MIRROR_PROXY_LINK_<NAME>_*` variables.
+pub fn link_env_name(link: &str) -> String {
+    link.to_ascii_uppercase().replace('-', "_")
+}
 
 /// What a link does with control batches (transaction markers copied from
 /// the source log). A stock broker refuses client-written control batches.

@@ -1,15 +1,19 @@
-//! The mirror side of the proxy: the producer-id mapping, mirror links and
-//! the Produce filter that applies them. The planning (`produce`), the
-//! reading of the broker's answers (`produce_response`) and the producer
-//! state (`producer_state`) are pure; `produce_filter` and `produce_path`
-//! run them on a connection's Produce requests.
+//! The mirror's rules, pure: the producer-id mapping (`pid`), mirror links
+//! and their states (`link`, `link_state`), the records of the state topic
+//! (`state_records`) and the origins view built from them (`origins`), the
+//! plan of a Produce request (`produce`), the reading of the broker's
+//! answer (`produce_response`), mirrored producer state (`producer_state`,
+//! shared by every connection through `dedupe`) and the barrier's bytes
+//! (`barrier`). Nothing here does I/O: `filter` runs these rules on a
+//! connection's requests, `state` and `control` persist their outcomes.
 
 pub mod barrier;
+pub mod dedupe;
 pub mod link;
+pub mod link_state;
 pub mod origins;
 pub mod pid;
 pub mod produce;
-pub mod produce_filter;
-pub mod produce_path;
 pub mod produce_response;
 pub mod producer_state;
+pub mod state_records;

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use uuid::Uuid;
 
 use crate::mirror::pid::{cluster_hash, map_pid, ClusterId, Mapping, Unplaceable, NO_PRODUCER_ID};
-use crate::state::records::{CollisionValue, OriginKey, OriginValue, StateRecord};
+use crate::mirror::state_records::{CollisionValue, OriginKey, OriginValue, StateRecord};
 
 const IDENTITY_MASK: i64 = 0x7FFF_FFFF;
 const SIGN: u64 = 1 << 63;

@@ -546,7 +546,7 @@ pub fn plan_with(
                 format!(
                     "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
                     link.name(),
-                    crate::config::link_env_name(link.name())
+                    crate::mirror::link::link_env_name(link.name())
                 ),
             ));
             return Ok(());

@@ -69,7 +69,7 @@ impl<'q> Answers<'q> {
 
     /// Walk the Produce response `frame` (header and body, no size prefix)
     /// of `version`. `NamesBrokers`: it names leader endpoints, and must be
-    /// walked by its schema too (`proxy::addresses::rewrite`), which checks
+    /// walked by its schema too (`filter::addresses::rewrite`), which checks
     /// what this walk left and rewrites them; every answer was read before.
     pub fn walk(&mut self, frame: &[u8], version: i16) -> Result<Walked, ProduceError> {
         let malformed = |reason: String| ProduceError::Malformed { version, reason };

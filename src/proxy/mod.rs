@@ -10,31 +10,27 @@
 //! waits for the connections to deliver what they owe. A listener is closed
 //! while the proxy cannot reach its broker (see [`health`]).
 
-pub mod addresses;
-pub mod health;
 pub mod session;
-pub mod tls;
-pub mod upstream;
 pub mod watch_wait;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
-use uuid::Uuid;
 
 use crate::config::Config;
+use crate::filter::addresses::{self, Advertised, Learnt};
+use crate::filter::{Context, TopicTable};
 use crate::metrics::Metrics;
+use crate::net::frame::Budget;
+use crate::net::health::{self, Health};
+use crate::net::upstream::Upstream;
 use crate::state::StateStore;
-use crate::wire::frame::Budget;
-use addresses::{Advertised, Learnt};
-use health::Health;
-use upstream::Upstream;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +42,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Tls(#[from] tls::TlsSetupError),
+    Tls(#[from] crate::net::tls::TlsSetupError),
     #[error(transparent)]
     NodePort(#[from] addresses::RewriteError),
     #[error("broker node id {node} would be served at port {port}, which {taken_by} already uses: set MIRROR_PROXY_BROKER_PORT_BASE so that base + {node} is a free port")]
@@ -75,6 +71,15 @@ impl Target {
     }
 }
 
+impl From<Target> for crate::metrics::Listener {
+    fn from(target: Target) -> Self {
+        match target {
+            Target::Bootstrap => crate::metrics::Listener::Bootstrap,
+            Target::Node(n) => crate::metrics::Listener::Node(n),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct NodeEntry {
     /// The broker's real address, as its own responses name it.
@@ -86,8 +91,8 @@ struct NodeEntry {
 /// State shared by every listener and connection.
 pub struct Shared {
     pub config: Config,
-    pub metrics: Arc<Metrics>,
-    pub advertised: Advertised,
+    /// What the filters of every connection see.
+    pub ctx: Context,
     pub upstream: Upstream,
     pub acceptor: Option<TlsAcceptor>,
     /// Memory for client request frames, shared by every connection.
@@ -96,20 +101,9 @@ pub struct Shared {
     nodes: Mutex<HashMap<i32, NodeEntry>>,
     /// Whether any bootstrap broker is reachable.
     bootstrap_health: Arc<Health>,
-    /// Shared names: looked up for every link Produce (v13), where a copy
-    /// would be an allocation per request.
-    topic_names: RwLock<foldhash::HashMap<Uuid, Arc<str>>>,
-    /// The reverse of `topic_names`, for Produce before v13.
-    topic_ids: RwLock<foldhash::HashMap<String, Uuid>>,
-    /// The state topic; `None` without mirror links.
-    pub state: Option<Arc<StateStore>>,
     /// This instance's membership of the instances' group
     /// (`control::members`); `None` without mirror links (no state topic).
     pub members: Option<Arc<crate::control::members::Members>>,
-    /// Mirrored producer state (SPEC §6), for link Produce requests.
-    pub dedupe: Arc<crate::mirror::produce_filter::Dedupe>,
-    /// Link states, fencing and failovers.
-    pub control: Arc<crate::control::Control>,
     /// Client connections open now.
     connections: watch::Sender<usize>,
     shutdown: watch::Sender<bool>,
@@ -204,7 +198,7 @@ impl Shared {
         };
         if health.mark_down() {
             tracing::warn!(listener = %target.label(), %error, "broker unreachable: closing its proxy port until it answers again");
-            self.metrics.broker_down(target);
+            self.ctx.metrics.broker_down(target.into());
         }
         self.spawn_probe(target, health);
     }
@@ -232,7 +226,7 @@ impl Shared {
                 if health::reachable(&shared.target_addresses(target), timeout).await {
                     if health.mark_up() {
                         tracing::info!(listener = %target.label(), "broker reachable again: reopening its proxy port");
-                        shared.metrics.broker_up(target);
+                        shared.ctx.metrics.broker_up(target.into());
                     }
                     health.stop_probing();
                     // A failure reported while this task was finishing
@@ -242,7 +236,7 @@ impl Shared {
                     }
                 } else if health.mark_down() {
                     tracing::warn!(listener = %target.label(), "broker unreachable: closing its proxy port until it answers again");
-                    shared.metrics.broker_down(target);
+                    shared.ctx.metrics.broker_down(target.into());
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -258,11 +252,7 @@ impl Shared {
 
     /// Resolves once shutdown has begun (at once if it already has).
     pub async fn shutting_down(&self) {
-        let mut rx = self.shutdown.subscribe();
-        if rx.wait_for(|stop| *stop).await.is_err() {
-            // The sender lives as long as `self`: not reached.
-            std::future::pending::<()>().await;
-        }
+        self.ctx.shutting_down().await
     }
 
     /// [`Shared::shutting_down`], for a loop that polls it with every frame.
@@ -276,7 +266,9 @@ impl Shared {
     }
 
     fn refuse(&self, peer: SocketAddr, target: Target) {
-        self.metrics.connection_refused(target, "max_connections");
+        self.ctx
+            .metrics
+            .connection_refused(target.into(), "max_connections");
         let Ok(mut log) = self.refusals.lock() else {
             return;
         };
@@ -297,32 +289,10 @@ impl Shared {
         }
     }
 
-    /// The id of a topic named in a Metadata response (no allocation).
-    pub fn topic_id(&self, name: &str) -> Option<Uuid> {
-        self.topic_ids.read().ok()?.get(name).copied()
-    }
-
-    /// The name of a topic id seen in a Metadata response.
-    pub fn topic_name(&self, id: Uuid) -> Option<Arc<str>> {
-        self.topic_names.read().ok()?.get(&id).cloned()
-    }
-
     /// Record what a response taught us and make sure every broker it named
     /// has a listener before the client hears of it.
     pub fn learn(self: &Arc<Self>, learnt: Learnt) -> Result<(), StartError> {
-        if !learnt.topics.is_empty() {
-            if let Ok(mut ids) = self.topic_ids.write() {
-                ids.extend(learnt.topics.iter().map(|(id, name)| (name.clone(), *id)));
-            }
-            if let Ok(mut names) = self.topic_names.write() {
-                names.extend(
-                    learnt
-                        .topics
-                        .into_iter()
-                        .map(|(id, name)| (id, Arc::from(name))),
-                );
-            }
-        }
+        self.ctx.topics.learn(learnt.topics);
         for (node, host, port) in learnt.brokers {
             let address = if host.contains(':') {
                 format!("[{host}]:{port}")
@@ -350,7 +320,7 @@ impl Shared {
         if entry.listening {
             return Ok(());
         }
-        let port = self.advertised.port(node)?;
+        let port = self.ctx.advertised.port(node)?;
         if let Some(taken_by) = own_port(&self.config, port) {
             return Err(StartError::NodePortTaken {
                 node,
@@ -464,7 +434,11 @@ impl Proxy {
         state: Option<Arc<StateStore>>,
         members: Option<Arc<crate::control::members::Members>>,
     ) -> Result<Proxy, StartError> {
-        let acceptor = config.client_tls.as_ref().map(tls::acceptor).transpose()?;
+        let acceptor = config
+            .client_tls
+            .as_ref()
+            .map(crate::net::tls::acceptor)
+            .transpose()?;
         let upstream = Upstream::from_config(&config)?;
         let listener = bind_std(config.listen).map_err(|source| StartError::Bind {
             what: "bootstrap".into(),
@@ -477,7 +451,7 @@ impl Proxy {
             source,
         })?;
         let budget = Budget::new(config.max_buffered_bytes);
-        let dedupe = crate::mirror::produce_filter::Dedupe::new(
+        let dedupe = crate::mirror::dedupe::Dedupe::new(
             config.producer_state_max_entries,
             config.producer_state_rebuild_bytes,
             Arc::clone(&metrics),
@@ -493,30 +467,35 @@ impl Proxy {
             config.read_only_error,
             Duration::from_millis(config.failover_drain_timeout_ms),
         );
-        let shared = Arc::new(Shared {
-            budget,
-            dedupe,
+        let shutdown = watch::Sender::new(false);
+        let ctx = Context {
+            links: config.links.clone(),
+            metrics,
             control,
-            connections: watch::Sender::new(0),
-            shutdown: watch::Sender::new(false),
-            refusals: Mutex::new(RefusalLog::default()),
+            dedupe,
+            state,
             advertised: Advertised {
                 host: config.advertised_host.clone(),
                 port_base: config.broker_port_base,
             },
+            topics: TopicTable::default(),
+            shutdown: shutdown.subscribe(),
+        };
+        let shared = Arc::new(Shared {
+            budget,
+            ctx,
+            connections: watch::Sender::new(0),
+            shutdown,
+            refusals: Mutex::new(RefusalLog::default()),
             listen_ip: config.listen.ip(),
             config,
-            metrics,
             upstream,
             acceptor,
             nodes: Mutex::new(HashMap::new()),
             bootstrap_health: Health::new(),
-            topic_names: RwLock::default(),
-            topic_ids: RwLock::default(),
-            state,
             members,
         });
-        shared.control.start(Arc::clone(&shared));
+        shared.ctx.control.start();
         let health = Arc::clone(&shared.bootstrap_health);
         spawn_accept_loop(
             Arc::clone(&shared),

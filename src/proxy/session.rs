@@ -28,14 +28,14 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::addresses::{self, RewriteError, UnsupportedVersion};
-use super::upstream::{BoxStream, ConnectError};
 use super::watch_wait::WatchWait;
 use super::{Shared, StartError, Target};
+use crate::filter::addresses::{self, RewriteError, UnsupportedVersion};
+use crate::filter::produce::{Answer, ProduceFilter, ProducePathError, ProduceState};
 use crate::mirror::link::CertSubject;
 use crate::mirror::produce::{ProduceError, Refusal};
-use crate::mirror::produce_path::{Answer, ProduceFilter, ProducePathError, ProduceState};
-use crate::wire::frame::{write_frame, FrameError, FrameReader};
+use crate::net::frame::{write_frame, FrameError, FrameReader};
+use crate::net::upstream::{BoxStream, ConnectError};
 use crate::wire::header::{HeaderError, RequestHeaderPeek};
 
 /// Requests in flight per connection before the proxy stops reading from
@@ -90,7 +90,6 @@ impl From<ProducePathError> for SessionError {
             ProducePathError::Produce(e) => SessionError::Produce(e),
             ProducePathError::Rewrite(e) => SessionError::Rewrite(e),
             ProducePathError::UnsupportedVersion(e) => SessionError::UnsupportedVersion(e),
-            ProducePathError::Listener(e) => SessionError::Listener(e),
         }
     }
 }
@@ -206,7 +205,7 @@ impl Activity {
 
 /// Serve one accepted client connection until either side closes.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
-    let active = shared.metrics.connection_opened(target);
+    let active = shared.ctx.metrics.connection_opened(target.into());
     tracing::debug!(%peer, listener = %target.label(), "client connected");
     let reason = match run(&shared, tcp, peer, target).await {
         Ok(End::ClientClosed) => {
@@ -219,7 +218,7 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
         }
         Ok(End::Fenced(link)) => {
             tracing::info!(%peer, link, "closed a connection of a fenced link (STOPPING or STOPPED) after answering its requests in flight");
-            shared.control.connection_fenced(&link);
+            shared.ctx.control.connection_fenced(&link);
             "link_fenced"
         }
         // Routine: clients reconnect when they need to.
@@ -249,7 +248,7 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
         }
     };
     drop(active);
-    shared.metrics.connection_closed(reason);
+    shared.ctx.metrics.connection_closed(reason);
 }
 
 fn is_disconnect(e: &std::io::Error) -> bool {
@@ -317,7 +316,7 @@ async fn connect(
                 .1
                 .peer_certificates()
                 .and_then(|certs| certs.first())
-                .and_then(super::tls::subject);
+                .and_then(crate::net::tls::subject);
             (Box::new(tls), subject)
         }
     };
@@ -355,7 +354,10 @@ async fn connect(
             return Err(e);
         }
     };
-    shared.metrics.upstream_connected(target, &broker);
+    shared
+        .ctx
+        .metrics
+        .upstream_connected(target.into(), &broker);
     tracing::debug!(%peer, %broker, "connected upstream");
     Ok((client, subject, upstream))
 }
@@ -376,7 +378,7 @@ async fn requests(
         Arc<crate::mirror::link::Link>,
         crate::control::links::LinkSession,
     )> = None;
-    let mut changes = shared.control.changes();
+    let mut changes = shared.ctx.control.changes();
     // What the loop waits on besides the client lives across frames: each
     // of these registers with a timer or a waiter list shared by every
     // connection when it first waits, and made anew per frame that was a
@@ -388,7 +390,7 @@ async fn requests(
     // The link's state changes, watched once the connection speaks as a
     // link (boxed: only link connections pay for it).
     let mut link_changed = None;
-    let filter = ProduceFilter::new(shared);
+    let filter = ProduceFilter::new(&shared.ctx);
     loop {
         if link_changed.is_none() && link_session.is_some() {
             link_changed = changes.take().map(watch_link_state);
@@ -403,7 +405,7 @@ async fn requests(
             rx = next_link_change(&mut link_changed) => {
                 link_changed = rx.map(watch_link_state);
                 if let Some((link, _)) = &link_session {
-                    if shared.control.fenced(link).is_some() {
+                    if shared.ctx.control.fenced(link).is_some() {
                         return Ok(End::Fenced(link.name().to_string()));
                     }
                 }
@@ -426,7 +428,7 @@ async fn requests(
             return Ok(End::ClientClosed);
         };
         let h = RequestHeaderPeek::parse(&frame)?;
-        shared.metrics.request(h.api_key);
+        shared.ctx.metrics.request(h.api_key);
         let Ok(api) = ApiKey::try_from(h.api_key) else {
             // Not ours to judge: the broker answers (or closes) as it sees fit.
             send(
@@ -460,11 +462,11 @@ async fn requests(
             // Produce is refused as spoofed further on.
             let admitted = link.admits(subject.as_ref());
             if link_session.is_none() && admitted {
-                let guard = shared.control.link_session(link.name());
+                let guard = shared.ctx.control.link_session(link.name());
                 link_session = Some((Arc::clone(link), guard));
             }
-            if let Some(message) = admitted.then(|| shared.control.fenced(link)).flatten() {
-                shared.control.link_request_refused(link.name());
+            if let Some(message) = admitted.then(|| shared.ctx.control.fenced(link)).flatten() {
+                shared.ctx.control.link_request_refused(link.name());
                 if api == ApiKey::Produce {
                     let action = filter.refuse(
                         link.name(),
@@ -554,7 +556,7 @@ async fn responses(
     mut rx: mpsc::Receiver<Pending>,
     activity: &Activity,
 ) -> Result<(), SessionError> {
-    let filter = ProduceFilter::new(shared);
+    let filter = ProduceFilter::new(&shared.ctx);
     loop {
         let pending = tokio::select! {
             // Entries are queued before their request is written upstream, so
@@ -611,11 +613,18 @@ async fn responses(
                 addresses::clamp_api_versions(version, &frame)?.unwrap_or(frame)
             }
             (Some(api), Handling::Addresses) => {
-                let (out, learnt) = addresses::rewrite(api, version, &frame, &shared.advertised)?;
+                let (out, learnt) =
+                    addresses::rewrite(api, version, &frame, &shared.ctx.advertised)?;
                 shared.learn(learnt)?;
                 out.unwrap_or(frame)
             }
-            (Some(_), Handling::Produce(state)) => filter.response(state, frame)?,
+            (Some(_), Handling::Produce(state)) => {
+                let (out, learnt) = filter.response(state, frame)?;
+                if let Some(learnt) = learnt {
+                    shared.learn(learnt)?;
+                }
+                out
+            }
         };
         write_to(&mut client, &out).await?;
         activity.answered();

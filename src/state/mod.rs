@@ -4,7 +4,7 @@
 //! survives restarts and is the same on every instance. Kafka is the only
 //! store. `docs/state-topic.md` has every record's bytes.
 //!
-//! - `records`: the record codecs (pure).
+//! - `mirror::state_records`: the record codecs (pure).
 //! - `topic`: records in and out of record batches (pure).
 //! - this module: the I/O, on the proxy's own [`Client`].
 //!
@@ -28,7 +28,6 @@
 //!
 //! The view is behind a std `RwLock`, never held across an await.
 
-pub mod records;
 pub mod topic;
 
 use std::collections::{HashMap, HashSet};
@@ -43,15 +42,15 @@ use uuid::Uuid;
 use crate::client::protocol::{OffsetSpec, Produced};
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::Config;
-use crate::control::link_state::{follows, LinkStatus};
 use crate::metrics::Metrics;
+use crate::mirror::dedupe::Dedupe;
+use crate::mirror::link_state::{follows, LinkStatus};
 use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
 use crate::mirror::produce::Unresolved;
-use crate::mirror::produce_filter::Dedupe;
-use crate::proxy::tls::TlsSetupError;
-use records::{
+use crate::mirror::state_records::{
     BarrierKey, BarrierValue, CollisionValue, DrainedKey, DrainedValue, OriginValue, StateRecord,
 };
+use crate::net::tls::TlsSetupError;
 
 /// Bytes asked for per Fetch of the state topic.
 const FETCH_BYTES: i32 = 1024 * 1024;

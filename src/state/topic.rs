@@ -3,7 +3,7 @@
 //! offset. Only uncompressed batches are read (the proxy writes nothing
 //! else); anything else is reported and skipped, never guessed at.
 
-use crate::state::records::{RecordError, StateRecord};
+use crate::mirror::state_records::{RecordError, StateRecord};
 use crate::wire::batch::{build, BuildError, NewBatch, NewRecord};
 use crate::wire::batch::{BatchHeader, Batches};
 use crate::wire::header::read_uvarint;
@@ -152,7 +152,7 @@ fn varint(buf: &[u8], pos: usize) -> Option<(i64, usize)> {
 mod tests {
     use super::*;
     use crate::mirror::pid::ClusterId;
-    use crate::state::records::{OriginKey, OriginValue};
+    use crate::mirror::state_records::{OriginKey, OriginValue};
     use uuid::Uuid;
 
     fn origin(pid: i64, value: bool) -> StateRecord {

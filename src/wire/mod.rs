@@ -1,12 +1,16 @@
-//! The Kafka wire format as far as the proxy needs it: frames, a peek at
-//! request headers, record batch headers and their CRC. All pure.
+//! The Kafka wire format as far as the proxy needs it, as pure functions
+//! over byte slices: one varint reader, a peek at request headers, schema
+//! walks of whole messages and hand walks of Produce, record batch
+//! headers with their CRC and its constant-time patch, the aborted
+//! transaction filter, and the SASL messages of the proxy's own client.
+//! No I/O: the frames these bytes arrive in are read by `net::frame`.
 
 pub mod aborted;
 pub mod batch;
 pub mod crc32c;
-pub mod frame;
 pub mod header;
 pub mod produce_response_walk;
 pub mod produce_walk;
+pub mod sasl;
 pub mod schema;
 pub mod walk;

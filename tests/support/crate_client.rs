@@ -10,8 +10,8 @@ use tokio::runtime::Runtime;
 
 use kafka_mirror_proxy::client::protocol::{NewTopic, OffsetSpec};
 use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::proxy::upstream::Upstream;
-use kafka_mirror_proxy::state::records::StateRecord;
+use kafka_mirror_proxy::mirror::state_records::StateRecord;
+use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::state::topic::read_batches;
 
 /// A multi-threaded runtime with two workers (the test machines' cores).

@@ -287,7 +287,7 @@ fn oversized_pids_are_unresolved_never_truncated() {
 #[test]
 fn known_origins_come_from_the_state_view() {
     use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
-    use crate::state::records::{OriginValue, StateRecord};
+    use crate::mirror::state_records::{OriginValue, StateRecord};
     let link = link(ControlBatchPolicy::Forward);
     let source = *link.source_cluster_id();
     let topic_id = Uuid::from_u128(9);

@@ -18,13 +18,13 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 
+use crate::filter::addresses::{self, Learnt, RewriteError, UnsupportedVersion};
+use crate::filter::{rebuild, Context};
+use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, Tracked};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::{
     self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal, TopicKey,
 };
-use crate::mirror::produce_filter::{Begin, Dedupe, RebuildClaim, Tracked};
-use crate::proxy::addresses::{self, RewriteError, UnsupportedVersion};
-use crate::proxy::{Shared, StartError};
 use crate::state::StateStore;
 use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
 use crate::wire::produce_response_walk::Walked;
@@ -41,8 +41,6 @@ pub enum ProducePathError {
     Rewrite(#[from] RewriteError),
     #[error(transparent)]
     UnsupportedVersion(#[from] UnsupportedVersion),
-    #[error("opening a listener for a broker: {0}")]
-    Listener(#[from] StartError),
 }
 
 /// What to queue and what to forward for a Produce request.
@@ -72,13 +70,13 @@ pub struct ProduceState {
 
 /// The Produce filter of a connection: both halves of the Produce path.
 pub struct ProduceFilter<'a> {
-    shared: &'a Arc<Shared>,
+    ctx: &'a Context,
 }
 
 impl<'a> ProduceFilter<'a> {
     /// The Produce filter over the proxy's shared state.
-    pub fn new(shared: &'a Arc<Shared>) -> ProduceFilter<'a> {
-        ProduceFilter { shared }
+    pub fn new(ctx: &'a Context) -> ProduceFilter<'a> {
+        ProduceFilter { ctx }
     }
 
     /// Every partition of a Produce answered here with `refusal`.
@@ -92,12 +90,12 @@ impl<'a> ProduceFilter<'a> {
         refusal: Refusal,
         message: &str,
     ) -> Result<ProduceAction, ProducePathError> {
-        let shared = self.shared;
+        let ctx = self.ctx;
         let version = h.api_version;
         let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
         let acks = produce_acks(&frame, body_offset, version)?;
         let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
-        count_local(shared, link, &plan.local);
+        count_local(ctx, link, &plan.local);
         let answer = match acks != 0 {
             true => Some(Answer::Local(produce::local_response(
                 h.correlation_id,
@@ -120,7 +118,7 @@ impl<'a> ProduceFilter<'a> {
         h: &RequestHeaderPeek,
         frame: Bytes,
     ) -> Result<ProduceAction, ProducePathError> {
-        let shared = self.shared;
+        let ctx = self.ctx;
         let version = h.api_version;
         let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
         let acks = produce_acks(&frame, body_offset, version)?;
@@ -152,13 +150,13 @@ impl<'a> ProduceFilter<'a> {
         // Every partition of the request answered here with `refusal`.
         let refuse_request = |link: &str, refusal: Refusal, message: &str| {
             let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
-            count_local(shared, link, &plan.local);
+            count_local(ctx, link, &plan.local);
             Ok(ProduceAction {
                 answer: local_only(&plan.local)?,
                 forward: None,
             })
         };
-        let origin = shared.config.links.classify(h.client_id(&frame), subject);
+        let origin = ctx.links.classify(h.client_id(&frame), subject);
         let link = match origin {
             Origin::Local => {
                 if addresses::carries_addresses(ApiKey::Produce, version) {
@@ -167,15 +165,15 @@ impl<'a> ProduceFilter<'a> {
                 // Read-only mirrored topics: refused per partition. Planned
                 // only for a request that names one (a walk that allocates
                 // nothing answers that for all the others).
-                let control = &shared.control;
+                let control = &ctx.control;
                 if control.any_read_only()
                     && produce::any_topic(&frame, body_offset, version, |t| {
-                        topic_name(shared, t)
+                        topic_name(ctx, t)
                             .is_some_and(|name| control.read_only(&name, version).is_some())
                     })?
                 {
                     let plan = produce::refuse_where(&frame, body_offset, version, |t| {
-                        let name = topic_name(shared, t.key(version))?;
+                        let name = topic_name(ctx, t.key(version))?;
                         let refusal = control.read_only(&name, version)?;
                         control.local_write_refused(&name);
                         Some(refusal)
@@ -224,10 +222,10 @@ impl<'a> ProduceFilter<'a> {
             }
             Origin::Link(link) => link,
         };
-        let state = match shared.state.as_ref() {
+        let state = match ctx.state.as_ref() {
             Some(state) if state.is_loaded() => state,
             _ => {
-                let why = shared
+                let why = ctx
                     .state
                     .as_ref()
                     .and_then(|s| s.not_ready_reason())
@@ -246,8 +244,8 @@ impl<'a> ProduceFilter<'a> {
                 body_offset,
                 version,
                 &link,
-                &|id| shared.topic_name(id),
-                &|name| shared.topic_id(name).or_else(|| state.topic_id(name)),
+                &|id| ctx.topics.name(id),
+                &|name| ctx.topics.id(name).or_else(|| state.topic_id(name)),
                 &produce::AtTime(&view, crate::state::now_ms()),
             )
         };
@@ -277,7 +275,7 @@ impl<'a> ProduceFilter<'a> {
         let tracked = loop {
             let now = tokio::time::Instant::now();
             let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
-            let deadline = match shared.dedupe.begin(&mut plan, link.name(), wait) {
+            let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait) {
                 Begin::Begun(tracked) => break tracked,
                 Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
                 Begin::Rebuild { claims, waiting } if claims.is_empty() => {
@@ -309,7 +307,7 @@ impl<'a> ProduceFilter<'a> {
                             Dedupe::refuse_partition(&mut plan, claim.partition(), message);
                             continue;
                         }
-                        Box::pin(rebuild(shared, state, link.name(), &mut plan, claim)).await;
+                        Box::pin(rebuild(ctx, state, link.name(), &mut plan, claim)).await;
                     }
                     continue;
                 }
@@ -317,7 +315,7 @@ impl<'a> ProduceFilter<'a> {
             let Some(notified) = changed.as_mut() else {
                 // Register, then look again: a change between that `begin`
                 // and now is not missed.
-                let mut notified = Box::pin(shared.dedupe.changed());
+                let mut notified = Box::pin(ctx.dedupe.changed());
                 notified.as_mut().enable();
                 changed = Some(notified);
                 continue;
@@ -325,13 +323,12 @@ impl<'a> ProduceFilter<'a> {
             tokio::select! {
                 _ = notified.as_mut() => changed = None,
                 _ = tokio::time::sleep_until(deadline) => {}
-                _ = shared.shutting_down() => shutting_down = true,
+                _ = ctx.shutting_down() => shutting_down = true,
             }
         };
-        shared
-            .metrics
+        ctx.metrics
             .batches_remapped(link.name(), plan.remapped_batches as u64);
-        count_local(shared, link.name(), &plan.local);
+        count_local(ctx, link.name(), &plan.local);
         if plan.forwarded_partitions == 0 {
             return Ok(ProduceAction {
                 answer: local_only(&plan.local)?,
@@ -359,13 +356,15 @@ impl<'a> ProduceFilter<'a> {
     }
 
     /// The response half: the frame for the client from the broker's
-    /// Produce response and the request's state.
+    /// Produce response and the request's state, and the brokers the
+    /// response named (KIP-951: a leader moved), for the proxy to open
+    /// listeners for before the client hears of them.
     pub fn response(
         &self,
         state: ProduceState,
         frame: BytesMut,
-    ) -> Result<BytesMut, ProducePathError> {
-        let shared = self.shared;
+    ) -> Result<(BytesMut, Option<Learnt>), ProducePathError> {
+        let ctx = self.ctx;
         let ProduceState {
             version,
             local,
@@ -377,13 +376,14 @@ impl<'a> ProduceFilter<'a> {
         // then are rewritten by a walk of the response's schema.
         let mut answers = tracked.answers();
         let walk = !tracked.is_empty() || addresses::carries_addresses(ApiKey::Produce, version);
+        let mut learnt = None;
         let frame = match walk {
             true => match answers.walk(&frame, version)? {
                 Walked::Whole => frame,
                 Walked::NamesBrokers => {
-                    let (out, learnt) =
-                        addresses::rewrite(ApiKey::Produce, version, &frame, &shared.advertised)?;
-                    shared.learn(learnt)?;
+                    let (out, named) =
+                        addresses::rewrite(ApiKey::Produce, version, &frame, &ctx.advertised)?;
+                    learnt = Some(named);
                     out.unwrap_or(frame)
                 }
             },
@@ -396,15 +396,12 @@ impl<'a> ProduceFilter<'a> {
             tracked.settle(&found, crate::state::now_ms());
         }
         if local.is_empty() {
-            return Ok(frame);
+            return Ok((frame, learnt));
         }
         let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;
         produce::merge_local(&mut response, version, &local);
-        Ok(produce::encode_response(
-            correlation_id,
-            version,
-            &response,
-        )?)
+        let frame = produce::encode_response(correlation_id, version, &response)?;
+        Ok((frame, learnt))
     }
 }
 
@@ -423,21 +420,29 @@ const REBUILD_WAIT: Duration = Duration::from_secs(20);
 /// [`REBUILD_TIMEOUT`]); if it cannot be read, its partition of `plan` is
 /// answered retriable.
 async fn rebuild(
-    shared: &Shared,
+    ctx: &Context,
     state: &StateStore,
     link: &str,
     plan: &mut ProducePlan,
     claim: RebuildClaim,
 ) {
     let partition = claim.partition();
-    let name = shared
-        .topic_name(partition.topic_id)
+    let name = ctx
+        .topics
+        .name(partition.topic_id)
         .map_or_else(|| claim.topic().name.0.to_string(), |n| n.to_string());
     let owner = |mapped: i64| state.view().owner(partition, mapped);
     let floor = state.barrier_floor(partition).unwrap_or(0);
-    let run = claim.run(state.client(), &name, floor, &owner);
-    let error = match tokio::time::timeout(REBUILD_TIMEOUT, run).await {
-        Ok(Ok(r)) => {
+    let read = rebuild::read_tail(
+        state.client(),
+        &name,
+        partition.partition,
+        floor,
+        claim.rebuild_bytes(),
+    );
+    let error = match tokio::time::timeout(REBUILD_TIMEOUT, read).await {
+        Ok(Ok(tail)) => {
+            let r = claim.apply(tail.start, tail.end, tail.from, &tail.records, &owner);
             tracing::info!(
                 link,
                 topic = name,
@@ -452,11 +457,9 @@ async fn rebuild(
             return;
         }
         Ok(Err(e)) => e.to_string(),
-        Err(_) => {
-            shared.metrics.producer_state_rebuilt("failed", 0);
-            format!("not read within {} s", REBUILD_TIMEOUT.as_secs())
-        }
+        Err(_) => format!("not read within {} s", REBUILD_TIMEOUT.as_secs()),
     };
+    ctx.metrics.producer_state_rebuilt("failed", 0);
     let message = format!(
         "mirror link '{link}': {name}-{}: the mirrored producer state could not be rebuilt from the log ({error}); retry",
         partition.partition
@@ -466,10 +469,10 @@ async fn rebuild(
 
 /// A Produce topic's name: the request's own before v13, else looked up by
 /// its id (`None` while the proxy has not seen the id in a response).
-fn topic_name<'t>(shared: &Shared, topic: TopicKey<'t>) -> Option<TopicName<'t>> {
+fn topic_name<'t>(ctx: &Context, topic: TopicKey<'t>) -> Option<TopicName<'t>> {
     match topic {
         TopicKey::Name(name) => Some(TopicName::Request(name)),
-        TopicKey::Id(id) => shared.topic_name(id).map(TopicName::Known),
+        TopicKey::Id(id) => ctx.topics.name(id).map(TopicName::Known),
     }
 }
 
@@ -491,12 +494,12 @@ impl std::ops::Deref for TopicName<'_> {
     }
 }
 
-fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
+fn count_local(ctx: &Context, link: &str, local: &[LocalPartition]) {
     for l in local {
         match &l.outcome {
-            LocalOutcome::DroppedControl { batches } => shared
-                .metrics
-                .control_batches_dropped(link, *batches as u64),
+            LocalOutcome::DroppedControl { batches } => {
+                ctx.metrics.control_batches_dropped(link, *batches as u64)
+            }
             LocalOutcome::Duplicate { batches, .. } => {
                 tracing::debug!(
                     link,
@@ -504,11 +507,11 @@ fn count_local(shared: &Shared, link: &str, local: &[LocalPartition]) {
                     batches,
                     "answered a mirrored retry as a duplicate"
                 );
-                shared.metrics.duplicates_answered(link, *batches as u64);
+                ctx.metrics.duplicates_answered(link, *batches as u64);
             }
             LocalOutcome::Refused { refusal, message } => {
                 tracing::warn!(link, partition = l.partition, reason = refusal.label(), %message, "refused a mirrored partition");
-                shared.metrics.partition_refused(link, refusal.label());
+                ctx.metrics.partition_refused(link, refusal.label());
             }
         }
     }

@@ -9,7 +9,7 @@
 //! flight until its response is settled.
 //!
 //! No batch of a partition is begun before the partition's state has been
-//! rebuilt from its log tail ([`RebuildClaim::run`]): once after start-up,
+//! rebuilt from its log tail (a [`RebuildClaim`], read by `filter::rebuild`): once after start-up,
 //! and again after its outcome became unknown (a [`Tracked`] dropped
 //! unsettled: a lost connection, a session ending, an undecodable answer;
 //! or a timeout answer) or its leader moved. One request claims the rebuild; the
@@ -20,10 +20,7 @@
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
-use crate::client::protocol::OffsetSpec;
-use crate::client::{Client, ClientError};
 use crate::metrics::Metrics;
 use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
@@ -31,7 +28,6 @@ use crate::mirror::produce::{
 };
 use crate::mirror::produce_response::{Answers, PartitionAnswer};
 use crate::mirror::producer_state::{Check, ProducerStates, Replayed};
-use crate::wire::batch::{BatchHeader, Batches};
 
 /// What the state is kept per (with the mapped PID): a destination
 /// partition and the origin the mapped PID stands for. An origin that
@@ -92,19 +88,6 @@ pub struct Rebuilt {
     pub replayed: Replayed,
 }
 
-/// The end offset of the whole batches of `records`.
-fn whole_end(records: &[u8]) -> Option<i64> {
-    let mut end = None;
-    for b in Batches::new(records) {
-        let Ok(b) = b else { break };
-        let Ok(h) = BatchHeader::parse(&records[b.range()]) else {
-            break;
-        };
-        end = Some(h.base_offset() + i64::from(h.last_offset_delta()) + 1);
-    }
-    end
-}
-
 /// The batches of one request that were begun (marked in flight), for the
 /// response half. Dropped unsettled, their outcome is unknown: they are
 /// failed and their partitions marked for a rebuild.
@@ -128,7 +111,7 @@ pub enum Begin {
     /// begun; wait for [`Dedupe::changed`] and begin again.
     InFlight,
     /// Some partitions' state must be rebuilt first: nothing was begun.
-    /// `claims` are this request's to rebuild ([`RebuildClaim::run`]);
+    /// `claims` are this request's to rebuild;
     /// `waiting` are being rebuilt by other requests (wait for
     /// [`Dedupe::changed`], bounded, then begin again).
     Rebuild {
@@ -138,7 +121,7 @@ pub enum Begin {
 }
 
 /// One request's right and duty to rebuild one partition's state. Dropped
-/// without [`run`](Self::run) succeeding, the partition stays unrebuilt and
+/// without [`apply`](Self::apply), the partition stays unrebuilt and
 /// the next request claims it.
 pub struct RebuildClaim {
     dedupe: Arc<Dedupe>,
@@ -156,73 +139,17 @@ impl RebuildClaim {
         &self.topic
     }
 
-    /// Rebuild the partition's state from its log tail (SPEC §6): the
-    /// longest tail, ending at the log end, that fits in the byte bound (a
-    /// window of offsets widened fourfold until its batches no longer fit
-    /// or it reaches the log start; if not even the first fits, what the
-    /// bound returned of it). Mapped producers are keyed by `owner` (the
-    /// origin a mapped PID stands for; batches of unknown ones are
-    /// skipped). Merged into whatever was recorded meanwhile, never over
-    /// it. On success the partition is ready, unless it was marked again
-    /// while this ran (then the next request rebuilds it again).
-    ///
-    /// Nothing below `floor` is read: the log end offset the partition's
-    /// latest failover barrier recorded (0 if none), below which every
-    /// mirrored producer was expired.
-    pub async fn run(
-        self,
-        client: &Client,
-        topic: &str,
-        floor: i64,
-        owner: &(dyn Fn(i64) -> Option<OriginId> + Sync),
-    ) -> Result<Rebuilt, ClientError> {
-        let d = &self.dedupe;
-        let p = self.partition.partition;
-        let read = async {
-            let end = client
-                .list_offset(topic, p, OffsetSpec::Latest)
-                .await?
-                .offset;
-            let start = client
-                .list_offset(topic, p, OffsetSpec::Earliest)
-                .await?
-                .offset
-                .max(floor.min(end));
-            let mut best: Option<(i64, bytes::Bytes)> = None;
-            let mut span: i64 = 64;
-            // An empty log has nothing to replay.
-            let mut from = end;
-            while from > start {
-                from = end.saturating_sub(span).max(start);
-                let f = client
-                    .fetch(topic, p, from, d.rebuild_bytes, Duration::ZERO)
-                    .await?;
-                let fits = whole_end(&f.records).is_some_and(|e| e >= end);
-                if fits || best.is_none() {
-                    best = Some((from, f.records));
-                }
-                if !fits {
-                    break;
-                }
-                span = span.saturating_mul(4);
-            }
-            Ok::<_, ClientError>((start, end, best))
-        };
-        let (start, end, best) = match read.await {
-            Ok(r) => r,
-            Err(e) => {
-                d.metrics.producer_state_rebuilt("failed", 0);
-                return Err(e);
-            }
-        };
-        let (from, records) = best.unwrap_or((end, bytes::Bytes::new()));
-        Ok(self.apply(start, end, from, &records, owner))
+    /// How many bytes of the log tail a rebuild may read.
+    pub fn rebuild_bytes(&self) -> i32 {
+        self.dedupe.rebuild_bytes
     }
 
-    /// The second half of [`run`](Self::run), with the tail read: `records`
-    /// from offset `from`, the log spanning `start..end`. Replays them into
-    /// the state (merging), makes the partition ready unless it was marked
-    /// meanwhile, and wakes the requests waiting for it.
+    /// With the tail read (`filter::rebuild`): `records` from offset
+    /// `from`, the log spanning `start..end`. Replays them into the state
+    /// (merging; mapped producers are keyed by `owner`, the origin a mapped
+    /// PID stands for, and batches of unknown ones are skipped), makes the
+    /// partition ready unless it was marked meanwhile, and wakes the
+    /// requests waiting for it.
     pub fn apply(
         self,
         start: i64,

@@ -24,7 +24,7 @@
 use thiserror::Error;
 use uuid::Uuid;
 
-use crate::control::link_state::{LinkState, LinkStatus};
+use crate::mirror::link_state::{LinkState, LinkStatus};
 use crate::mirror::pid::ClusterId;
 use crate::wire::header::read_uvarint;
 

@@ -1,0 +1,9 @@
+//! Bytes in and out of sockets: Kafka frames read under a shared memory
+//! budget and written (`frame`), connections to the brokers over TCP or TLS
+//! (`upstream`), TLS on both sides (`tls`), and whether a broker is
+//! reachable (`health`).
+
+pub mod frame;
+pub mod health;
+pub mod tls;
+pub mod upstream;

@@ -4,6 +4,9 @@
 //!
 //! Pure: a response frame goes in; the frame to send (or `None` when nothing
 //! changed) and what was learnt (real broker addresses, topic ids) come out.
+//! [`AddressesLayer`] runs it as a filter on every response that can carry
+//! addresses, except Produce: the Produce filter walks its own responses
+//! once, and rewrites them only when that walk finds leader endpoints.
 //! Responses are walked with Kafka's own schemas (`wire::walk`), so every
 //! version the broker speaks is handled, nothing is reserved from a count on
 //! the wire, and a response is re-emitted only when an address in it really
@@ -14,6 +17,11 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, ResponseHeader};
 use kafka_protocol::protocol::Encodable;
 use uuid::Uuid;
 
+use std::future::{ready, Future};
+
+use futures_util::future::Either;
+
+use super::{pass, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
 use crate::wire::header::response_body_offset;
 use crate::wire::schema::{self, Field};
 use crate::wire::walk::{self, Edit, Value, Visitor, WalkError};
@@ -64,6 +72,18 @@ pub struct Learnt {
     pub brokers: Vec<(i32, String, i32)>,
     /// (topic id, topic name) from Metadata responses.
     pub topics: Vec<(Uuid, String)>,
+}
+
+impl Learnt {
+    pub fn is_empty(&self) -> bool {
+        self.brokers.is_empty() && self.topics.is_empty()
+    }
+
+    /// Add what `other` taught.
+    pub fn absorb(&mut self, other: Learnt) {
+        self.brokers.extend(other.brokers);
+        self.topics.extend(other.topics);
+    }
 }
 
 /// Where a response names nodes.
@@ -433,6 +453,77 @@ pub fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, Rewrite
         .map_err(err)?;
     body.encode(&mut out, 0).map_err(err)?;
     Ok(out)
+}
+
+pub struct AddressesLayer<'a> {
+    advertised: &'a Advertised,
+}
+
+impl<'a> AddressesLayer<'a> {
+    pub fn new(advertised: &'a Advertised) -> AddressesLayer<'a> {
+        AddressesLayer { advertised }
+    }
+}
+
+impl<'a, S> tower::Layer<S> for AddressesLayer<'a> {
+    type Service = Addresses<'a, S>;
+
+    fn layer(&self, inner: S) -> Addresses<'a, S> {
+        Addresses {
+            advertised: self.advertised,
+            inner,
+        }
+    }
+}
+
+/// The filter: responses that can name brokers are rewritten.
+pub struct Addresses<'a, S> {
+    advertised: &'a Advertised,
+    inner: S,
+}
+
+impl<'a, S: Service> Service for Addresses<'a, S> {
+    type Pending = Reply<S::Pending, Rewrite<'a>>;
+
+    fn call(
+        &mut self,
+        request: Request,
+    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+        let version = request.header.api_version;
+        let api = match request.api {
+            Some(api) if api != ApiKey::Produce && carries_addresses(api, version) => api,
+            _ => return Either::Left(pass(&mut self.inner, request, Reply::Inner)),
+        };
+        if let Err(e) = check_parseable(api, version) {
+            return Either::Right(Either::Left(ready(Err(e.into()))));
+        }
+        let advertised = self.advertised;
+        Either::Right(Either::Right(pass(&mut self.inner, request, move |p| {
+            Reply::Then(
+                p,
+                Rewrite {
+                    api,
+                    version,
+                    advertised,
+                },
+            )
+        })))
+    }
+}
+
+/// The response half: broker addresses replaced.
+pub struct Rewrite<'a> {
+    api: ApiKey,
+    version: i16,
+    advertised: &'a Advertised,
+}
+
+impl ResponseHalf for Rewrite<'_> {
+    fn respond(self, frame: BytesMut, learnt: &mut Learnt) -> Result<BytesMut, FilterError> {
+        let (out, named) = rewrite(self.api, self.version, &frame, self.advertised)?;
+        learnt.absorb(named);
+        Ok(out.unwrap_or(frame))
+    }
 }
 
 #[cfg(test)]

@@ -1,30 +1,233 @@
-//! The per-request filters: what the proxy does to a request on its way to
-//! the broker and to the response on its way back. `produce` is the
-//! Produce path (read-only rule, link remap, producer state; `rebuild`
-//! reads a partition's tail for it), `addresses` rewrites the broker
-//! addresses in responses and clamps ApiVersions.
+//! The per-request path of a connection as a stack of filters, each one
+//! concern, composed statically with `tower::Layer` (outermost first):
+//!
+//! ```text
+//! metrics -> fence -> produce -> api_versions -> addresses -> broker
+//! ```
+//!
+//! A [`Service`] takes a [`Request`] (its header peeked and its client
+//! classified once, by the session) and either answers it itself or passes
+//! it on; the innermost service, [`broker::Broker`], writes it to the
+//! pipelined broker connection. What it returns is the request's
+//! [`Pending`] response: the session queues it in request order and, when
+//! its turn comes, hands it the broker's response frame (if it awaits one);
+//! each layer's response half then runs, innermost first, and yields the
+//! frame for the client. Frames stay raw bytes unless a filter must read or
+//! change them.
+//!
+//! Why not `tower::Service` itself: its `Future` must be a nameable type,
+//! and the Produce filter's request half is an `async fn` (resolves,
+//! rebuild waits) whose future can only be named by boxing it, once per
+//! request and layer. With `async fn` in this crate's own trait the stack is
+//! statically dispatched and allocates nothing per request; `tower::Layer`
+//! and `ServiceBuilder` compose it all the same. A response half is a plain
+//! function of the broker's frame, so no future, channel or task wake-up is
+//! spent per response either.
 //!
 //! A filter sees a [`Context`]: what a request may read or change of the
 //! process, and nothing of its listeners or connections. What a response
-//! teaches the proxy (brokers, topic ids) goes back to the caller as a
-//! [`addresses::Learnt`], so opening a listener for a new broker stays the
-//! proxy's job.
+//! teaches the proxy (brokers, topic ids) is collected in a
+//! [`addresses::Learnt`] for the session, so opening a listener for a new
+//! broker stays the proxy's job.
 
 pub mod addresses;
+pub mod api_versions;
+pub mod broker;
+pub mod fence;
+pub mod metrics;
 pub mod produce;
 pub mod rebuild;
 
+use std::future::Future;
 use std::sync::{Arc, RwLock};
 
+use bytes::BytesMut;
+use futures_util::FutureExt;
+use kafka_protocol::messages::ApiKey;
+use tokio::io::AsyncWrite;
 use tokio::sync::watch;
+use tower::ServiceBuilder;
 use uuid::Uuid;
 
 use crate::control::Control;
 use crate::metrics::Metrics;
 use crate::mirror::dedupe::Dedupe;
-use crate::mirror::link::Links;
+use crate::mirror::link::{CertSubject, Links, Origin};
+use crate::mirror::produce::ProduceError;
 use crate::state::StateStore;
-use addresses::Advertised;
+use crate::wire::header::{HeaderError, RequestHeaderPeek};
+use addresses::{Advertised, Learnt, RewriteError, UnsupportedVersion};
+
+/// One client request on its way through the filters.
+pub struct Request {
+    /// The header, peeked once.
+    pub header: RequestHeaderPeek,
+    /// `None` for an API key this proxy does not know: passed on untouched.
+    pub api: Option<ApiKey>,
+    /// Whose request it is (local, a mirror link's, or a spoofed link's),
+    /// classified once from the client id and the TLS subject.
+    pub origin: Origin,
+    /// The whole frame, without its size prefix.
+    pub frame: BytesMut,
+}
+
+/// What became of a request.
+pub enum Outcome<P> {
+    /// The client is owed a response: `P` produces it.
+    Owed(P),
+    /// Nothing is owed (Produce with `acks=0`).
+    NotOwed,
+    /// The request's link is fenced: answer what is owed, then close the
+    /// connection.
+    Fenced { owed: Option<P>, link: String },
+}
+
+impl Outcome<()> {
+    /// The same outcome with nothing owed (the client expects no answer).
+    pub fn discard<Q>(self) -> Outcome<Q> {
+        match self {
+            Outcome::Owed(()) | Outcome::NotOwed => Outcome::NotOwed,
+            Outcome::Fenced { link, .. } => Outcome::Fenced { owed: None, link },
+        }
+    }
+}
+
+impl<P> Outcome<P> {
+    /// The same outcome with the pending response mapped by `f`.
+    pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Outcome<Q> {
+        match self {
+            Outcome::Owed(p) => Outcome::Owed(f(p)),
+            Outcome::NotOwed => Outcome::NotOwed,
+            Outcome::Fenced { owed, link } => Outcome::Fenced {
+                owed: owed.map(f),
+                link,
+            },
+        }
+    }
+}
+
+/// One stage of the stack: takes a request, passes it on or answers it.
+///
+/// `call` resolves once the request has been dealt with: answered here, or
+/// written to the broker. The session calls it for one request at a time,
+/// in the order they came, so requests reach the broker in that order.
+pub trait Service: Send {
+    type Pending: Pending;
+
+    fn call(
+        &mut self,
+        request: Request,
+    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send;
+}
+
+/// `inner`'s outcome for `request`, its pending response wrapped by `wrap`:
+/// how a filter passes a request on without a future of its own (a filter
+/// that awaits nothing adds nothing to the connection's task).
+fn pass<'s, S: Service, Q>(
+    inner: &'s mut S,
+    request: Request,
+    wrap: impl FnOnce(S::Pending) -> Q + Send + 's,
+) -> impl Future<Output = Result<Outcome<Q>, FilterError>> + Send + 's {
+    inner
+        .call(request)
+        .map(|outcome| outcome.map(|o| o.map(wrap)))
+}
+
+/// A response the client is owed, queued in request order.
+pub trait Pending: Send {
+    /// The correlation id of the broker response this waits for; `None`
+    /// when the proxy answered the request itself.
+    fn awaits_broker(&self) -> Option<i32>;
+
+    /// The frame for the client, from the broker's response frame when
+    /// [`awaits_broker`](Self::awaits_broker) said so. What the response
+    /// named (brokers, topic ids) is added to `learnt`.
+    fn respond(
+        self,
+        broker: Option<BytesMut>,
+        learnt: &mut Learnt,
+    ) -> Result<BytesMut, FilterError>;
+}
+
+/// A filter's pending response: its own answer, the inner service's passed
+/// through, or the inner one's with this filter's response half to run.
+pub enum Reply<P, H> {
+    Local(BytesMut),
+    Inner(P),
+    Then(P, H),
+}
+
+/// A filter's response half: runs on the inner service's response.
+pub trait ResponseHalf: Send {
+    fn respond(self, frame: BytesMut, learnt: &mut Learnt) -> Result<BytesMut, FilterError>;
+}
+
+/// A filter without a response half of its own.
+pub enum NoHalf {}
+
+impl ResponseHalf for NoHalf {
+    fn respond(self, _: BytesMut, _: &mut Learnt) -> Result<BytesMut, FilterError> {
+        match self {}
+    }
+}
+
+impl<P: Pending, H: ResponseHalf> Pending for Reply<P, H> {
+    fn awaits_broker(&self) -> Option<i32> {
+        match self {
+            Reply::Local(_) => None,
+            Reply::Inner(p) | Reply::Then(p, _) => p.awaits_broker(),
+        }
+    }
+
+    fn respond(
+        self,
+        broker: Option<BytesMut>,
+        learnt: &mut Learnt,
+    ) -> Result<BytesMut, FilterError> {
+        match self {
+            Reply::Local(frame) => Ok(frame),
+            Reply::Inner(p) => p.respond(broker, learnt),
+            Reply::Then(p, half) => half.respond(p.respond(broker, learnt)?, learnt),
+        }
+    }
+}
+
+/// Why a request or its response could not be handled: the session closes
+/// the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("malformed request header: {0}")]
+    Header(#[from] HeaderError),
+    #[error(transparent)]
+    Produce(#[from] ProduceError),
+    #[error(transparent)]
+    Rewrite(#[from] RewriteError),
+    #[error(transparent)]
+    UnsupportedVersion(#[from] UnsupportedVersion),
+    #[error("writing to the broker: {0}")]
+    UpstreamWrite(std::io::Error),
+    #[error("no broker response was read for a request that awaits one")]
+    MissingResponse,
+}
+
+/// The filter stack of one connection (whose client presented `subject`),
+/// over the write half of its broker connection.
+pub fn stack<'a, W>(
+    ctx: &'a Context,
+    subject: Option<&'a CertSubject>,
+    upstream: W,
+) -> impl Service + 'a
+where
+    W: AsyncWrite + Unpin + Send + 'a,
+{
+    ServiceBuilder::new()
+        .layer(metrics::CountLayer::new(&ctx.metrics))
+        .layer(fence::FenceLayer::new(ctx))
+        .layer(produce::ProduceLayer::new(ctx, subject))
+        .layer(api_versions::ApiVersionsLayer)
+        .layer(addresses::AddressesLayer::new(&ctx.advertised))
+        .service(broker::Broker::new(upstream))
+}
 
 /// What the filters of every connection share.
 pub struct Context {
@@ -87,3 +290,6 @@ impl TopicTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,16 +1,13 @@
-//! The Produce path of a connection as one object (SPEC §6, issue 9): the
-//! request half ([`ProduceFilter::request`]: classify the client as local,
-//! spoofed or a mirror link; refuse writes to read-only mirrored topics;
-//! plan the request with [`produce`], resolve new origins in the state
-//! store, begin the mirrored producer state with [`Dedupe`] and rebuild it
-//! from the log where claimed) and the response half
-//! ([`ProduceFilter::response`]: rewrite leader endpoints, record what the
-//! broker appended, merge the partitions answered locally), with the
-//! per-request state ([`ProduceState`]) that links them.
-//!
-//! The session keeps only framing and the ordered response queue; the pure
-//! parts (planning in [`produce`], [`crate::mirror::producer_state`]) stay
-//! pure.
+//! The Produce filter (SPEC §6): the request half
+//! ([`ProduceFilter::request`]: refuse writes to read-only mirrored topics,
+//! refuse a spoofed link; for a link, plan the request with
+//! `mirror::produce`, resolve new origins in the state store, begin the
+//! mirrored producer state with `mirror::dedupe` and rebuild it from the log
+//! where claimed) and the response half ([`ProduceFilter::response`]:
+//! rewrite leader endpoints, record what the broker appended, merge the
+//! partitions answered locally), with the per-request state
+//! ([`ProduceState`]) that links them. [`ProduceLayer`] puts it in the
+//! stack; the rules themselves stay pure in `mirror`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,46 +15,30 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 
-use crate::filter::addresses::{self, Learnt, RewriteError, UnsupportedVersion};
-use crate::filter::{rebuild, Context};
+use futures_util::future::Either;
+use std::future::Future;
+use tower::Layer;
+
+use super::addresses::{self, Learnt};
+use super::{pass, rebuild, Context, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
 use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, Tracked};
 use crate::mirror::link::{CertSubject, Origin};
-use crate::mirror::produce::{
-    self, LocalOutcome, LocalPartition, ProduceError, ProducePlan, Refusal, TopicKey,
-};
+use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicKey};
 use crate::state::StateStore;
-use crate::wire::header::{produce_acks, HeaderError, RequestHeaderPeek};
+use crate::wire::header::{produce_acks, RequestHeaderPeek};
 use crate::wire::produce_response_walk::Walked;
 
-/// Why a Produce request or its response could not be handled; the session
-/// closes the connection (each maps to the `SessionError` of the same name).
-#[derive(Debug, thiserror::Error)]
-pub enum ProducePathError {
-    #[error("malformed request header: {0}")]
-    Header(#[from] HeaderError),
-    #[error(transparent)]
-    Produce(#[from] ProduceError),
-    #[error(transparent)]
-    Rewrite(#[from] RewriteError),
-    #[error(transparent)]
-    UnsupportedVersion(#[from] UnsupportedVersion),
-}
-
-/// What to queue and what to forward for a Produce request.
-pub struct ProduceAction {
-    /// The response the client is owed, unless `acks=0`.
-    pub answer: Option<Answer>,
-    /// The frame for the broker, unless the proxy answered every partition.
-    pub forward: Option<BytesMut>,
-}
-
-/// The response a Produce request is owed.
-pub enum Answer {
-    /// The proxy answered every partition itself.
-    Local(BytesMut),
-    /// The broker answers; its response goes through
-    /// [`ProduceFilter::response`] with this state.
-    Broker(ProduceState),
+/// What becomes of a Produce request.
+pub enum ProduceAction {
+    /// The proxy answered every partition itself: the response, unless
+    /// `acks=0`.
+    Answered(Option<BytesMut>),
+    /// `frame` goes to the broker; its response goes through
+    /// [`ProduceFilter::response`] with `state` (`None` with `acks=0`).
+    Forward {
+        frame: BytesMut,
+        state: Option<ProduceState>,
+    },
 }
 
 /// The per-request state between the two halves: the partitions the proxy
@@ -79,45 +60,15 @@ impl<'a> ProduceFilter<'a> {
         ProduceFilter { ctx }
     }
 
-    /// Every partition of a Produce answered here with `refusal`.
-    /// Every partition of a Produce answered here with `refusal` (a request
-    /// of a fenced link); nothing is forwarded.
-    pub fn refuse(
-        &self,
-        link: &str,
-        h: &RequestHeaderPeek,
-        frame: Bytes,
-        refusal: Refusal,
-        message: &str,
-    ) -> Result<ProduceAction, ProducePathError> {
-        let ctx = self.ctx;
-        let version = h.api_version;
-        let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
-        let acks = produce_acks(&frame, body_offset, version)?;
-        let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
-        count_local(ctx, link, &plan.local);
-        let answer = match acks != 0 {
-            true => Some(Answer::Local(produce::local_response(
-                h.correlation_id,
-                version,
-                &plan.local,
-            )?)),
-            false => None,
-        };
-        Ok(ProduceAction {
-            answer,
-            forward: None,
-        })
-    }
-
     /// The request half: what to answer and what to forward for a Produce
     /// request (`frame`, whose header is `h`).
     pub async fn request(
         &self,
+        origin: &Origin,
         subject: Option<&CertSubject>,
         h: &RequestHeaderPeek,
         frame: Bytes,
-    ) -> Result<ProduceAction, ProducePathError> {
+    ) -> Result<ProduceAction, FilterError> {
         let ctx = self.ctx;
         let version = h.api_version;
         let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
@@ -126,37 +77,32 @@ impl<'a> ProduceFilter<'a> {
         // With acks=0 nothing is recorded without an answer: the tracked
         // batches are failed. No client retries what it never hears about, so
         // there is no retry to deduplicate and the partition is not re-read.
-        let broker = |local: Vec<LocalPartition>, tracked: Tracked| {
-            if !expects_response {
-                tracked.unanswered();
-                return None;
-            }
-            Some(Answer::Broker(ProduceState {
-                version,
-                local,
-                tracked,
-            }))
-        };
-        let local_only = |local: &[LocalPartition]| -> Result<Option<Answer>, ProducePathError> {
-            Ok(match expects_response {
-                true => Some(Answer::Local(produce::local_response(
-                    h.correlation_id,
+        let forward = |frame: BytesMut, local: Vec<LocalPartition>, tracked: Tracked| {
+            let state = match expects_response {
+                true => Some(ProduceState {
                     version,
                     local,
-                )?)),
+                    tracked,
+                }),
+                false => {
+                    tracked.unanswered();
+                    None
+                }
+            };
+            ProduceAction::Forward { frame, state }
+        };
+        let answered = |local: &[LocalPartition]| -> Result<ProduceAction, FilterError> {
+            Ok(ProduceAction::Answered(match expects_response {
+                true => Some(produce::local_response(h.correlation_id, version, local)?),
                 false => None,
-            })
+            }))
         };
         // Every partition of the request answered here with `refusal`.
         let refuse_request = |link: &str, refusal: Refusal, message: &str| {
             let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
             count_local(ctx, link, &plan.local);
-            Ok(ProduceAction {
-                answer: local_only(&plan.local)?,
-                forward: None,
-            })
+            answered(&plan.local)
         };
-        let origin = ctx.links.classify(h.client_id(&frame), subject);
         let link = match origin {
             Origin::Local => {
                 if addresses::carries_addresses(ApiKey::Produce, version) {
@@ -187,10 +133,7 @@ impl<'a> ProduceFilter<'a> {
                             tracing::debug!(partitions = plan.local.len(), %message, "refused a local write to a read-only mirrored topic");
                         }
                         if plan.forwarded_partitions == 0 {
-                            return Ok(ProduceAction {
-                                answer: local_only(&plan.local)?,
-                                forward: None,
-                            });
+                            return answered(&plan.local);
                         }
                         let reduced = produce::without_local_partitions(
                             &frame,
@@ -198,17 +141,11 @@ impl<'a> ProduceFilter<'a> {
                             version,
                             &plan.local,
                         )?;
-                        return Ok(ProduceAction {
-                            answer: broker(plan.local, Tracked::none()),
-                            forward: Some(reduced),
-                        });
+                        return Ok(forward(reduced, plan.local, Tracked::none()));
                     }
                 }
                 let frame = BytesMut::from(frame); // unique: no copy
-                return Ok(ProduceAction {
-                    answer: broker(Vec::new(), Tracked::none()),
-                    forward: Some(frame),
-                });
+                return Ok(forward(frame, Vec::new(), Tracked::none()));
             }
             Origin::Spoofed(link) => {
                 let message = format!(
@@ -243,7 +180,7 @@ impl<'a> ProduceFilter<'a> {
                 &frame,
                 body_offset,
                 version,
-                &link,
+                link,
                 &|id| ctx.topics.name(id),
                 &|name| ctx.topics.id(name).or_else(|| state.topic_id(name)),
                 &produce::AtTime(&view, crate::state::now_ms()),
@@ -330,10 +267,7 @@ impl<'a> ProduceFilter<'a> {
             .batches_remapped(link.name(), plan.remapped_batches as u64);
         count_local(ctx, link.name(), &plan.local);
         if plan.forwarded_partitions == 0 {
-            return Ok(ProduceAction {
-                answer: local_only(&plan.local)?,
-                forward: None,
-            });
+            return answered(&plan.local);
         }
         // The plan holds no reference into the frame unless some partitions are
         // answered locally, so the fast path gets the frame back without a copy.
@@ -342,17 +276,11 @@ impl<'a> ProduceFilter<'a> {
             .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
         plan.apply(&mut buf)?;
         if plan.local.is_empty() {
-            return Ok(ProduceAction {
-                answer: broker(Vec::new(), tracked),
-                forward: Some(buf),
-            });
+            return Ok(forward(buf, Vec::new(), tracked));
         }
         let reduced =
             produce::without_local_partitions(&buf.freeze(), body_offset, version, &plan.local)?;
-        Ok(ProduceAction {
-            answer: broker(plan.local, tracked),
-            forward: Some(reduced),
-        })
+        Ok(forward(reduced, plan.local, tracked))
     }
 
     /// The response half: the frame for the client from the broker's
@@ -363,7 +291,7 @@ impl<'a> ProduceFilter<'a> {
         &self,
         state: ProduceState,
         frame: BytesMut,
-    ) -> Result<(BytesMut, Option<Learnt>), ProducePathError> {
+    ) -> Result<(BytesMut, Option<Learnt>), FilterError> {
         let ctx = self.ctx;
         let ProduceState {
             version,
@@ -403,6 +331,132 @@ impl<'a> ProduceFilter<'a> {
         let frame = produce::encode_response(correlation_id, version, &response)?;
         Ok((frame, learnt))
     }
+}
+
+pub struct ProduceLayer<'a> {
+    ctx: &'a Context,
+    subject: Option<&'a CertSubject>,
+}
+
+impl<'a> ProduceLayer<'a> {
+    /// The Produce filter of a connection whose client presented `subject`.
+    pub fn new(ctx: &'a Context, subject: Option<&'a CertSubject>) -> ProduceLayer<'a> {
+        ProduceLayer { ctx, subject }
+    }
+}
+
+impl<'a, S> Layer<S> for ProduceLayer<'a> {
+    type Service = Produce<'a, S>;
+
+    fn layer(&self, inner: S) -> Produce<'a, S> {
+        Produce {
+            filter: ProduceFilter::new(self.ctx),
+            subject: self.subject,
+            inner,
+        }
+    }
+}
+
+/// The filter: Produce requests go through [`ProduceFilter`].
+pub struct Produce<'a, S> {
+    filter: ProduceFilter<'a>,
+    subject: Option<&'a CertSubject>,
+    inner: S,
+}
+
+impl<'a, S: Service> Service for Produce<'a, S> {
+    type Pending = Reply<S::Pending, ProduceHalf<'a>>;
+
+    fn call(
+        &mut self,
+        request: Request,
+    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+        if request.api != Some(ApiKey::Produce) {
+            return Either::Left(pass(&mut self.inner, request, Reply::Inner));
+        }
+        Either::Right(self.produce(request))
+    }
+}
+
+impl<'a, S: Service> Produce<'a, S> {
+    /// A Produce request: the request half, then the broker if anything of
+    /// it is left to forward.
+    async fn produce(
+        &mut self,
+        request: Request,
+    ) -> Result<Outcome<Reply<S::Pending, ProduceHalf<'a>>>, FilterError> {
+        let Request {
+            header,
+            api,
+            origin,
+            frame,
+        } = request;
+        let action = self
+            .filter
+            .request(&origin, self.subject, &header, frame.freeze())
+            .await?;
+        let (frame, state) = match action {
+            ProduceAction::Answered(Some(answer)) => {
+                return Ok(Outcome::Owed(Reply::Local(answer)))
+            }
+            ProduceAction::Answered(None) => return Ok(Outcome::NotOwed),
+            ProduceAction::Forward { frame, state } => (frame, state),
+        };
+        let forwarded = Request {
+            header,
+            api,
+            origin,
+            frame,
+        };
+        let outcome = self.inner.call(forwarded).await?;
+        let ctx = self.filter.ctx;
+        Ok(match state {
+            Some(state) => outcome.map(|p| Reply::Then(p, ProduceHalf { ctx, state })),
+            // acks=0: the broker sends nothing back.
+            None => outcome.map(|_| ()).discard(),
+        })
+    }
+}
+
+/// The response half of one Produce request.
+pub struct ProduceHalf<'a> {
+    ctx: &'a Context,
+    state: ProduceState,
+}
+
+impl ResponseHalf for ProduceHalf<'_> {
+    fn respond(self, frame: BytesMut, learnt: &mut Learnt) -> Result<BytesMut, FilterError> {
+        let (out, named) = ProduceFilter::new(self.ctx).response(self.state, frame)?;
+        if let Some(named) = named {
+            learnt.absorb(named);
+        }
+        Ok(out)
+    }
+}
+
+/// Every partition of a Produce answered here with `refusal` (a request of
+/// a fenced link): the response, unless `acks=0`.
+pub fn refuse_every_partition(
+    ctx: &Context,
+    link: &str,
+    h: &RequestHeaderPeek,
+    frame: Bytes,
+    refusal: Refusal,
+    message: &str,
+) -> Result<Option<BytesMut>, FilterError> {
+    let version = h.api_version;
+    let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
+    let acks = produce_acks(&frame, body_offset, version)?;
+    let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
+    count_local(ctx, link, &plan.local);
+    Ok(match acks != 0 {
+        true => Some(produce::local_response(
+            h.correlation_id,
+            version,
+            &plan.local,
+        )?),
+        false => None,
+    })
 }
 
 /// How long a link retry waits for the same batch's attempt in flight

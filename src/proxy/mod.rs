@@ -10,6 +10,7 @@
 //! waits for the connections to deliver what they owe. A listener is closed
 //! while the proxy cannot reach its broker (see [`health`]).
 
+pub mod queue;
 pub mod session;
 pub mod watch_wait;
 

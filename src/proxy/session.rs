@@ -1,14 +1,15 @@
 //! One client connection and its upstream connection to a broker.
 //!
 //! Two loops run side by side. The request loop reads client frames, peeks
-//! at their headers, lets the Produce filter rewrite mirror traffic, and
-//! forwards; for every request that expects an answer it first queues a
-//! `Pending` entry. The response loop takes those entries in order: a broker
-//! entry waits for the broker's next frame (brokers answer in order on a
-//! connection), a local entry is the proxy's own answer. So responses reach
-//! the client in request order with their correlation ids, however many are
-//! in flight, and a request that gets no response (`acks=0`) leaves nothing
-//! behind.
+//! at their headers, classifies the client once, and hands each request to
+//! the connection's filter stack (`filter::stack`), which answers it or
+//! writes it to the broker; for every request that expects an answer it
+//! queues the stack's pending response. The response loop takes those in
+//! order: one that awaits the broker gets the broker's next frame (brokers
+//! answer in order on a connection), then the filters' response halves
+//! make the client's frame. So responses reach the client in request order
+//! with their correlation ids, however many are in flight, and a request
+//! that gets no response (`acks=0`) leaves nothing behind.
 //!
 //! The request loop is also where a connection ends on its own: after
 //! `CONNECTIONS_MAX_IDLE_MS` with nothing in flight and nothing received,
@@ -21,19 +22,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::queue::{CloseOnDrop, Queue};
 use super::watch_wait::WatchWait;
 use super::{Shared, StartError, Target};
-use crate::filter::addresses::{self, RewriteError, UnsupportedVersion};
-use crate::filter::produce::{Answer, ProduceFilter, ProducePathError, ProduceState};
-use crate::mirror::link::CertSubject;
-use crate::mirror::produce::{ProduceError, Refusal};
+use crate::filter::addresses::{Learnt, RewriteError, UnsupportedVersion};
+use crate::filter::{self, FilterError, Outcome, Pending, Request, Service};
+use crate::mirror::link::{CertSubject, Origin};
+use crate::mirror::produce::ProduceError;
 use crate::net::frame::{write_frame, FrameError, FrameReader};
 use crate::net::upstream::{BoxStream, ConnectError};
 use crate::wire::header::{HeaderError, RequestHeaderPeek};
@@ -83,13 +84,15 @@ pub enum SessionError {
     ClientWrite(std::io::Error),
 }
 
-impl From<ProducePathError> for SessionError {
-    fn from(e: ProducePathError) -> SessionError {
+impl From<FilterError> for SessionError {
+    fn from(e: FilterError) -> SessionError {
         match e {
-            ProducePathError::Header(e) => SessionError::Header(e),
-            ProducePathError::Produce(e) => SessionError::Produce(e),
-            ProducePathError::Rewrite(e) => SessionError::Rewrite(e),
-            ProducePathError::UnsupportedVersion(e) => SessionError::UnsupportedVersion(e),
+            FilterError::Header(e) => SessionError::Header(e),
+            FilterError::Produce(e) => SessionError::Produce(e),
+            FilterError::Rewrite(e) => SessionError::Rewrite(e),
+            FilterError::UnsupportedVersion(e) => SessionError::UnsupportedVersion(e),
+            FilterError::UpstreamWrite(e) => SessionError::UpstreamWrite(e),
+            FilterError::MissingResponse => SessionError::UnexpectedResponse,
         }
     }
 }
@@ -122,35 +125,6 @@ impl SessionError {
             SessionError::ClientWrite(_) => "client_write",
         }
     }
-}
-
-/// What to do with the broker's answer to a request.
-enum Handling {
-    /// Pass it through untouched.
-    Opaque,
-    /// Clamp to the versions the proxy parses.
-    ApiVersions,
-    /// Replace broker addresses.
-    Addresses,
-    /// A Produce response: the Produce filter's response half rewrites
-    /// leader endpoints (v10+) and adds the partitions the proxy answered
-    /// itself.
-    Produce(ProduceState),
-}
-
-/// A response the client is owed, in request order.
-enum Pending {
-    Broker {
-        correlation_id: i32,
-        api: ApiKey,
-        version: i16,
-        handling: Handling,
-    },
-    /// Opaque request of an API key the proxy does not know.
-    BrokerUnknownApi {
-        correlation_id: i32,
-    },
-    Local(BytesMut),
 }
 
 /// How a session ended without an error.
@@ -189,12 +163,11 @@ impl Activity {
     /// When the connection stops being busy, so the idle clock starts: the
     /// later of the last bytes from the client and the last response.
     /// `None` while a request is in flight or partly read.
-    fn idle_since<R>(&self, client: &FrameReader<R>, tx: &mpsc::Sender<Pending>) -> Option<Instant>
+    fn idle_since<R, P>(&self, client: &FrameReader<R>, owed: &Queue<P>) -> Option<Instant>
     where
         R: tokio::io::AsyncRead + Unpin,
     {
-        let queued = tx.max_capacity() - tx.capacity();
-        if queued > 0 || self.answering.load(Ordering::Relaxed) || client.mid_frame() {
+        if !owed.is_empty() || self.answering.load(Ordering::Relaxed) || client.mid_frame() {
             return None;
         }
         let answered =
@@ -276,13 +249,20 @@ async fn run(
     let max = shared.config.max_frame_bytes;
     let (client_r, client_w) = split(client);
     let (up_r, up_w) = split(upstream);
-    let (tx, rx) = mpsc::channel(MAX_IN_FLIGHT);
+    let owed = Queue::new(MAX_IN_FLIGHT);
     let client_r = FrameReader::new(client_r, max)
         .with_budget(Arc::clone(&shared.budget))
         .with_frame_timeout(Duration::from_millis(shared.config.request_read_timeout_ms));
     let activity = Activity::new();
-    let requests = requests(shared, subject, client_r, up_w, tx, &activity);
-    let responses = responses(shared, FrameReader::new(up_r, max), client_w, rx, &activity);
+    let stack = filter::stack(&shared.ctx, subject.as_ref(), up_w);
+    let requests = requests(shared, subject.as_ref(), client_r, stack, &owed, &activity);
+    let responses = responses(
+        shared,
+        FrameReader::new(up_r, max),
+        client_w,
+        &owed,
+        &activity,
+    );
     tokio::pin!(requests, responses);
     tokio::select! {
         // The client finished sending, or shutdown stopped reading: deliver
@@ -362,14 +342,17 @@ async fn connect(
     Ok((client, subject, upstream))
 }
 
-async fn requests(
+async fn requests<S: Service>(
     shared: &Arc<Shared>,
-    subject: Option<CertSubject>,
+    subject: Option<&CertSubject>,
     mut client: FrameReader<ReadHalf<BoxStream>>,
-    mut upstream: WriteHalf<BoxStream>,
-    tx: mpsc::Sender<Pending>,
+    mut stack: S,
+    owed: &Queue<S::Pending>,
     activity: &Activity,
 ) -> Result<End, SessionError> {
+    // However this loop ends, the response loop delivers what is queued
+    // and then ends too.
+    let _close = CloseOnDrop(owed);
     let idle_ms = shared.config.connections_max_idle_ms;
     let idle = Duration::from_millis(idle_ms);
     // Set once a request speaks as a link: the connection counts as the
@@ -390,7 +373,6 @@ async fn requests(
     // The link's state changes, watched once the connection speaks as a
     // link (boxed: only link connections pay for it).
     let mut link_changed = None;
-    let filter = ProduceFilter::new(&shared.ctx);
     loop {
         if link_changed.is_none() && link_session.is_some() {
             link_changed = changes.take().map(watch_link_state);
@@ -414,7 +396,7 @@ async fn requests(
             f = client.read_frame() => f.map_err(SessionError::ClientFrame)?,
             _ = &mut idle_timer => {
                 let now = Instant::now();
-                match activity.idle_since(&client, &tx) {
+                match activity.idle_since(&client, owed) {
                     Some(since) if since + idle <= now => {
                         return Err(SessionError::Idle { ms: idle_ms })
                     }
@@ -427,99 +409,31 @@ async fn requests(
         let Some(frame) = frame else {
             return Ok(End::ClientClosed);
         };
-        let h = RequestHeaderPeek::parse(&frame)?;
-        shared.ctx.metrics.request(h.api_key);
-        let Ok(api) = ApiKey::try_from(h.api_key) else {
-            // Not ours to judge: the broker answers (or closes) as it sees fit.
-            send(
-                &tx,
-                Pending::BrokerUnknownApi {
-                    correlation_id: h.correlation_id,
-                },
-            )
-            .await;
-            write_frame(&mut upstream, &frame)
-                .await
-                .map_err(SessionError::UpstreamWrite)?;
-            continue;
-        };
-        let broker = |handling| Pending::Broker {
-            correlation_id: h.correlation_id,
-            api,
-            version: h.api_version,
-            handling,
-        };
-        let pending = |answer| match answer {
-            Answer::Local(frame) => Pending::Local(frame),
-            Answer::Broker(state) => broker(Handling::Produce(state)),
-        };
-        if let Some(link) = shared
-            .config
-            .links
-            .by_client_id(h.client_id(&frame).unwrap_or(""))
-        {
-            // A client without the link's certificate is not the link: its
-            // Produce is refused as spoofed further on.
-            let admitted = link.admits(subject.as_ref());
-            if link_session.is_none() && admitted {
-                let guard = shared.ctx.control.link_session(link.name());
-                link_session = Some((Arc::clone(link), guard));
-            }
-            if let Some(message) = admitted.then(|| shared.ctx.control.fenced(link)).flatten() {
-                shared.ctx.control.link_request_refused(link.name());
-                if api == ApiKey::Produce {
-                    let action = filter.refuse(
-                        link.name(),
-                        &h,
-                        frame.freeze(),
-                        Refusal::LinkFenced,
-                        &message,
-                    )?;
-                    if let Some(answer) = action.answer {
-                        send(&tx, pending(answer)).await;
-                    }
-                }
-                tracing::debug!(link = link.name(), api = ?api, "refused a request of a fenced link; closing its connection");
-                return Ok(End::Fenced(link.name().to_string()));
-            }
+        let header = RequestHeaderPeek::parse(&frame)?;
+        let origin = shared.ctx.links.classify(header.client_id(&frame), subject);
+        // A connection that speaks as a link counts as the link's, for
+        // draining and fencing, from its first such request on.
+        if let (Origin::Link(link), None) = (&origin, &link_session) {
+            let guard = shared.ctx.control.link_session(link.name());
+            link_session = Some((Arc::clone(link), guard));
         }
-        match api {
-            ApiKey::Produce => {
-                let action = filter.request(subject.as_ref(), &h, frame.freeze()).await?;
-                if let Some(answer) = action.answer {
-                    send(&tx, pending(answer)).await;
+        let request = Request {
+            api: ApiKey::try_from(header.api_key).ok(),
+            header,
+            origin,
+            frame,
+        };
+        match stack.call(request).await? {
+            Outcome::Owed(pending) => owed.push(pending).await,
+            Outcome::NotOwed => {}
+            Outcome::Fenced {
+                owed: fenced_owed,
+                link,
+            } => {
+                if let Some(pending) = fenced_owed {
+                    owed.push(pending).await;
                 }
-                if let Some(frame) = action.forward {
-                    write_frame(&mut upstream, &frame)
-                        .await
-                        .map_err(SessionError::UpstreamWrite)?;
-                }
-            }
-            ApiKey::ApiVersions if h.api_version > addresses::api_versions_max() => {
-                send(
-                    &tx,
-                    Pending::Local(addresses::unsupported_api_versions(h.correlation_id)?),
-                )
-                .await;
-            }
-            ApiKey::ApiVersions => {
-                send(&tx, broker(Handling::ApiVersions)).await;
-                write_frame(&mut upstream, &frame)
-                    .await
-                    .map_err(SessionError::UpstreamWrite)?;
-            }
-            _ if addresses::carries_addresses(api, h.api_version) => {
-                addresses::check_parseable(api, h.api_version)?;
-                send(&tx, broker(Handling::Addresses)).await;
-                write_frame(&mut upstream, &frame)
-                    .await
-                    .map_err(SessionError::UpstreamWrite)?;
-            }
-            _ => {
-                send(&tx, broker(Handling::Opaque)).await;
-                write_frame(&mut upstream, &frame)
-                    .await
-                    .map_err(SessionError::UpstreamWrite)?;
+                return Ok(End::Fenced(link));
             }
         }
     }
@@ -544,25 +458,19 @@ async fn next_link_change<F: Future + Unpin>(changed: &mut Option<F>) -> F::Outp
     }
 }
 
-async fn send(tx: &mpsc::Sender<Pending>, p: Pending) {
-    // Fails only when the response loop has ended, which ends the session.
-    let _ = tx.send(p).await;
-}
-
-async fn responses(
+async fn responses<P: Pending>(
     shared: &Arc<Shared>,
     mut upstream: FrameReader<ReadHalf<BoxStream>>,
     mut client: WriteHalf<BoxStream>,
-    mut rx: mpsc::Receiver<Pending>,
+    owed: &Queue<P>,
     activity: &Activity,
 ) -> Result<(), SessionError> {
-    let filter = ProduceFilter::new(&shared.ctx);
     loop {
         let pending = tokio::select! {
             // Entries are queued before their request is written upstream, so
-            // a response is only ever ready after its entry: check rx first.
+            // a response is only ever ready after its entry: check it first.
             biased;
-            p = rx.recv() => match p {
+            p = owed.pop() => match p {
                 Some(p) => p,
                 None => return Ok(()),
             },
@@ -574,58 +482,36 @@ async fn responses(
             }),
         };
         activity.answering.store(true, Ordering::Relaxed);
-        let (correlation_id, api, version, handling) = match pending {
-            Pending::Local(frame) => {
-                write_to(&mut client, &frame).await?;
-                activity.answered();
-                continue;
-            }
-            Pending::BrokerUnknownApi { correlation_id } => {
-                (correlation_id, None, 0, Handling::Opaque)
-            }
-            Pending::Broker {
-                correlation_id,
-                api,
-                version,
-                handling,
-            } => (correlation_id, Some(api), version, handling),
-        };
-        let frame = upstream
-            .read_frame()
-            .await
-            .map_err(SessionError::UpstreamFrame)?
-            .ok_or(SessionError::UpstreamClosed {
-                in_flight: 1 + rx.len(),
-            })?;
-        let got = frame
-            .get(..4)
-            .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-            .ok_or(SessionError::UnexpectedResponse)?;
-        if got != correlation_id {
-            return Err(SessionError::CorrelationMismatch {
-                expected: correlation_id,
-                got,
-            });
-        }
-        let out = match (api, handling) {
-            (_, Handling::Opaque) | (None, _) => frame,
-            (Some(_), Handling::ApiVersions) => {
-                addresses::clamp_api_versions(version, &frame)?.unwrap_or(frame)
-            }
-            (Some(api), Handling::Addresses) => {
-                let (out, learnt) =
-                    addresses::rewrite(api, version, &frame, &shared.ctx.advertised)?;
-                shared.learn(learnt)?;
-                out.unwrap_or(frame)
-            }
-            (Some(_), Handling::Produce(state)) => {
-                let (out, learnt) = filter.response(state, frame)?;
-                if let Some(learnt) = learnt {
-                    shared.learn(learnt)?;
+        let broker = match pending.awaits_broker() {
+            None => None,
+            Some(correlation_id) => {
+                let frame = upstream
+                    .read_frame()
+                    .await
+                    .map_err(SessionError::UpstreamFrame)?
+                    .ok_or(SessionError::UpstreamClosed {
+                        in_flight: 1 + owed.len(),
+                    })?;
+                let got = frame
+                    .get(..4)
+                    .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    .ok_or(SessionError::UnexpectedResponse)?;
+                if got != correlation_id {
+                    return Err(SessionError::CorrelationMismatch {
+                        expected: correlation_id,
+                        got,
+                    });
                 }
-                out
+                Some(frame)
             }
         };
+        let mut learnt = Learnt::default();
+        let out = pending.respond(broker, &mut learnt)?;
+        // Listeners for the brokers a response names open before the client
+        // hears of them.
+        if !learnt.is_empty() {
+            shared.learn(learnt)?;
+        }
         write_to(&mut client, &out).await?;
         activity.answered();
     }

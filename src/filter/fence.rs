@@ -1,0 +1,90 @@
+//! Fencing (SPEC §7): once a link is STOPPING or STOPPED, a request of its
+//! replicator is refused (a Produce is answered with the fenced error for
+//! every partition; anything else gets no answer) and its connection
+//! closes after answering what is in flight.
+
+use std::future::{ready, Future};
+use std::sync::Arc;
+
+use futures_util::future::Either;
+use kafka_protocol::messages::ApiKey;
+use tower::Layer;
+
+use super::produce::refuse_every_partition;
+use super::{pass, Context, FilterError, NoHalf, Outcome, Reply, Request, Service};
+use crate::mirror::link::{Link, Origin};
+use crate::mirror::produce::Refusal;
+
+pub struct FenceLayer<'a> {
+    ctx: &'a Context,
+}
+
+impl<'a> FenceLayer<'a> {
+    pub fn new(ctx: &'a Context) -> FenceLayer<'a> {
+        FenceLayer { ctx }
+    }
+}
+
+impl<'a, S> Layer<S> for FenceLayer<'a> {
+    type Service = Fence<'a, S>;
+
+    fn layer(&self, inner: S) -> Fence<'a, S> {
+        Fence {
+            ctx: self.ctx,
+            inner,
+        }
+    }
+}
+
+pub struct Fence<'a, S> {
+    ctx: &'a Context,
+    inner: S,
+}
+
+impl<S: Service> Service for Fence<'_, S> {
+    type Pending = Reply<S::Pending, NoHalf>;
+
+    fn call(
+        &mut self,
+        request: Request,
+    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+        let fenced = match &request.origin {
+            Origin::Link(link) => self.ctx.control.fenced(link).map(|m| (Arc::clone(link), m)),
+            _ => None,
+        };
+        match fenced {
+            None => Either::Left(pass(&mut self.inner, request, Reply::Inner)),
+            Some((link, message)) => Either::Right(ready(self.refuse(request, &link, &message))),
+        }
+    }
+}
+
+impl<S> Fence<'_, S> {
+    /// A request of a fenced link: a Produce is answered with the fenced
+    /// error for every partition, anything else gets no answer.
+    fn refuse<P>(
+        &self,
+        request: Request,
+        link: &Link,
+        message: &str,
+    ) -> Result<Outcome<Reply<P, NoHalf>>, FilterError> {
+        self.ctx.control.link_request_refused(link.name());
+        let owed = match request.api {
+            Some(ApiKey::Produce) => refuse_every_partition(
+                self.ctx,
+                link.name(),
+                &request.header,
+                request.frame.freeze(),
+                Refusal::LinkFenced,
+                message,
+            )?
+            .map(Reply::Local),
+            _ => None,
+        };
+        tracing::debug!(link = link.name(), api = ?request.api, "refused a request of a fenced link; closing its connection");
+        Ok(Outcome::Fenced {
+            owed,
+            link: link.name().to_string(),
+        })
+    }
+}

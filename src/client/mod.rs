@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::config::Config;
+use crate::net::backoff::Backoff;
 use crate::net::tls::TlsSetupError;
 use crate::net::upstream::{ConnectError, Upstream};
 use conn::Connection;
@@ -56,7 +57,8 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// No new attempt of an operation starts after this much time.
     pub operation_timeout: Duration,
-    /// First pause before a retry; doubles up to `retry_backoff_max`.
+    /// First pause before a retry; doubles up to `retry_backoff_max`
+    /// (with jitter, `net::backoff`).
     pub retry_backoff: Duration,
     pub retry_backoff_max: Duration,
     /// Cached leaders older than this are looked up again.
@@ -512,7 +514,7 @@ impl Client {
     {
         let config = &self.inner.config;
         let start = Instant::now();
-        let mut backoff = config.retry_backoff;
+        let mut backoff = Backoff::new(config.retry_backoff, config.retry_backoff_max);
         let mut attempts = 0u32;
         loop {
             attempts += 1;
@@ -526,7 +528,8 @@ impl Client {
             if !error.is_retriable() {
                 return Err(error);
             }
-            if start.elapsed() + backoff >= config.operation_timeout {
+            let delay = backoff.next_delay();
+            if start.elapsed() + delay >= config.operation_timeout {
                 return Err(ClientError::GaveUp {
                     op: op.to_string(),
                     attempts,
@@ -534,9 +537,8 @@ impl Client {
                     last: Box::new(error),
                 });
             }
-            tracing::debug!(op, attempts, error = %error, backoff_ms = backoff.as_millis() as u64, "retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(config.retry_backoff_max);
+            tracing::debug!(op, attempts, error = %error, backoff_ms = delay.as_millis() as u64, "retrying");
+            tokio::time::sleep(delay).await;
         }
     }
 

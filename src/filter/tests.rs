@@ -158,4 +158,3 @@ async fn a_pending_response_without_its_broker_frame_is_an_error() {
     let e = pending.respond(None, &mut Learnt::default());
     assert!(matches!(e, Err(FilterError::MissingResponse)), "{e:?}");
 }
-

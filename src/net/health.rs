@@ -18,9 +18,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+
+use super::backoff::Backoff;
 use tokio::sync::watch;
 
-/// First delay between probes of a down broker; doubled up to [`PROBE_MAX`].
+/// First delay between probes of a down broker; doubled up to [`PROBE_MAX`]
+/// (with jitter, see [`Backoff`]).
 pub const PROBE_MIN: Duration = Duration::from_millis(200);
 pub const PROBE_MAX: Duration = Duration::from_secs(5);
 /// A probe is a TCP connect: a broker that does not accept within this long
@@ -97,9 +100,9 @@ pub async fn reachable(addrs: &[String], connect_timeout: Duration) -> bool {
     false
 }
 
-/// The delay after `delay` in the probe backoff.
-pub fn next_delay(delay: Duration) -> Duration {
-    (delay * 2).min(PROBE_MAX)
+/// The waits between probes of a down broker.
+pub fn probe_backoff() -> Backoff {
+    Backoff::new(PROBE_MIN, PROBE_MAX)
 }
 
 #[cfg(test)]
@@ -128,15 +131,15 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_to_the_cap() {
-        let mut d = PROBE_MIN;
-        let mut seen = vec![d];
+    fn probes_back_off_from_200_ms_to_5_s() {
+        let mut b = probe_backoff();
+        assert_eq!(b.peek(), PROBE_MIN);
+        b.next_delay();
+        assert_eq!(b.peek(), Duration::from_millis(400));
         for _ in 0..8 {
-            d = next_delay(d);
-            seen.push(d);
+            b.next_delay();
         }
-        assert_eq!(seen[1], Duration::from_millis(400));
-        assert_eq!(seen.last(), Some(&PROBE_MAX));
+        assert_eq!(b.peek(), PROBE_MAX);
     }
 
     #[tokio::test]

@@ -3,6 +3,7 @@
 //! (`upstream`), TLS on both sides (`tls`), and whether a broker is
 //! reachable (`health`).
 
+pub mod backoff;
 pub mod frame;
 pub mod health;
 pub mod tls;

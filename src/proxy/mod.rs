@@ -222,7 +222,7 @@ impl Shared {
         let shared = Arc::clone(self);
         tokio::spawn(async move {
             let timeout = shared.upstream.timeout;
-            let mut delay = health::PROBE_MIN;
+            let mut backoff = health::probe_backoff();
             loop {
                 if health::reachable(&shared.target_addresses(target), timeout).await {
                     if health.mark_up() {
@@ -240,13 +240,12 @@ impl Shared {
                     shared.ctx.metrics.broker_down(target.into());
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
                     _ = shared.shutting_down() => {
                         health.stop_probing();
                         return;
                     }
                 }
-                delay = health::next_delay(delay);
             }
         });
     }

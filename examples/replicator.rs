@@ -16,7 +16,7 @@
 //! Fetch response. Control batches (transaction markers) are skipped: brokers
 //! refuse them from clients. So the destination holds the committed
 //! transactional batches (transactional attribute and CRC untouched) and
-//! no markers; see the README ("Transactions") for why a read_committed
+//! no markers; see docs/design.md ("Transactions") for why a read_committed
 //! consumer of the destination still reads them. `--isolation-level
 //! read_uncommitted` copies every data batch, aborted ones included.
 //!
@@ -44,7 +44,7 @@
 //! producer", so none of that applies. Straight into a Kafka 4.4 broker,
 //! without the proxy, a copied transactional batch is refused
 //! (`NOT_ENOUGH_REPLICAS`, "Unable to verify the partition has been added
-//! to the transaction"; see the README, "Transactions").
+//! to the transaction"; see docs/design.md, "Transactions").
 
 // The file is also compiled as a module of integration tests, which use only
 // part of it.

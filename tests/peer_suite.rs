@@ -4,7 +4,7 @@
 //! fronting all three nodes, with one broker killed and restarted at the same
 //! point of each run. Every kgo test that passes direct must pass through the
 //! proxy. The tests that cannot pass against these brokers are documented
-//! ([`NOT_PASSING_DIRECT`], [`EXCLUDED`], the README's table); any other
+//! ([`NOT_PASSING_DIRECT`], [`EXCLUDED`], the table in docs/testing.md); any other
 //! that fails direct is shown in full, and a direct run that mostly failed
 //! fails the test, so it cannot make the comparison pass vacuously. Needs the
 //! Go toolchain; the module comes through the Go module proxy on first use.
@@ -48,7 +48,7 @@ const PARALLEL: &str = "4";
 const GO_TIMEOUT: Duration = Duration::from_secs(7 * 60);
 
 /// kgo tests that do not pass against this cluster in either mode, and why.
-/// The README's peer suite table says the same.
+/// The peer suite table in docs/testing.md says the same.
 const NOT_PASSING_DIRECT: &[(&str, &str)] = &[
     (
         "TestIssueProduceBrokerTooOldFailsRecords",
@@ -589,7 +589,7 @@ fn compare(direct: &SuiteRun, proxied: &SuiteRun) -> Report {
                 // Not fatal: with a node killed on a loaded machine an ETL
                 // test can time out direct. It is excused from the
                 // comparison, and shown in full; one that fails every run
-                // belongs in NOT_PASSING_DIRECT and the README.
+                // belongs in NOT_PASSING_DIRECT and docs/testing.md.
                 let _ = writeln!(
                     text,
                     "  {test} ({outcome:?}): NOT DOCUMENTED, failed direct in this run \

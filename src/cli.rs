@@ -1,5 +1,4 @@
-//! The operator's commands against a running proxy's admin API (issue 10
-//! item 6): `links`, `failover NAME`, `start NAME`. Talks plain HTTP/1.1
+//! The operator's commands against a running proxy's admin API: `links`, `failover NAME`, `start NAME`. Talks plain HTTP/1.1
 //! to `MIRROR_PROXY_ADMIN_URL` with the bearer token
 //! `MIRROR_PROXY_ADMIN_TOKEN`; prints tables, or the API's JSON with
 //! `--json`.

@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Value of the `api_key` label: the number of an API key `kafka-protocol`
-/// knows (numbers, as before, so existing queries keep working), or
+/// knows (as a number, so queries need no table of names), or
 /// `unknown` for any other value a client may put in a request header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ApiKeyLabel {

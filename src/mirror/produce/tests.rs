@@ -468,8 +468,8 @@ fn a_data_batch_whose_control_bit_flipped_is_never_acknowledged() {
     );
 }
 
-/// The three requests of issue 6 that aborted the process through the
-/// decoder's `Vec::with_capacity(count)`, on the link and spoofed paths.
+/// Requests whose forged array counts would abort a decoder that reserves
+/// `Vec::with_capacity(count)`, on the link and spoofed paths.
 #[test]
 fn forged_array_counts_are_malformed_requests_not_aborts() {
     let link = link(ControlBatchPolicy::Drop);

@@ -39,6 +39,9 @@ use crate::mirror::produce::{Refusal, READ_ONLY_TOPIC_MIN_PRODUCE_VERSION};
 use crate::mirror::state_records::{DrainedKey, DrainedValue};
 use crate::state::{now_ms, StateStore};
 
+#[cfg(test)]
+mod tests;
+
 /// Attempts per partition before its barrier is reported failed.
 const BARRIER_ATTEMPTS: u32 = 5;
 /// Partitions whose barriers are placed at once.

@@ -14,6 +14,10 @@
 //! `STOPPED`. Every transition is written (acks=all) before it takes effect:
 //! it takes effect when the state topic's tailer applies it, on every
 //! instance alike.
+//!
+//! The store, the instances' group and the barrier placing are behind the
+//! traits of `control::io`: in production the state store and
+//! [`Members`]; in `links/tests.rs`, fakes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +27,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use super::barriers::{self, BarrierOutcome, BarrierResult};
+use super::barriers::{BarrierOutcome, BarrierResult};
+use super::io::{BarrierPlacer, Group, Store};
 use super::members::Members;
 use crate::config::ReadOnlyError;
 use crate::metrics::Metrics;
@@ -33,6 +38,9 @@ use crate::mirror::pid::ClusterId;
 use crate::mirror::produce::{Refusal, READ_ONLY_TOPIC_MIN_PRODUCE_VERSION};
 use crate::mirror::state_records::{DrainedKey, DrainedValue};
 use crate::state::{now_ms, StateStore};
+
+#[cfg(test)]
+mod tests;
 
 /// Attempts per partition before its barrier is reported failed.
 const BARRIER_ATTEMPTS: u32 = 5;
@@ -87,31 +95,34 @@ struct Counters {
     connections_fenced: AtomicU64,
 }
 
-/// The link control of this instance.
-pub struct Control {
+/// The link control of this instance: in production over the state store
+/// (which also places the barriers) and the instances' group [`Members`].
+pub struct Control<S = StateStore, G = Members, B = StateStore> {
     links: Links,
-    state: Option<Arc<StateStore>>,
+    state: Option<Arc<S>>,
     /// This instance's membership of the instances' group; `None`
     /// without links (no state topic, no failover).
-    pub members: Option<Arc<Members>>,
+    pub members: Option<Arc<G>>,
+    /// Places the failover barriers; `None` without a state store.
+    barriers: Option<Arc<B>>,
     metrics: Arc<Metrics>,
     read_only_error: ReadOnlyError,
     drain_timeout: Duration,
     /// Open client connections that spoke as each link.
-    sessions: watch::Sender<HashMap<String, usize>>,
+    sessions: Arc<watch::Sender<HashMap<String, usize>>>,
     runs: Mutex<HashMap<String, Arc<Run>>>,
     counters: HashMap<String, Counters>,
 }
 
 /// One connection's place among a link's connections, given back on drop.
 pub struct LinkSession {
-    control: Arc<Control>,
+    sessions: Arc<watch::Sender<HashMap<String, usize>>>,
     link: String,
 }
 
 impl Drop for LinkSession {
     fn drop(&mut self) {
-        self.control.sessions.send_modify(|m| {
+        self.sessions.send_modify(|m| {
             if let Some(n) = m.get_mut(&self.link) {
                 *n = n.saturating_sub(1);
             }
@@ -124,6 +135,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Control {
+    /// The control over the state store (started by the caller, `None`
+    /// without links), which also places the barriers, and this instance's
+    /// membership of the instances' group.
     pub fn new(
         links: Links,
         state: Option<Arc<StateStore>>,
@@ -132,6 +146,30 @@ impl Control {
         read_only_error: ReadOnlyError,
         drain_timeout: Duration,
     ) -> Arc<Control> {
+        let barriers = state.clone();
+        Control::with(
+            links,
+            state,
+            members,
+            barriers,
+            metrics,
+            read_only_error,
+            drain_timeout,
+        )
+    }
+}
+
+impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
+    /// The control over any store, group and barrier placer.
+    pub fn with(
+        links: Links,
+        state: Option<Arc<S>>,
+        members: Option<Arc<G>>,
+        barriers: Option<Arc<B>>,
+        metrics: Arc<Metrics>,
+        read_only_error: ReadOnlyError,
+        drain_timeout: Duration,
+    ) -> Arc<Self> {
         let counters = links
             .iter()
             .map(|l| (l.name().to_string(), Counters::default()))
@@ -140,10 +178,11 @@ impl Control {
             links,
             state,
             members,
+            barriers,
             metrics,
             read_only_error,
             drain_timeout,
-            sessions: watch::Sender::new(HashMap::new()),
+            sessions: Arc::new(watch::Sender::new(HashMap::new())),
             runs: Mutex::new(HashMap::new()),
             counters,
         })
@@ -151,7 +190,7 @@ impl Control {
 
     /// This instance's id in the instances' group ("" without one).
     fn instance_id(&self) -> &str {
-        self.members.as_deref().map_or("", Members::instance_id)
+        self.members.as_deref().map_or("", G::instance_id)
     }
 
     /// The live instances (none to wait for without a group).
@@ -277,11 +316,11 @@ impl Control {
     }
 
     /// Count a connection as one of `link`'s until the guard is dropped.
-    pub fn link_session(self: &Arc<Self>, link: &str) -> LinkSession {
+    pub fn link_session(&self, link: &str) -> LinkSession {
         self.sessions
             .send_modify(|m| *m.entry(link.to_string()).or_insert(0) += 1);
         LinkSession {
-            control: Arc::clone(self),
+            sessions: Arc::clone(&self.sessions),
             link: link.to_string(),
         }
     }
@@ -328,7 +367,7 @@ impl Control {
 
     /// For every link that is `STOPPING`: once this instance has no open
     /// connection of it, write its drained record for the failover.
-    async fn drain_loop(self: Arc<Self>, state: Arc<StateStore>) {
+    async fn drain_loop(self: Arc<Self>, state: Arc<S>) {
         let mut changes = state.control_changes();
         let mut sessions = self.sessions.subscribe();
         loop {
@@ -383,7 +422,7 @@ impl Control {
 
     // ---- the operator's operations ----
 
-    fn loaded_state(&self) -> Result<&Arc<StateStore>, ControlError> {
+    fn loaded_state(&self) -> Result<&Arc<S>, ControlError> {
         match &self.state {
             Some(s) if s.is_loaded() => Ok(s),
             Some(s) => Err(ControlError::NotLoaded(
@@ -498,6 +537,9 @@ impl Control {
 
     async fn run_failover(&self, link: &Link, run: &Run, status: LinkStatus) -> Result<(), String> {
         let state = self.loaded_state().map_err(|e| e.to_string())?;
+        let Some(placer) = &self.barriers else {
+            return Err(ControlError::NotLoaded("no state store".into()).to_string());
+        };
         let name = link.name();
         // 1. Every live instance drains the link (bounded).
         let deadline = tokio::time::Instant::now() + self.drain_timeout;
@@ -526,17 +568,10 @@ impl Control {
             tracing::warn!(link = name, failover_id = run.id, unconfirmed = ?unconfirmed, "instances did not confirm draining the link within MIRROR_PROXY_FAILOVER_DRAIN_TIMEOUT_MS; placing the barriers anyway");
         }
         // 2. Every partition of the link's topics.
-        let cluster = state
-            .client()
-            .metadata(None)
+        let mut partitions = placer
+            .partitions(link)
             .await
             .map_err(|e| format!("listing the link's topics: {e}"))?;
-        let mut partitions: Vec<(String, i32)> = cluster
-            .topics
-            .iter()
-            .filter(|t| !t.is_internal && link.mirrors_topic(&t.name))
-            .flat_map(|t| t.partitions.iter().map(|p| (t.name.clone(), p.partition)))
-            .collect();
         partitions.sort();
         lock(&run.progress).partitions = partitions
             .iter()
@@ -555,14 +590,13 @@ impl Control {
                 let Some((i, (topic, partition))) = todo.next() else {
                     break;
                 };
-                let state = Arc::clone(state);
+                let placer = Arc::clone(placer);
                 let link = name.to_string();
                 let (source, id) = (status.source, run.id);
                 tasks.spawn(async move {
                     let mut attempt = 1;
                     loop {
-                        let o =
-                            barriers::place(&state, &link, &source, id, &topic, partition).await;
+                        let o = placer.place(&link, &source, id, &topic, partition).await;
                         if o.result != BarrierResult::Failed || attempt >= BARRIER_ATTEMPTS {
                             return (i, o);
                         }

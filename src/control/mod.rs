@@ -3,10 +3,13 @@
 //! - `barriers`: one partition's `MIRROR_PID_RESET` barrier, sent, recorded
 //!   in the state topic and applied to the producer state.
 //! - `members`: the live proxy instances on the state topic.
-//! - `control`: the [`Control`] object the admin API calls, the fencing
+//! - `io`: what the control needs of the state store, the instances' group
+//!   and barrier placing, as traits (so its decisions are unit-tested).
+//! - `links`: the [`Control`] object the admin API calls, the fencing
 //!   and draining every instance does, and the failover runner.
 
 pub mod barriers;
+pub mod io;
 pub mod links;
 pub mod members;
 

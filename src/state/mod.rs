@@ -6,6 +6,8 @@
 //!
 //! - `mirror::state_records`: the record codecs (pure).
 //! - `topic`: records in and out of record batches (pure).
+//! - `resolve`: writing records and resolving new origins, over the
+//!   [`resolve::Log`] trait this store implements.
 //! - this module: the I/O, on the proxy's own [`Client`].
 //!
 //! The topic has ONE partition: the order of its log decides which of two
@@ -28,6 +30,7 @@
 //!
 //! The view is behind a std `RwLock`, never held across an await.
 
+pub mod resolve;
 pub mod topic;
 
 use std::collections::{HashMap, HashSet};
@@ -45,10 +48,10 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::mirror::dedupe::Dedupe;
 use crate::mirror::link_state::{follows, LinkStatus};
-use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
+use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::produce::Unresolved;
 use crate::mirror::state_records::{
-    BarrierKey, BarrierValue, CollisionValue, DrainedKey, DrainedValue, OriginValue, StateRecord,
+    BarrierKey, BarrierValue, DrainedKey, DrainedValue, StateRecord,
 };
 use crate::net::tls::TlsSetupError;
 
@@ -554,47 +557,7 @@ impl StateStore {
 
     /// Write `records` in one batch; returns the offset of the first.
     async fn write(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
-        let started = Instant::now();
-        let result = self.write_inner(records).await;
-        match &result {
-            Ok(_) => self.metrics.state.write(started.elapsed().as_secs_f64()),
-            Err(e) => {
-                self.metrics.state.write_failed();
-                tracing::warn!(topic = %self.topic, records = records.len(), error = %e, "state topic write failed");
-            }
-        }
-        result
-    }
-
-    async fn write_inner(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
-        let batch = topic::encode_batch(records, now_ms())
-            .map_err(|e| ResolveError::Write(e.to_string()))?;
-        let produced = self
-            .client
-            .produce(&self.topic, 0, Bytes::from(batch))
-            .await
-            .map_err(|e| ResolveError::Write(e.to_string()))?;
-        let base = match produced {
-            Produced::Appended { base_offset, .. } => base_offset,
-            Produced::Refused { code, message } => {
-                return Err(ResolveError::Write(format!(
-                    "refused with error {code}: {}",
-                    message.unwrap_or_default()
-                )))
-            }
-        };
-        let past = base + records.len() as i64;
-        let mut rx = self.applied.subscribe();
-        let applied = tokio::time::timeout(APPLY_TIMEOUT, rx.wait_for(|a| *a >= past))
-            .await
-            .is_ok_and(|r| r.is_ok());
-        match applied {
-            true => Ok(base),
-            false => Err(ResolveError::Write(format!(
-                "written at offset {base} but not read back within {} ms",
-                APPLY_TIMEOUT.as_millis()
-            ))),
-        }
+        resolve::write(self, &self.metrics.state, &self.topic, records).await
     }
 
     /// The id of topic `name` (cached).
@@ -651,97 +614,9 @@ impl StateStore {
             }
         }
         let _one_at_a_time = self.resolving.lock().await;
-        for _ in 0..RESOLVE_ROUNDS {
-            // Propose under the read lock, write without it.
-            let now = now_ms();
-            let mut proposals: Vec<(String, PartitionId, OriginId, Proposal)> = Vec::new();
-            {
-                let view = self.view();
-                let mut taken = HashSet::new();
-                for (topic, p, o) in todo.drain(..) {
-                    if view.lookup(p, o, now).is_some() {
-                        continue; // resolved meanwhile (another request, another instance)
-                    }
-                    match view.propose(p, o, &taken, &mut random_i64) {
-                        Ok(proposal) => {
-                            taken.insert((p, proposal.mapped));
-                            proposals.push((topic, p, o, proposal));
-                        }
-                        Err(e) => {
-                            failed.push((topic, p.partition, ResolveError::NoSlot(e.to_string())))
-                        }
-                    }
-                }
-            }
-            if proposals.is_empty() {
-                return failed;
-            }
-            let mut records = Vec::new();
-            for (_, p, o, proposal) in &proposals {
-                if let Some((_, colliding)) = proposal.collision {
-                    records.push(StateRecord::Collision(
-                        o.key(*p),
-                        Some(CollisionValue {
-                            salt: proposal.salt,
-                            colliding,
-                            timestamp_ms: now,
-                        }),
-                    ));
-                }
-                records.push(StateRecord::Origin(
-                    o.key(*p),
-                    Some(OriginValue {
-                        mapped_pid: proposal.mapped,
-                        salt: proposal.salt,
-                        claim_offset: -1,
-                        last_seen_ms: now,
-                    }),
-                ));
-            }
-            if let Err(e) = self.write(&records).await {
-                for (topic, p, _, _) in proposals {
-                    failed.push((topic, p.partition, e.clone()));
-                }
-                return failed;
-            }
-            self.metrics.state.origins_persisted(proposals.len() as u64);
-            let view = self.view();
-            for (topic, p, o, proposal) in proposals {
-                if view.lookup(p, o, now) == Some(proposal.mapped) {
-                    if let Some((cause, colliding)) = proposal.collision {
-                        self.metrics.state.collision(cause.label());
-                        tracing::info!(
-                            topic = %topic,
-                            partition = p.partition,
-                            topic_id = %p.topic_id,
-                            source_cluster = %o.source,
-                            pid = o.pid,
-                            colliding_cluster = %colliding,
-                            colliding_pid = ?proposal.held_by.map(|w| w.pid),
-                            cause = cause.label(),
-                            salt = proposal.salt,
-                            mapped_pid = proposal.mapped,
-                            "producer id collision resolved with a salt"
-                        );
-                    }
-                } else {
-                    let owner = view.owner(p, proposal.mapped);
-                    tracing::info!(
-                        topic = %topic,
-                        partition = p.partition,
-                        source_cluster = %o.source,
-                        pid = o.pid,
-                        mapped_pid = proposal.mapped,
-                        owner = ?owner,
-                        "lost the race for a mapped producer id to an earlier claim; resolving again"
-                    );
-                    todo.push((topic, p, o));
-                }
-            }
-        }
-        for (topic, p, _) in todo {
-            failed.push((topic, p.partition, ResolveError::TooManyRaces));
-        }
+        failed.extend(
+            resolve::resolve(self, &self.metrics.state, &self.topic, todo, random_i64).await,
+        );
         failed
     }
 
@@ -785,6 +660,36 @@ impl StateStore {
                 }
             }
         }
+    }
+}
+
+impl resolve::Log for StateStore {
+    async fn append(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
+        let batch = topic::encode_batch(records, now_ms())
+            .map_err(|e| ResolveError::Write(e.to_string()))?;
+        let produced = self
+            .client
+            .produce(&self.topic, 0, Bytes::from(batch))
+            .await
+            .map_err(|e| ResolveError::Write(e.to_string()))?;
+        match produced {
+            Produced::Appended { base_offset, .. } => Ok(base_offset),
+            Produced::Refused { code, message } => Err(ResolveError::Write(format!(
+                "refused with error {code}: {}",
+                message.unwrap_or_default()
+            ))),
+        }
+    }
+
+    async fn wait_applied(&self, past: i64, timeout: Duration) -> bool {
+        let mut rx = self.applied.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|a| *a >= past))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    fn view(&self) -> RwLockReadGuard<'_, Origins> {
+        read(&self.view)
     }
 }
 

@@ -1,0 +1,451 @@
+//! Writing to the state topic and resolving new origins, apart from the
+//! topic's I/O: a [`Log`] appends records (acks=all) and says when this
+//! instance has applied them. [`super::StateStore`] is the real log; the
+//! tests below use an in-memory one, so that what a resolve decides when
+//! its claim wins, when another instance's claim lands first, and when
+//! every round is lost, is tested without a broker.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::RwLockReadGuard;
+use std::time::{Duration, Instant};
+
+use super::{now_ms, ResolveError, APPLY_TIMEOUT, RESOLVE_ROUNDS};
+use crate::metrics::StateMetrics;
+use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
+use crate::mirror::state_records::{CollisionValue, OriginValue, StateRecord};
+
+/// The state topic as one instance writes and follows it.
+pub trait Log: Sync {
+    /// Append `records` as one batch with acks=all; the offset of the first.
+    fn append(
+        &self,
+        records: &[StateRecord],
+    ) -> impl Future<Output = Result<i64, ResolveError>> + Send;
+
+    /// Whether every record before offset `past` is applied to this
+    /// instance's view within `timeout`.
+    fn wait_applied(&self, past: i64, timeout: Duration) -> impl Future<Output = bool> + Send;
+
+    /// The origins as applied so far (never held across an await).
+    fn view(&self) -> RwLockReadGuard<'_, Origins>;
+}
+
+/// Write `records` in one batch and return once this instance has applied
+/// them (so what it reads next includes them); the offset of the first.
+/// Every write is timed, or counted and logged when it fails.
+pub async fn write<L: Log>(
+    log: &L,
+    metrics: &StateMetrics,
+    state_topic: &str,
+    records: &[StateRecord],
+) -> Result<i64, ResolveError> {
+    let started = Instant::now();
+    let result = append_applied(log, records).await;
+    match &result {
+        Ok(_) => metrics.write(started.elapsed().as_secs_f64()),
+        Err(e) => {
+            metrics.write_failed();
+            tracing::warn!(topic = %state_topic, records = records.len(), error = %e, "state topic write failed");
+        }
+    }
+    result
+}
+
+async fn append_applied<L: Log>(log: &L, records: &[StateRecord]) -> Result<i64, ResolveError> {
+    let base = log.append(records).await?;
+    let past = base + records.len() as i64;
+    if log.wait_applied(past, APPLY_TIMEOUT).await {
+        Ok(base)
+    } else {
+        Err(ResolveError::Write(format!(
+            "written at offset {base} but not read back within {} ms",
+            APPLY_TIMEOUT.as_millis()
+        )))
+    }
+}
+
+/// Give every origin of `todo` (topic name, partition, origin) a mapped
+/// PID: propose a slot (salted if its natural one is held), write the claim
+/// and any salt record, wait until applied, and check that the claim owns
+/// the slot; an origin whose claim lost to an earlier one is proposed again,
+/// at most [`RESOLVE_ROUNDS`] times. Returns the partitions that could not
+/// be resolved, with why. `random` draws salts. The caller makes sure no
+/// other resolve of this instance runs meanwhile.
+pub async fn resolve<L: Log>(
+    log: &L,
+    metrics: &StateMetrics,
+    state_topic: &str,
+    mut todo: Vec<(String, PartitionId, OriginId)>,
+    mut random: impl FnMut() -> i64 + Send,
+) -> Vec<(String, i32, ResolveError)> {
+    let mut failed = Vec::new();
+    for _ in 0..RESOLVE_ROUNDS {
+        // Propose under the read lock, write without it.
+        let now = now_ms();
+        let mut proposals: Vec<(String, PartitionId, OriginId, Proposal)> = Vec::new();
+        {
+            let view = log.view();
+            let mut taken = HashSet::new();
+            for (topic, p, o) in todo.drain(..) {
+                if view.lookup(p, o, now).is_some() {
+                    continue; // resolved meanwhile (another request, another instance)
+                }
+                match view.propose(p, o, &taken, &mut random) {
+                    Ok(proposal) => {
+                        taken.insert((p, proposal.mapped));
+                        proposals.push((topic, p, o, proposal));
+                    }
+                    Err(e) => {
+                        failed.push((topic, p.partition, ResolveError::NoSlot(e.to_string())))
+                    }
+                }
+            }
+        }
+        if proposals.is_empty() {
+            return failed;
+        }
+        let mut records = Vec::new();
+        for (_, p, o, proposal) in &proposals {
+            if let Some((_, colliding)) = proposal.collision {
+                records.push(StateRecord::Collision(
+                    o.key(*p),
+                    Some(CollisionValue {
+                        salt: proposal.salt,
+                        colliding,
+                        timestamp_ms: now,
+                    }),
+                ));
+            }
+            records.push(StateRecord::Origin(
+                o.key(*p),
+                Some(OriginValue {
+                    mapped_pid: proposal.mapped,
+                    salt: proposal.salt,
+                    claim_offset: -1,
+                    last_seen_ms: now,
+                }),
+            ));
+        }
+        if let Err(e) = write(log, metrics, state_topic, &records).await {
+            for (topic, p, _, _) in proposals {
+                failed.push((topic, p.partition, e.clone()));
+            }
+            return failed;
+        }
+        metrics.origins_persisted(proposals.len() as u64);
+        let view = log.view();
+        for (topic, p, o, proposal) in proposals {
+            if view.lookup(p, o, now) == Some(proposal.mapped) {
+                if let Some((cause, colliding)) = proposal.collision {
+                    metrics.collision(cause.label());
+                    tracing::info!(
+                        topic = %topic,
+                        partition = p.partition,
+                        topic_id = %p.topic_id,
+                        source_cluster = %o.source,
+                        pid = o.pid,
+                        colliding_cluster = %colliding,
+                        colliding_pid = ?proposal.held_by.map(|w| w.pid),
+                        cause = cause.label(),
+                        salt = proposal.salt,
+                        mapped_pid = proposal.mapped,
+                        "producer id collision resolved with a salt"
+                    );
+                }
+            } else {
+                let owner = view.owner(p, proposal.mapped);
+                tracing::info!(
+                    topic = %topic,
+                    partition = p.partition,
+                    source_cluster = %o.source,
+                    pid = o.pid,
+                    mapped_pid = proposal.mapped,
+                    owner = ?owner,
+                    "lost the race for a mapped producer id to an earlier claim; resolving again"
+                );
+                todo.push((topic, p, o));
+            }
+        }
+    }
+    for (topic, p, _) in todo {
+        failed.push((topic, p.partition, ResolveError::TooManyRaces));
+    }
+    failed
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Mutex, RwLock};
+
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::mirror::origins::compose;
+    use crate::mirror::pid::{cluster_hash, ClusterId};
+
+    /// The state topic in memory: appends get the next offsets; what is
+    /// appended reaches the view only when a writer waits for it, as with
+    /// the real tailer. Another instance's claims can be scripted to land
+    /// just before each of ours.
+    struct MemoryLog {
+        log: Mutex<Vec<StateRecord>>,
+        view: RwLock<Origins>,
+        applied: Mutex<usize>,
+        /// Each of our appends, in order.
+        ours: Mutex<Vec<Vec<StateRecord>>>,
+        /// Origins of other instances: the next one claims the slot of our
+        /// next claim just before it is appended.
+        rivals: Mutex<VecDeque<OriginId>>,
+        /// Whether the tailer catches up with a write (else it never does).
+        tails: bool,
+    }
+
+    impl MemoryLog {
+        fn new(rivals: Vec<OriginId>) -> MemoryLog {
+            MemoryLog {
+                log: Mutex::new(Vec::new()),
+                view: RwLock::new(Origins::default()),
+                applied: Mutex::new(0),
+                ours: Mutex::new(Vec::new()),
+                rivals: Mutex::new(rivals.into()),
+                tails: true,
+            }
+        }
+
+        fn ours(&self) -> Vec<Vec<StateRecord>> {
+            self.ours.lock().unwrap().clone()
+        }
+    }
+
+    impl Log for MemoryLog {
+        async fn append(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
+            let mut log = self.log.lock().unwrap();
+            let claim = records.iter().find_map(|r| match r {
+                StateRecord::Origin(k, Some(v)) => Some((*k, *v)),
+                _ => None,
+            });
+            if let (Some((key, value)), Some(rival)) =
+                (claim, self.rivals.lock().unwrap().pop_front())
+            {
+                let key = crate::mirror::state_records::OriginKey {
+                    source: rival.source,
+                    original_pid: rival.pid,
+                    ..key
+                };
+                log.push(StateRecord::Origin(key, Some(value)));
+            }
+            let base = log.len() as i64;
+            log.extend(records.iter().cloned());
+            self.ours.lock().unwrap().push(records.to_vec());
+            Ok(base)
+        }
+
+        async fn wait_applied(&self, past: i64, _timeout: Duration) -> bool {
+            if !self.tails {
+                return false;
+            }
+            let log = self.log.lock().unwrap();
+            let mut applied = self.applied.lock().unwrap();
+            let mut view = self.view.write().unwrap();
+            while (*applied as i64) < past && *applied < log.len() {
+                view.apply(*applied as i64, &log[*applied]);
+                *applied += 1;
+            }
+            *applied as i64 >= past
+        }
+
+        fn view(&self) -> RwLockReadGuard<'_, Origins> {
+            self.view.read().unwrap()
+        }
+    }
+
+    fn cluster(n: u128) -> ClusterId {
+        ClusterId::from_bytes(n.to_be_bytes())
+    }
+
+    const PARTITION: PartitionId = PartitionId {
+        topic_id: Uuid::from_u128(7),
+        partition: 3,
+    };
+
+    fn ours() -> OriginId {
+        OriginId {
+            source: cluster(0xA),
+            pid: 5,
+        }
+    }
+
+    fn todo() -> Vec<(String, PartitionId, OriginId)> {
+        vec![("orders".to_string(), PARTITION, ours())]
+    }
+
+    /// Salts in order (none of them moves cluster 0xA into a region of a
+    /// cluster the tests use).
+    fn salts() -> impl FnMut() -> i64 + Send {
+        let mut next = 0x100;
+        move || {
+            next += 0x100;
+            next
+        }
+    }
+
+    /// The value of the series `name` in the metrics text.
+    fn sample(text: &str, name: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    fn claims(batch: &[StateRecord]) -> Vec<(OriginId, i64, i64)> {
+        batch
+            .iter()
+            .filter_map(|r| match r {
+                StateRecord::Origin(k, Some(v)) => Some((
+                    OriginId {
+                        source: k.source,
+                        pid: k.original_pid,
+                    },
+                    v.mapped_pid,
+                    v.salt,
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn natural() -> i64 {
+        compose(cluster_hash(&cluster(0xA)), 5)
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_wins_its_slot_takes_one_write() {
+        let log = MemoryLog::new(Vec::new());
+        let metrics = Metrics::default();
+        let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        let writes = log.ours();
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        // The natural slot, no salt, no collision record.
+        assert_eq!(claims(&writes[0]), vec![(ours(), natural(), 0)]);
+        assert_eq!(writes[0].len(), 1, "{writes:?}");
+        assert_eq!(
+            log.view().lookup(PARTITION, ours(), now_ms()),
+            Some(natural())
+        );
+        let text = metrics.render();
+        assert_eq!(
+            sample(&text, "kafka_mirror_proxy_state_origins_persisted_total"),
+            Some(1.0),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_that_lost_the_race_is_proposed_again_with_a_salt() {
+        let rival = OriginId {
+            source: cluster(0xB),
+            pid: 9,
+        };
+        let log = MemoryLog::new(vec![rival]);
+        let metrics = Metrics::default();
+        let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        let writes = log.ours();
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        assert_eq!(claims(&writes[0]), vec![(ours(), natural(), 0)]);
+        // The second round sees the slot held by the rival: a salted slot,
+        // with its collision record naming the rival's cluster.
+        let [(origin, mapped, salt)] = claims(&writes[1])[..] else {
+            panic!("one claim in {writes:?}");
+        };
+        assert_eq!(origin, ours());
+        assert_ne!(salt, 0);
+        assert_ne!(mapped, natural());
+        assert!(
+            writes[1].iter().any(|r| matches!(
+                r,
+                StateRecord::Collision(k, Some(v))
+                    if k.original_pid == 5 && v.salt == salt && v.colliding == cluster(0xB)
+            )),
+            "{writes:?}"
+        );
+        let view = log.view();
+        assert_eq!(view.lookup(PARTITION, ours(), now_ms()), Some(mapped));
+        assert_eq!(view.owner(PARTITION, natural()), Some(rival));
+        let text = metrics.render();
+        assert_eq!(
+            sample(
+                &text,
+                "kafka_mirror_proxy_state_collisions_resolved_total{cause=\"hash\"}"
+            ),
+            Some(1.0),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn every_round_lost_is_too_many_races() {
+        let rivals = (0..RESOLVE_ROUNDS as i64)
+            .map(|i| OriginId {
+                source: cluster(0xB),
+                pid: 100 + i,
+            })
+            .collect();
+        let log = MemoryLog::new(rivals);
+        let metrics = Metrics::default();
+        let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
+        assert_eq!(log.ours().len(), RESOLVE_ROUNDS);
+        let [(topic, partition, e)] = &failed[..] else {
+            panic!("one failure in {failed:?}");
+        };
+        assert_eq!((topic.as_str(), *partition), ("orders", 3));
+        assert!(matches!(e, ResolveError::TooManyRaces), "{e:?}");
+        assert_eq!(e.to_string(), "lost the race for a slot 5 times");
+        assert_eq!(log.view().lookup(PARTITION, ours(), now_ms()), None);
+    }
+
+    #[tokio::test]
+    async fn an_origin_resolved_meanwhile_is_not_written_again() {
+        let log = MemoryLog::new(Vec::new());
+        let metrics = Metrics::default();
+        // Another instance claimed it (with a salt of its own) first.
+        log.log.lock().unwrap().push(StateRecord::Origin(
+            ours().key(PARTITION),
+            Some(OriginValue {
+                mapped_pid: -42,
+                salt: 9,
+                claim_offset: -1,
+                last_seen_ms: now_ms(),
+            }),
+        ));
+        assert!(log.wait_applied(1, APPLY_TIMEOUT).await);
+        let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(log.ours().is_empty(), "{:?}", log.ours());
+        assert_eq!(log.view().lookup(PARTITION, ours(), now_ms()), Some(-42));
+    }
+
+    #[tokio::test]
+    async fn a_write_never_read_back_fails_the_partition() {
+        let log = MemoryLog {
+            tails: false,
+            ..MemoryLog::new(Vec::new())
+        };
+        let metrics = Metrics::default();
+        let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
+        let [(_, 3, ResolveError::Write(why))] = &failed[..] else {
+            panic!("one write failure in {failed:?}");
+        };
+        assert_eq!(why, "written at offset 0 but not read back within 10000 ms");
+        // One write, not retried: the caller's client retries the request.
+        assert_eq!(log.ours().len(), 1);
+        let text = metrics.render();
+        assert_eq!(
+            sample(&text, "kafka_mirror_proxy_state_write_failures_total"),
+            Some(1.0),
+            "{text}"
+        );
+    }
+}

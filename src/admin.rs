@@ -348,9 +348,15 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
         let config = Config::from_vars(&vars).expect("test configuration is valid");
-        let proxy = Proxy::start(config, Arc::new(Metrics::default()), None, None)
-            .await
-            .expect("proxy starts");
+        let proxy = Proxy::start(
+            config,
+            Arc::new(Metrics::default()),
+            None,
+            None,
+            Default::default(),
+        )
+        .await
+        .expect("proxy starts");
         let app = router(Arc::clone(&proxy.shared));
         (proxy, serve_in_background(app, timeouts).await)
     }

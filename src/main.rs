@@ -18,6 +18,7 @@ use kafka_mirror_proxy::config::{Config, LogFormat};
 use kafka_mirror_proxy::control::members::{self, Members};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
+use kafka_mirror_proxy::net::tasks::Tasks;
 use kafka_mirror_proxy::proxy::Proxy;
 use kafka_mirror_proxy::state::StateStore;
 
@@ -295,12 +296,13 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             format!("binding the admin listener on {admin_addr} (MIRROR_PROXY_ADMIN_LISTEN)")
         })?;
     let admin_addr = admin.local_addr().unwrap_or(admin_addr);
+    let tasks = Tasks::default();
     let state = if config.links.is_empty() {
         None
     } else {
         let state = StateStore::new(&config, Arc::clone(&metrics))
             .context("configuring the state topic client")?;
-        state.start();
+        state.start(&tasks);
         Some(state)
     };
     let members = if config.links.is_empty() {
@@ -308,9 +310,16 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     } else {
         Some(start_members(&config, &metrics)?)
     };
-    let proxy = Proxy::start(config, metrics, state.clone(), members.clone()).await?;
+    let proxy = Proxy::start(
+        config,
+        metrics,
+        state.clone(),
+        members.clone(),
+        tasks.clone(),
+    )
+    .await?;
     let shared = Arc::clone(&proxy.shared);
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
             tracing::error!(error = %e, "admin endpoint stopped");
         }
@@ -355,6 +364,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             open_connections = proxy.shared.open_connections(),
             "second signal: closing every connection now; exiting"
         ),
+    }
+    // The background tasks (state topic, link control, probes, listeners,
+    // admin endpoint) stop now that no connection needs them.
+    let left = tasks.shutdown(Duration::from_secs(5)).await;
+    if left > 0 {
+        tracing::warn!(
+            tasks = left,
+            "background tasks still running after 5 s; exiting without them"
+        );
     }
     if let Some(members) = &members {
         // Bounded: the coordinator drops a silent instance anyway.

@@ -137,7 +137,7 @@ fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once(
             Arc::new(Metrics::default()),
             i64::MAX,
         );
-        store.start();
+        store.start(&Default::default());
         for _ in 0..300 {
             if store.is_loaded() {
                 break;

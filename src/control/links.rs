@@ -37,6 +37,7 @@ use crate::mirror::link_state::{self, Conflict, LinkState, LinkStatus};
 use crate::mirror::pid::ClusterId;
 use crate::mirror::produce::{Refusal, READ_ONLY_TOPIC_MIN_PRODUCE_VERSION};
 use crate::mirror::state_records::{DrainedKey, DrainedValue};
+use crate::net::tasks::Tasks;
 use crate::state::{now_ms, StateStore};
 
 #[cfg(test)]
@@ -112,6 +113,8 @@ pub struct Control<S = StateStore, G = Members, B = StateStore> {
     sessions: Arc<watch::Sender<HashMap<String, usize>>>,
     runs: Mutex<HashMap<String, Arc<Run>>>,
     counters: HashMap<String, Counters>,
+    /// Where the drain loop and the failover runs are spawned.
+    tasks: Tasks,
 }
 
 /// One connection's place among a link's connections, given back on drop.
@@ -138,6 +141,7 @@ impl Control {
     /// The control over the state store (started by the caller, `None`
     /// without links), which also places the barriers, and this instance's
     /// membership of the instances' group.
+    /// Background work (the drain loop, failover runs) goes to `tasks`.
     pub fn new(
         links: Links,
         state: Option<Arc<StateStore>>,
@@ -145,9 +149,10 @@ impl Control {
         metrics: Arc<Metrics>,
         read_only_error: ReadOnlyError,
         drain_timeout: Duration,
+        tasks: Tasks,
     ) -> Arc<Control> {
         let barriers = state.clone();
-        Control::with(
+        Control::build(
             links,
             state,
             members,
@@ -155,12 +160,14 @@ impl Control {
             metrics,
             read_only_error,
             drain_timeout,
+            tasks,
         )
     }
 }
 
 impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
-    /// The control over any store, group and barrier placer.
+    /// The control over any store, group and barrier placer (its tasks
+    /// run until the runtime ends).
     pub fn with(
         links: Links,
         state: Option<Arc<S>>,
@@ -169,6 +176,29 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         metrics: Arc<Metrics>,
         read_only_error: ReadOnlyError,
         drain_timeout: Duration,
+    ) -> Arc<Self> {
+        Self::build(
+            links,
+            state,
+            members,
+            barriers,
+            metrics,
+            read_only_error,
+            drain_timeout,
+            Tasks::default(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        links: Links,
+        state: Option<Arc<S>>,
+        members: Option<Arc<G>>,
+        barriers: Option<Arc<B>>,
+        metrics: Arc<Metrics>,
+        read_only_error: ReadOnlyError,
+        drain_timeout: Duration,
+        tasks: Tasks,
     ) -> Arc<Self> {
         let counters = links
             .iter()
@@ -185,6 +215,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             sessions: Arc::new(watch::Sender::new(HashMap::new())),
             runs: Mutex::new(HashMap::new()),
             counters,
+            tasks,
         })
     }
 
@@ -340,9 +371,9 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         };
         let me = Arc::clone(self);
         let store = Arc::clone(&state);
-        tokio::spawn(async move { me.drain_loop(store).await });
+        self.tasks.spawn(async move { me.drain_loop(store).await });
         let me = Arc::clone(self);
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             while !state.is_loaded() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -519,7 +550,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let me = Arc::clone(self);
         let link = Arc::clone(link);
         let r = Arc::clone(&run);
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let started = Instant::now();
             let outcome = me.run_failover(&link, &r, status).await;
             if let Err(e) = &outcome {

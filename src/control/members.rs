@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::client::group::{self, codes, JoinOutcome, JoinSpec};
 use crate::client::{Client, ClientError};
+use crate::net::backoff::Backoff;
 
 /// Default session timeout (`MIRROR_PROXY_INSTANCE_SESSION_TIMEOUT_MS`).
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -227,7 +228,7 @@ impl Membership {
         };
         let mut member_id = String::new();
         let mut coordinator: Option<String> = None;
-        let mut backoff = self.options.retry_backoff;
+        let mut backoff = Backoff::new(self.options.retry_backoff, self.options.retry_backoff_max);
         let mut failures = 0u32;
         loop {
             let ended = self
@@ -236,7 +237,7 @@ impl Membership {
             match ended {
                 Ended::Stop => break,
                 Ended::Rejoin => {
-                    backoff = self.options.retry_backoff;
+                    backoff.reset();
                     failures = 0;
                 }
                 Ended::Failed(e) => {
@@ -252,14 +253,14 @@ impl Membership {
                         member_id.clear();
                     }
                     failures += 1;
+                    let delay = backoff.next_delay();
                     // The first failure of a run at WARN, then one in ten.
                     if failures == 1 || failures.is_multiple_of(10) {
-                        tracing::warn!(group = %self.group, instance = %self.instance_id, error = %e, failures, backoff_ms = backoff.as_millis() as u64, "instance group membership failed; retrying");
+                        tracing::warn!(group = %self.group, instance = %self.instance_id, error = %e, failures, backoff_ms = delay.as_millis() as u64, "instance group membership failed; retrying");
                     }
-                    if self.pause(backoff).await {
+                    if self.pause(delay).await {
                         break;
                     }
-                    backoff = (backoff * 2).min(self.options.retry_backoff_max);
                 }
             }
         }

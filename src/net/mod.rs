@@ -1,10 +1,13 @@
 //! Bytes in and out of sockets: Kafka frames read under a shared memory
 //! budget and written (`frame`), connections to the brokers over TCP or TLS
 //! (`upstream`), TLS on both sides (`tls`), and whether a broker is
-//! reachable (`health`).
+//! reachable (`health`),
+//! the backoff of every retry loop (`backoff`) and the background tasks,
+//! owned and joined at shutdown (`tasks`).
 
 pub mod backoff;
 pub mod frame;
 pub mod health;
+pub mod tasks;
 pub mod tls;
 pub mod upstream;

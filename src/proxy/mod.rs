@@ -30,6 +30,7 @@ use crate::filter::{Context, TopicTable};
 use crate::metrics::Metrics;
 use crate::net::frame::Budget;
 use crate::net::health::{self, Health};
+use crate::net::tasks::Tasks;
 use crate::net::upstream::Upstream;
 use crate::state::StateStore;
 
@@ -105,6 +106,9 @@ pub struct Shared {
     /// This instance's membership of the instances' group
     /// (`control::members`); `None` without mirror links (no state topic).
     pub members: Option<Arc<crate::control::members::Members>>,
+    /// Background tasks (broker probes, listeners), stopped and joined at
+    /// shutdown after the connections.
+    pub tasks: Tasks,
     /// Client connections open now.
     connections: watch::Sender<usize>,
     shutdown: watch::Sender<bool>,
@@ -220,7 +224,7 @@ impl Shared {
             return;
         }
         let shared = Arc::clone(self);
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let timeout = shared.upstream.timeout;
             let mut backoff = health::probe_backoff();
             loop {
@@ -357,7 +361,8 @@ fn spawn_accept_loop(
     target: Target,
     health: Arc<Health>,
 ) {
-    tokio::spawn(async move {
+    let tasks = shared.tasks.clone();
+    tasks.spawn(async move {
         loop {
             // Dropping the listener closes it: new clients are refused by
             // the kernel, at shutdown while connections drain, and while
@@ -433,6 +438,7 @@ impl Proxy {
         metrics: Arc<Metrics>,
         state: Option<Arc<StateStore>>,
         members: Option<Arc<crate::control::members::Members>>,
+        tasks: Tasks,
     ) -> Result<Proxy, StartError> {
         let acceptor = config
             .client_tls
@@ -466,6 +472,7 @@ impl Proxy {
             Arc::clone(&metrics),
             config.read_only_error,
             Duration::from_millis(config.failover_drain_timeout_ms),
+            tasks.clone(),
         );
         let shutdown = watch::Sender::new(false);
         let ctx = Context {
@@ -494,6 +501,7 @@ impl Proxy {
             nodes: Mutex::new(HashMap::new()),
             bootstrap_health: Health::new(),
             members,
+            tasks,
         });
         shared.ctx.control.start();
         let health = Arc::clone(&shared.bootstrap_health);

@@ -20,7 +20,7 @@
 //! (Fetch with a 500 ms wait), so what other instances write applies here
 //! within a second. Until the first load completes, link Produce requests
 //! get a retriable error and `/readyz` says why; failures are retried with
-//! backoff from 200 ms to 5 s. A topic that exists with another cleanup
+//! backoff from 200 ms to 5 s (with jitter, `net::backoff`). A topic that exists with another cleanup
 //! policy is fatal ([`StateStore::fatal`]).
 //!
 //! A new origin is resolved by [`StateStore::resolve`]: propose a slot
@@ -53,6 +53,8 @@ use crate::mirror::produce::Unresolved;
 use crate::mirror::state_records::{
     BarrierKey, BarrierValue, DrainedKey, DrainedValue, StateRecord,
 };
+use crate::net::backoff::Backoff;
+use crate::net::tasks::Tasks;
 use crate::net::tls::TlsSetupError;
 
 /// Bytes asked for per Fetch of the state topic.
@@ -207,11 +209,11 @@ impl StateStore {
     }
 
     /// Start the loader/tailer and the expiry task.
-    pub fn start(self: &Arc<Self>) {
+    pub fn start(self: &Arc<Self>, tasks: &Tasks) {
         let me = Arc::clone(self);
-        tokio::spawn(async move { me.load_and_tail().await });
+        tasks.spawn(async move { me.load_and_tail().await });
         let me = Arc::clone(self);
-        tokio::spawn(async move { me.expire_loop().await });
+        tasks.spawn(async move { me.expire_loop().await });
     }
 
     pub fn topic(&self) -> &str {
@@ -443,7 +445,7 @@ impl StateStore {
     }
 
     async fn load_and_tail(self: Arc<Self>) {
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         let started = Instant::now();
         let mut next = loop {
             match self.load().await {
@@ -457,10 +459,10 @@ impl StateStore {
                 }
                 Err(e) => {
                     let reason = format!("state topic {} not loaded: {e}", self.topic);
-                    tracing::warn!(topic = %self.topic, error = %e, retry_ms = backoff.as_millis() as u64, "loading the state topic failed; retrying");
+                    let delay = backoff.next_delay();
+                    tracing::warn!(topic = %self.topic, error = %e, retry_ms = delay.as_millis() as u64, "loading the state topic failed; retrying");
                     self.set_not_ready(reason);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    tokio::time::sleep(delay).await;
                 }
             }
         };
@@ -474,7 +476,7 @@ impl StateStore {
             took_ms = took.as_millis() as u64,
             "state topic loaded"
         );
-        let mut backoff = BACKOFF_MIN;
+        backoff.reset();
         loop {
             match self
                 .client
@@ -483,12 +485,11 @@ impl StateStore {
             {
                 Ok(f) => {
                     next = self.apply(&f.records, next);
-                    backoff = BACKOFF_MIN;
+                    backoff.reset();
                 }
                 Err(e) => {
                     tracing::warn!(topic = %self.topic, offset = next, error = %e, "tailing the state topic failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }

@@ -8,6 +8,7 @@
 pub mod aborted;
 pub mod batch;
 pub mod crc32c;
+pub mod cursor;
 pub mod header;
 pub mod produce_response_walk;
 pub mod produce_walk;

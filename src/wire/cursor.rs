@@ -135,39 +135,30 @@ impl<'a> Cursor<'a> {
     /// flexible message versions.
     #[inline]
     pub fn uvarint(&mut self) -> Result<u32, CursorError> {
-        let rest = self.rest();
-        let mut value = 0u32;
-        for i in 0..5 {
-            let Some(&b) = rest.get(i) else {
-                return Err(self.short(i + 1));
-            };
-            value |= u32::from(b & 0x7F) << (7 * i);
-            if b & 0x80 == 0 {
-                // The fifth byte may only carry the top four bits.
-                if i == 4 && b > 0x0F {
-                    break;
-                }
-                self.pos += i + 1;
-                return Ok(value);
-            }
-        }
-        Err(CursorError::Varint)
+        // The fifth byte may only carry the top four bits, so the value fits.
+        self.unsigned::<5, 0x0F>().map(|v| v as u32)
     }
 
     /// An unsigned varint of at most 10 bytes whose value fits 64 bits
     /// (`ByteUtils.readUnsignedVarlong`).
     #[inline]
     pub fn uvarlong(&mut self) -> Result<u64, CursorError> {
+        // The tenth byte may only carry the top bit.
+        self.unsigned::<10, 0x01>()
+    }
+
+    /// At most `MAX` bytes of 7 bits each, the last at most `LAST`.
+    #[inline(always)]
+    fn unsigned<const MAX: usize, const LAST: u8>(&mut self) -> Result<u64, CursorError> {
         let rest = self.rest();
         let mut value = 0u64;
-        for i in 0..10 {
+        for i in 0..MAX {
             let Some(&b) = rest.get(i) else {
                 return Err(self.short(i + 1));
             };
             value |= u64::from(b & 0x7F) << (7 * i);
             if b & 0x80 == 0 {
-                // The tenth byte may only carry the top bit.
-                if i == 9 && b > 0x01 {
+                if i == MAX - 1 && b > LAST {
                     break;
                 }
                 self.pos += i + 1;

@@ -24,18 +24,24 @@ pub enum CursorError {
     Varint,
 }
 
-/// A read position in `buf`. `pos <= buf.len()` always holds.
+/// A read position in a slice. What is left to read is kept as a slice
+/// itself, so no read has to check the position against the end again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
+    /// The bytes not read yet: a tail of the slice.
+    rest: &'a [u8],
+    /// The length of the whole slice: the position is `end - rest.len()`.
+    end: usize,
 }
 
 impl<'a> Cursor<'a> {
     /// At the start of `buf`.
     #[inline]
     pub const fn new(buf: &'a [u8]) -> Cursor<'a> {
-        Cursor { buf, pos: 0 }
+        Cursor {
+            rest: buf,
+            end: buf.len(),
+        }
     }
 
     /// At `pos` in `buf` (at its end if `pos` is past it). Positions stay
@@ -44,27 +50,27 @@ impl<'a> Cursor<'a> {
     #[inline]
     pub fn at(buf: &'a [u8], pos: usize) -> Cursor<'a> {
         Cursor {
-            buf,
-            pos: pos.min(buf.len()),
+            rest: buf.get(pos..).unwrap_or_default(),
+            end: buf.len(),
         }
     }
 
     /// Offset of the next byte to read.
     #[inline]
     pub fn position(&self) -> usize {
-        self.pos
+        self.end - self.rest.len()
     }
 
     /// Bytes left to read.
     #[inline]
     pub fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.rest.len()
     }
 
     /// The bytes left to read, without reading them.
     #[inline]
     pub fn rest(&self) -> &'a [u8] {
-        self.buf.get(self.pos..).unwrap_or_default()
+        self.rest
     }
 
     #[cold]
@@ -78,9 +84,9 @@ impl<'a> Cursor<'a> {
     /// The next `n` bytes, borrowed from the input.
     #[inline]
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], CursorError> {
-        match self.rest().split_at_checked(n) {
-            Some((head, _)) => {
-                self.pos += n;
+        match self.rest.split_at_checked(n) {
+            Some((head, tail)) => {
+                self.rest = tail;
                 Ok(head)
             }
             None => Err(self.short(n)),
@@ -96,9 +102,9 @@ impl<'a> Cursor<'a> {
     /// The next `N` bytes, copied.
     #[inline]
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], CursorError> {
-        match self.rest().first_chunk::<N>() {
-            Some(a) => {
-                self.pos += N;
+        match self.rest.split_first_chunk::<N>() {
+            Some((a, tail)) => {
+                self.rest = tail;
                 Ok(*a)
             }
             None => Err(self.short(N)),
@@ -150,7 +156,7 @@ impl<'a> Cursor<'a> {
     /// At most `MAX` bytes of 7 bits each, the last at most `LAST`.
     #[inline(always)]
     fn unsigned<const MAX: usize, const LAST: u8>(&mut self) -> Result<u64, CursorError> {
-        let rest = self.rest();
+        let rest = self.rest;
         let mut value = 0u64;
         for i in 0..MAX {
             let Some(&b) = rest.get(i) else {
@@ -161,7 +167,7 @@ impl<'a> Cursor<'a> {
                 if i == MAX - 1 && b > LAST {
                     break;
                 }
-                self.pos += i + 1;
+                self.rest = rest.get(i + 1..).unwrap_or_default();
                 return Ok(value);
             }
         }

@@ -15,6 +15,7 @@ use crate::mirror::pid::ClusterId;
 use crate::wire::batch::{
     build, BatchHeader, Batches, BuildError, NewBatch, NewRecord, HEADER_LEN,
 };
+use crate::wire::records::Records;
 
 /// Control record type of the barrier (Kafka's own: 0 abort, 1 commit,
 /// 2–6 KRaft and leader-change records).
@@ -83,11 +84,15 @@ pub fn parse_barrier(batch: &[u8]) -> Result<ClusterId, BarrierError> {
     let records = batch[b.range()]
         .get(HEADER_LEN..)
         .ok_or(BarrierError::Malformed("header"))?;
-    let (key, value) = first_record(records).ok_or(BarrierError::Malformed("record"))?;
+    let record = Records::new(records, 1)
+        .next()
+        .and_then(Result::ok)
+        .ok_or(BarrierError::Malformed("record"))?;
+    let key = record.key.ok_or(BarrierError::Malformed("record"))?;
     if key != CONTROL_KEY {
         return Err(BarrierError::NotABarrier);
     }
-    let value = value.ok_or(BarrierError::Malformed("null value"))?;
+    let value = record.value.ok_or(BarrierError::Malformed("null value"))?;
     let [0, 0, len, rest @ ..] = value else {
         return Err(BarrierError::Malformed("value version"));
     };
@@ -100,52 +105,6 @@ pub fn parse_barrier(batch: &[u8]) -> Result<ClusterId, BarrierError> {
     let id =
         std::str::from_utf8(&rest[..len]).map_err(|_| BarrierError::Malformed("cluster id"))?;
     ClusterId::parse(id).map_err(|_| BarrierError::Malformed("cluster id"))
-}
-
-/// Key and value of the first record of an uncompressed record section.
-fn first_record(mut b: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
-    let _length = varint(&mut b)?;
-    let (_attributes, rest) = b.split_first()?;
-    b = rest;
-    let _timestamp_delta = varlong(&mut b)?;
-    let _offset_delta = varint(&mut b)?;
-    let key = bytes(&mut b)?;
-    let value = bytes(&mut b)?;
-    Some((key?, value))
-}
-
-/// A varint-length-prefixed byte string; `Some(None)` for length -1.
-fn bytes<'a>(b: &mut &'a [u8]) -> Option<Option<&'a [u8]>> {
-    let len = varint(b)?;
-    if len < 0 {
-        return Some(None);
-    }
-    let len = usize::try_from(len).ok()?;
-    if b.len() < len {
-        return None;
-    }
-    let (v, rest) = b.split_at(len);
-    *b = rest;
-    Some(Some(v))
-}
-
-fn varint(b: &mut &[u8]) -> Option<i32> {
-    let v = varlong(b)?;
-    i32::try_from(v).ok()
-}
-
-/// Zig-zag varlong, at most 10 bytes.
-fn varlong(b: &mut &[u8]) -> Option<i64> {
-    let mut raw: u64 = 0;
-    for i in 0..10 {
-        let (&byte, rest) = b.split_first()?;
-        *b = rest;
-        raw |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((raw >> 1) as i64 ^ -((raw & 1) as i64));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::mirror::link_state::{LinkState, LinkStatus};
 use crate::mirror::pid::ClusterId;
-use crate::wire::header::read_uvarint;
+use crate::wire::cursor::Cursor;
 
 /// Record type of `MirrorPidCollisionKey`.
 pub const COLLISION_TYPE: i16 = 3;
@@ -421,30 +421,31 @@ fn encode_origin_value(v: &OriginValue) -> Vec<u8> {
     out
 }
 
-/// Bounds-checked big-endian reader.
+/// The codecs' reads over a key or a value (`what`), every failure to read
+/// a [`RecordError::Truncated`] naming it.
 struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+    cur: Cursor<'a>,
     what: &'static str,
 }
 
 impl<'a> Reader<'a> {
     fn new(buf: &'a [u8], what: &'static str) -> Self {
-        Reader { buf, pos: 0, what }
+        Reader {
+            cur: Cursor::new(buf),
+            what,
+        }
+    }
+
+    fn truncated(&self) -> RecordError {
+        RecordError::Truncated { what: self.what }
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or(RecordError::Truncated { what: self.what })?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
+        self.cur.bytes(n).map_err(|_| self.truncated())
     }
 
     fn array<const N: usize>(&mut self) -> Result<[u8; N], RecordError> {
-        let mut a = [0; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
+        self.cur.array().map_err(|_| self.truncated())
     }
 
     fn i8(&mut self) -> Result<i8, RecordError> {
@@ -458,6 +459,10 @@ impl<'a> Reader<'a> {
     }
     fn i64(&mut self) -> Result<i64, RecordError> {
         Ok(i64::from_be_bytes(self.array()?))
+    }
+
+    fn uvarint(&mut self) -> Result<u32, RecordError> {
+        self.cur.uvarint().map_err(|_| self.truncated())
     }
 
     fn cluster_id(&self, bytes: &[u8]) -> Result<ClusterId, RecordError> {
@@ -491,48 +496,33 @@ impl<'a> Reader<'a> {
     /// Compact bytes: unsigned varint length + 1, then the bytes (null
     /// refused). The length is checked against what remains by `take`.
     fn compact_bytes(&mut self) -> Result<&'a [u8], RecordError> {
-        let truncated = RecordError::Truncated { what: self.what };
-        let (len_plus_one, pos) = read_uvarint(self.buf, self.pos).ok_or(truncated.clone())?;
-        self.pos = pos;
-        let len = len_plus_one
-            .checked_sub(1)
-            .and_then(|l| usize::try_from(l).ok())
-            .ok_or(truncated)?;
-        self.take(len)
+        let len_plus_one = self.uvarint()?;
+        let len = len_plus_one.checked_sub(1).ok_or(self.truncated())?;
+        self.take(len as usize)
     }
 
     /// Compact string: unsigned varint length + 1, then the bytes.
     fn cluster_id_compact(&mut self) -> Result<ClusterId, RecordError> {
-        let (len_plus_one, pos) =
-            read_uvarint(self.buf, self.pos).ok_or(RecordError::Truncated { what: self.what })?;
-        self.pos = pos;
-        let len = len_plus_one
+        let len = self
+            .uvarint()?
             .checked_sub(1)
-            .and_then(|l| usize::try_from(l).ok())
             .ok_or(RecordError::ClusterId { what: self.what })?;
-        let bytes = self.take(len)?;
+        let bytes = self.take(len as usize)?;
         self.cluster_id(bytes)
     }
 
     /// Skips tagged fields (none are defined at version 0).
     fn tagged_fields(&mut self) -> Result<(), RecordError> {
-        let truncated = RecordError::Truncated { what: self.what };
-        let (count, mut pos) = read_uvarint(self.buf, self.pos).ok_or(truncated.clone())?;
-        for _ in 0..count {
-            let (_tag, p) = read_uvarint(self.buf, pos).ok_or(truncated.clone())?;
-            let (size, p) = read_uvarint(self.buf, p).ok_or(truncated.clone())?;
-            pos = usize::try_from(size)
-                .ok()
-                .and_then(|s| p.checked_add(s))
-                .filter(|&e| e <= self.buf.len())
-                .ok_or(truncated.clone())?;
+        for _ in 0..self.uvarint()? {
+            let _tag = self.uvarint()?;
+            let size = self.uvarint()?;
+            self.take(size as usize)?;
         }
-        self.pos = pos;
         Ok(())
     }
 
     fn finish(&self) -> Result<(), RecordError> {
-        match self.buf.len() - self.pos {
+        match self.cur.remaining() {
             0 => Ok(()),
             extra => Err(RecordError::Trailing {
                 what: self.what,

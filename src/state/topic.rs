@@ -5,8 +5,8 @@
 
 use crate::mirror::state_records::{RecordError, StateRecord};
 use crate::wire::batch::{build, BuildError, NewBatch, NewRecord};
-use crate::wire::batch::{BatchHeader, Batches};
-use crate::wire::header::read_uvarint;
+use crate::wire::batch::{BatchHeader, Batches, HEADER_LEN};
+use crate::wire::records::Records;
 
 /// Why a record (or a whole batch, reported at its base offset) was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,9 +75,9 @@ pub fn read_batches(
     next
 }
 
-/// Offset of the records in a v2 batch.
-const RECORDS_OFFSET: usize = 61;
-
+/// The records of one uncompressed batch (`batch`, whole) at or past
+/// `from`. A malformed record is reported at its place in the batch
+/// (`base` + its index), its offset delta being unreadable.
 fn read_records(
     batch: &[u8],
     base: i64,
@@ -85,67 +85,21 @@ fn read_records(
     from: i64,
     on: &mut impl FnMut(i64, Result<StateRecord, SkipReason>),
 ) {
-    let mut pos = RECORDS_OFFSET;
-    for i in 0..count {
-        let Some((len, p)) = varint(batch, pos) else {
-            on(
-                base + i64::from(i),
-                Err(SkipReason::Malformed("record length")),
-            );
-            return;
-        };
-        let end = usize::try_from(len)
-            .ok()
-            .and_then(|l| p.checked_add(l))
-            .filter(|&e| e <= batch.len());
-        let Some(end) = end else {
-            on(
-                base + i64::from(i),
-                Err(SkipReason::Malformed("record length")),
-            );
-            return;
-        };
-        match record(&batch[p..end]) {
-            Ok((delta, key, value)) => {
-                let offset = base + delta;
+    let section = batch.get(HEADER_LEN..).unwrap_or_default();
+    for (i, record) in (0i64..).zip(Records::new(section, count)) {
+        match record {
+            Ok(r) => {
+                let offset = base + i64::from(r.offset_delta);
                 if offset >= from {
                     on(
                         offset,
-                        StateRecord::decode(key, value).map_err(SkipReason::from),
+                        StateRecord::decode(r.key, r.value).map_err(SkipReason::from),
                     );
                 }
             }
-            Err(what) => on(base + i64::from(i), Err(SkipReason::Malformed(what))),
+            Err(e) => on(base + i, Err(SkipReason::Malformed(e.field()))),
         }
-        pos = end;
     }
-}
-
-type Fields<'a> = (i64, Option<&'a [u8]>, Option<&'a [u8]>);
-
-/// (offset delta, key, value) of one record's bytes.
-fn record(r: &[u8]) -> Result<Fields<'_>, &'static str> {
-    let pos = 1; // attributes
-    let (_ts, pos) = varint(r, pos).ok_or("timestamp delta")?;
-    let (delta, pos) = varint(r, pos).ok_or("offset delta")?;
-    let (key, pos) = bytes(r, pos).ok_or("key")?;
-    let (value, _) = bytes(r, pos).ok_or("value")?;
-    Ok((delta, key, value))
-}
-
-fn bytes(r: &[u8], pos: usize) -> Option<(Option<&[u8]>, usize)> {
-    let (len, pos) = varint(r, pos)?;
-    if len < 0 {
-        return Some((None, pos));
-    }
-    let end = pos.checked_add(usize::try_from(len).ok()?)?;
-    Some((Some(r.get(pos..end)?), end))
-}
-
-/// Zigzag varint.
-fn varint(buf: &[u8], pos: usize) -> Option<(i64, usize)> {
-    let (z, pos) = read_uvarint(buf, pos)?;
-    Some(((z >> 1) as i64 ^ -((z & 1) as i64), pos))
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use std::collections::HashSet;
 use thiserror::Error;
 
 use super::batch::{BatchError, BatchHeader, HEADER_LEN};
+use super::records::Records;
 
 /// One entry of a Fetch response's `aborted_transactions`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,44 +108,19 @@ impl AbortedFilter {
     }
 }
 
-/// The type of the first record of a control batch, if its key can be read
-/// (control batches are never compressed).
+/// The type of the first record of a control batch, if that record can be
+/// read and its key holds one (control batches are never compressed).
 pub fn control_type(batch: &[u8]) -> Option<ControlType> {
-    let mut r = batch.get(HEADER_LEN..)?;
-    let _length = varint(&mut r)?;
-    let _attributes = take(&mut r, 1)?;
-    let _timestamp_delta = varint(&mut r)?;
-    let _offset_delta = varint(&mut r)?;
-    let key_len = varint(&mut r)?;
-    if key_len < 4 {
+    let first = Records::new(batch.get(HEADER_LEN..)?, 1).next()?.ok()?;
+    // The key: int16 version, int16 type.
+    let [_, _, hi, lo, ..] = *first.key? else {
         return None;
-    }
-    let key = take(&mut r, 4)?;
-    Some(match i16::from_be_bytes([key[2], key[3]]) {
+    };
+    Some(match i16::from_be_bytes([hi, lo]) {
         0 => ControlType::Abort,
         1 => ControlType::Commit,
         t => ControlType::Other(t),
     })
-}
-
-fn take<'a>(r: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    let (head, tail) = r.split_at_checked(n)?;
-    *r = tail;
-    Some(head)
-}
-
-/// A zig-zag varint (up to 64 bits), bounds-checked.
-fn varint(r: &mut &[u8]) -> Option<i64> {
-    let mut value: u64 = 0;
-    for i in 0..10 {
-        let (&b, rest) = r.split_first()?;
-        *r = rest;
-        value |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some((value >> 1) as i64 ^ -((value & 1) as i64));
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -212,9 +188,6 @@ mod tests {
         assert_eq!(control_type(&marker(0, 5, 1)), Some(ControlType::Commit));
         assert_eq!(control_type(&marker(0, 5, 7)), Some(ControlType::Other(7)));
         assert_eq!(control_type(&m[..HEADER_LEN + 6]), None, "truncated");
-        assert_eq!(varint(&mut &[0x80u8; 11][..]), None, "unterminated varint");
-        assert_eq!(varint(&mut &[0x03u8][..]), Some(-2));
-        assert_eq!(varint(&mut &[0xac, 0x02][..]), Some(150));
     }
 
     /// Committed (pid 1), aborted (pid 2), idempotent (pid 3) and plain

@@ -7,6 +7,8 @@
 
 use std::ops::Range;
 
+use super::cursor::Cursor;
+
 /// Why a request header could not be read.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum HeaderError {
@@ -81,21 +83,8 @@ impl RequestHeaderPeek {
     }
 }
 
-/// Read an unsigned varint at `pos`; returns (value, next position).
-pub fn read_uvarint(buf: &[u8], mut pos: usize) -> Option<(u64, usize)> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *buf.get(pos)?;
-        pos += 1;
-        value |= u64::from(b & 0x7F) << shift;
-        if b & 0x80 == 0 {
-            return Some((value, pos));
-        }
-    }
-    None
-}
-
-/// Append `value` as an unsigned varint (the inverse of [`read_uvarint`]).
+/// Append `value` as an unsigned varint (read back by
+/// [`Cursor::uvarlong`], or by [`Cursor::uvarint`] when it fits 32 bits).
 pub fn put_uvarint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8 & 0x7F) | 0x80);
@@ -117,37 +106,31 @@ pub fn response_body_offset(frame: &[u8], header_version: i16) -> Option<usize> 
 }
 
 fn skip_tagged_fields(buf: &[u8], pos: usize) -> Option<usize> {
-    let (count, mut pos) = read_uvarint(buf, pos)?;
-    for _ in 0..count {
-        let (_tag, p) = read_uvarint(buf, pos)?;
-        let (size, p) = read_uvarint(buf, p)?;
-        pos = p.checked_add(usize::try_from(size).ok()?)?;
-        if pos > buf.len() {
-            return None;
-        }
+    let mut c = Cursor::at(buf, pos);
+    for _ in 0..c.uvarint().ok()? {
+        let _tag = c.uvarint().ok()?;
+        let size = c.uvarint().ok()?;
+        c.skip(size as usize).ok()?;
     }
-    Some(pos)
+    Some(c.position())
 }
 
 /// The `acks` of a Produce request (v3+), read from the body without
 /// decoding it: a fire-and-forget (`acks=0`) request gets no response, so
 /// the proxy must not wait for one.
 pub fn produce_acks(frame: &[u8], body_offset: usize, version: i16) -> Result<i16, HeaderError> {
-    let err = HeaderError::Body("transactional_id");
-    let after_txn_id = if version >= 9 {
+    let txn_id = |_| HeaderError::Body("transactional_id");
+    let acks = |_| HeaderError::Body("acks");
+    let mut c = Cursor::at(frame, body_offset);
+    let txn_id_len = if version >= 9 {
         // Compact nullable string: length + 1 as an unsigned varint, 0 = null.
-        let (len_plus_one, pos) = read_uvarint(frame, body_offset).ok_or(err.clone())?;
-        let len = usize::try_from(len_plus_one.saturating_sub(1)).map_err(|_| err.clone())?;
-        pos.checked_add(len).ok_or(err)?
+        c.uvarint().map_err(txn_id)?.saturating_sub(1) as usize
     } else {
-        let bytes = frame.get(body_offset..body_offset + 2).ok_or(err.clone())?;
-        let len = i16::from_be_bytes([bytes[0], bytes[1]]);
-        body_offset + 2 + len.max(0) as usize
+        c.i16().map_err(txn_id)?.max(0) as usize
     };
-    let acks = frame
-        .get(after_txn_id..after_txn_id + 2)
-        .ok_or(HeaderError::Body("acks"))?;
-    Ok(i16::from_be_bytes([acks[0], acks[1]]))
+    // A transactional id that overruns the frame leaves no room for acks.
+    c.skip(txn_id_len).map_err(acks)?;
+    c.i16().map_err(acks)
 }
 
 #[cfg(test)]
@@ -200,11 +183,5 @@ mod tests {
             produce_acks(&[0, 0], 1, 3),
             Err(HeaderError::Body("transactional_id"))
         );
-    }
-
-    #[test]
-    fn varints() {
-        assert_eq!(read_uvarint(&[0x96, 0x01], 0), Some((150, 2)));
-        assert_eq!(read_uvarint(&[0x80], 0), None);
     }
 }

@@ -137,11 +137,7 @@ fn partition(r: &mut Reader<'_>, version: i16) -> Result<Partition, WalkError> {
         }
         // CurrentLeader, read inside its declared size only.
         let data = r.take(CURRENT_LEADER, u64::from(size))?;
-        let saved_end = r.end;
-        (r.pos, r.end) = (data.start, data.end);
-        let read = current_leader(r);
-        let used = r.pos - data.start;
-        (r.pos, r.end) = (data.end, saved_end);
+        let (read, used) = r.inside(data.clone(), current_leader);
         p.leader_id = read?;
         if used != data.len() {
             return Err(WalkError::TaggedSize {

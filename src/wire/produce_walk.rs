@@ -22,7 +22,8 @@
 
 use std::ops::Range;
 
-use super::walk::WalkError;
+use super::cursor::Cursor;
+use super::walk::{read_error, WalkError};
 
 /// The Produce versions this walk knows: those of the compiled-in schema.
 pub const VERSIONS: (i16, i16) = (3, 13);
@@ -94,14 +95,14 @@ pub fn walk<'a, V: Visitor<'a>>(
     r.finish("ProduceRequest")
 }
 
-/// A cursor over the input; `pos` never passes `end`. Shared with the
-/// Produce response's walk (`wire::produce_response_walk`).
+/// The walk's reads, each naming its field in the error; the reading
+/// itself is `wire::cursor`'s. Shared with the Produce response's walk
+/// (`wire::produce_response_walk`).
 pub(super) struct Reader<'a> {
-    pub(super) input: &'a [u8],
-    pub(super) pos: usize,
-    /// Reads stop here: the end of the input, or of the tagged field being
-    /// read.
-    pub(super) end: usize,
+    input: &'a [u8],
+    /// Over `input`, or over the prefix of it that ends with the tagged
+    /// field being read; positions are offsets into `input` either way.
+    cur: Cursor<'a>,
     flexible: bool,
 }
 
@@ -109,59 +110,65 @@ impl<'a> Reader<'a> {
     pub(super) fn new(input: &'a [u8], start: usize, flexible: bool) -> Reader<'a> {
         Reader {
             input,
-            pos: start.min(input.len()),
-            end: input.len(),
+            cur: Cursor::at(input, start),
             flexible,
         }
     }
 
-    fn left(&self) -> usize {
-        self.end.saturating_sub(self.pos)
+    #[inline]
+    fn pos(&self) -> usize {
+        self.cur.position()
     }
 
+    /// The next `n` bytes.
+    #[inline]
+    fn slice(&mut self, path: &str, n: u64) -> Result<&'a [u8], WalkError> {
+        let at = self.pos();
+        match usize::try_from(n).map(|len| self.cur.bytes(len)) {
+            Ok(Ok(bytes)) => Ok(bytes),
+            _ => Err(short(path, at, n, self.cur.remaining())),
+        }
+    }
+
+    /// The next `n` bytes, as where they are in the input.
+    #[inline]
     pub(super) fn take(&mut self, path: &str, n: u64) -> Result<Range<usize>, WalkError> {
-        let left = self.left();
-        if n > left as u64 {
-            return Err(short(path, self.pos, n, left));
-        }
-        let r = self.pos..self.pos + n as usize;
-        self.pos = r.end;
-        Ok(r)
+        let at = self.pos();
+        self.slice(path, n).map(|s| at..at + s.len())
     }
 
+    #[inline]
     pub(super) fn fixed<const N: usize>(&mut self, path: &str) -> Result<[u8; N], WalkError> {
-        let r = self.take(path, N as u64)?;
-        let mut b = [0u8; N];
-        b.copy_from_slice(&self.input[r]);
-        Ok(b)
+        let at = self.pos();
+        self.cur.array().map_err(|e| read_error(path, at, e))
     }
 
+    #[inline]
     pub(super) fn uvarint(&mut self, path: &str) -> Result<u32, WalkError> {
-        let at = self.pos;
-        let mut value = 0u32;
-        for i in 0..5 {
-            let Some(&b) = self.input.get(self.pos).filter(|_| self.pos < self.end) else {
-                return Err(short(path, at, i + 1, self.end.saturating_sub(at)));
-            };
-            self.pos += 1;
-            value |= u32::from(b & 0x7F) << (7 * i);
-            if b & 0x80 == 0 {
-                // The fifth byte may only carry the top four bits.
-                if i == 4 && b > 0x0F {
-                    break;
-                }
-                return Ok(value);
-            }
-        }
-        Err(WalkError::Varint {
-            path: path.into(),
-            at,
-        })
+        let at = self.pos();
+        self.cur.uvarint().map_err(|e| read_error(path, at, e))
+    }
+
+    /// Runs `read` over `span` of the input alone (a tagged field's value,
+    /// which must not read past its declared size), then goes on where it
+    /// was. Returns what `read` returned and how many bytes it read.
+    pub(super) fn inside<T>(
+        &mut self,
+        span: Range<usize>,
+        read: impl FnOnce(&mut Self) -> T,
+    ) -> (T, usize) {
+        let saved = self.cur;
+        let field = self.input.get(..span.end).unwrap_or_default();
+        self.cur = Cursor::at(field, span.start);
+        let out = read(self);
+        let used = self.pos() - span.start;
+        self.cur = saved;
+        (out, used)
     }
 
     /// A length or count: `None` for null (-1).
     fn length(&mut self, path: &str, wide: bool) -> Result<Option<u64>, WalkError> {
-        let at = self.pos;
+        let at = self.pos();
         let len = if self.flexible {
             i64::from(self.uvarint(path)?) - 1
         } else if wide {
@@ -185,22 +192,19 @@ impl<'a> Reader<'a> {
         path: &str,
         nullable: bool,
     ) -> Result<Option<&'a [u8]>, WalkError> {
-        let start = self.pos;
+        let start = self.pos();
         match self.length(path, false)? {
             None if nullable => Ok(None),
             None => Err(WalkError::Null {
                 path: path.into(),
-                at: self.pos,
+                at: self.pos(),
             }),
             Some(n) if n > i16::MAX as u64 => Err(WalkError::Length {
                 path: path.into(),
                 at: start,
                 len: n as i64,
             }),
-            Some(n) => {
-                let r = self.take(path, n)?;
-                Ok(Some(&self.input[r]))
-            }
+            Some(n) => self.slice(path, n).map(Some),
         }
     }
 
@@ -215,7 +219,7 @@ impl<'a> Reader<'a> {
     /// The element count of a non-nullable array, checked against the
     /// bytes left (every element takes at least one).
     pub(super) fn count(&mut self, path: &str) -> Result<u64, WalkError> {
-        let start = self.pos;
+        let start = self.pos();
         match self.length(path, true)? {
             None => Err(WalkError::Null {
                 path: path.into(),
@@ -226,7 +230,7 @@ impl<'a> Reader<'a> {
     }
 
     fn check_count(&self, path: &str, at: usize, count: u64) -> Result<(), WalkError> {
-        let left = self.left();
+        let left = self.cur.remaining();
         if count > left as u64 {
             return Err(WalkError::Count {
                 path: path.into(),
@@ -244,7 +248,7 @@ impl<'a> Reader<'a> {
         if !self.flexible {
             return Ok(0);
         }
-        let start = self.pos;
+        let start = self.pos();
         let count = u64::from(self.uvarint(TAGGED)?);
         self.check_count(TAGGED, start, count)?;
         Ok(count)
@@ -267,11 +271,11 @@ impl<'a> Reader<'a> {
 
     /// Fail unless the whole input was read.
     pub(super) fn finish(&self, message: &str) -> Result<(), WalkError> {
-        match self.pos == self.input.len() {
+        match self.pos() == self.input.len() {
             true => Ok(()),
             false => Err(WalkError::Trailing {
                 message: message.into(),
-                count: self.input.len() - self.pos,
+                count: self.input.len() - self.pos(),
             }),
         }
     }

@@ -16,6 +16,7 @@
 
 use std::ops::Range;
 
+use super::cursor::{Cursor, CursorError};
 use super::schema::{Field, Message, Type};
 
 /// Why a body could not be walked.
@@ -137,9 +138,9 @@ pub fn rewrite<V: Visitor>(
 
 struct Walker<'a, 'v, V> {
     input: &'a [u8],
-    pos: usize,
-    /// Reads stop here: the end of the input, or of the tagged field being read.
-    end: usize,
+    /// Over `input`, or over the prefix of it that ends with the tagged
+    /// field being read; positions are offsets into `input` either way.
+    cur: Cursor<'a>,
     version: i16,
     flexible: bool,
     visitor: &'v mut V,
@@ -166,8 +167,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
         }
         Ok(Walker {
             input,
-            pos: start.min(input.len()),
-            end: input.len(),
+            cur: Cursor::at(input, start),
             version,
             flexible: msg.flexible.contains(version),
             visitor,
@@ -178,76 +178,53 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
 
     fn body(&mut self, msg: &Message) -> Result<(), WalkError> {
         self.fields(&msg.fields)?;
-        if self.pos != self.input.len() {
+        if self.pos() != self.input.len() {
             return Err(WalkError::Trailing {
                 message: msg.name.clone(),
-                count: self.input.len() - self.pos,
+                count: self.input.len() - self.pos(),
             });
         }
         Ok(())
     }
 
-    fn left(&self) -> usize {
-        self.end.saturating_sub(self.pos)
+    #[inline]
+    fn pos(&self) -> usize {
+        self.cur.position()
     }
 
     /// Take `n` bytes, returning where they are.
+    #[inline]
     fn take(&mut self, field: &Field, n: u64) -> Result<Range<usize>, WalkError> {
-        let left = self.left();
-        match usize::try_from(n) {
-            Ok(n) if n <= left => {
-                let r = self.pos..self.pos + n;
-                self.pos += n;
-                Ok(r)
-            }
+        let at = self.pos();
+        match usize::try_from(n).map(|len| self.cur.skip(len)) {
+            Ok(Ok(())) => Ok(at..self.pos()),
             _ => Err(WalkError::Short {
                 path: field.path.clone(),
-                at: self.pos,
+                at,
                 need: n,
-                left,
+                left: self.cur.remaining(),
             }),
         }
     }
 
+    #[inline]
     fn fixed<const N: usize>(&mut self, field: &Field) -> Result<[u8; N], WalkError> {
-        let r = self.take(field, N as u64)?;
-        let mut b = [0u8; N];
-        b.copy_from_slice(&self.input[r]);
-        Ok(b)
+        let at = self.pos();
+        self.cur.array().map_err(|e| read_error(&field.path, at, e))
     }
 
+    #[inline]
     fn uvarint(&mut self, field: &Field) -> Result<u32, WalkError> {
-        let at = self.pos;
-        let mut value = 0u32;
-        for i in 0..5 {
-            let Some(&b) = self.input.get(self.pos).filter(|_| self.pos < self.end) else {
-                return Err(WalkError::Short {
-                    path: field.path.clone(),
-                    at,
-                    need: i + 1,
-                    left: self.end.saturating_sub(at),
-                });
-            };
-            self.pos += 1;
-            value |= u32::from(b & 0x7F) << (7 * i);
-            if b & 0x80 == 0 {
-                // The fifth byte may only carry the top four bits.
-                if i == 4 && b > 0x0F {
-                    break;
-                }
-                return Ok(value);
-            }
-        }
-        Err(WalkError::Varint {
-            path: field.path.clone(),
-            at,
-        })
+        let at = self.pos();
+        self.cur
+            .uvarint()
+            .map_err(|e| read_error(&field.path, at, e))
     }
 
     /// Copy what was read since `from` to the output unchanged.
     fn copy(&mut self, from: usize) {
         if self.emit {
-            self.out.extend_from_slice(&self.input[from..self.pos]);
+            self.out.extend_from_slice(&self.input[from..self.pos()]);
         }
     }
 
@@ -270,12 +247,12 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
 
     fn tagged(&mut self, fields: &[Field]) -> Result<(), WalkError> {
         let none = tagged_header();
-        let start = self.pos;
+        let start = self.pos();
         let count = self.uvarint(none)?;
         self.check_count(none, start, u64::from(count))?;
         self.copy(start);
         for _ in 0..count {
-            let head = self.pos;
+            let head = self.pos();
             let tag = self.uvarint(none)?;
             let size = self.uvarint(none)?;
             let known = fields
@@ -287,20 +264,17 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
                 self.copy(head);
                 continue;
             };
-            let data_start = self.pos;
             let data = self.take(f, u64::from(size))?;
             // Read the value inside its declared size only.
-            let (saved_end, saved_pos) = (self.end, self.pos);
-            self.end = data.end;
-            self.pos = data.start;
+            let saved = self.cur;
+            self.cur = Cursor::at(&self.input[..data.end], data.start);
             if self.emit {
                 push_uvarint(&mut self.out, tag);
             }
             let out_data = self.out.len();
             let r = self.field(f);
-            let used = self.pos - data_start;
-            self.end = saved_end;
-            self.pos = saved_pos;
+            let used = self.pos() - data.start;
+            self.cur = saved;
             r?;
             if used != data.len() {
                 return Err(WalkError::TaggedSize {
@@ -323,7 +297,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
     fn check_count(&self, field: &Field, at: usize, count: u64) -> Result<(), WalkError> {
         // Every element takes at least one byte in practice; Kafka's own
         // readers apply the same bound before allocating.
-        let left = self.left();
+        let left = self.cur.remaining();
         if count > left as u64 {
             return Err(WalkError::Count {
                 path: field.path.clone(),
@@ -337,7 +311,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
 
     /// Read a length: `None` for null.
     fn length(&mut self, f: &Field, wide: bool) -> Result<Option<u64>, WalkError> {
-        let at = self.pos;
+        let at = self.pos();
         let len: i64 = if self.flexible {
             i64::from(self.uvarint(f)?) - 1
         } else if wide {
@@ -357,10 +331,10 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
     }
 
     fn value(&mut self, f: &Field, ty: &Type, nullable: bool) -> Result<(), WalkError> {
-        let start = self.pos;
+        let start = self.pos();
         let null = |w: &Self| WalkError::Null {
             path: f.path.clone(),
-            at: w.pos,
+            at: w.pos(),
         };
         let scalar = match ty {
             Type::Bool => Some((Value::Bool(self.fixed::<1>(f)?[0] != 0), 1)),
@@ -433,7 +407,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
     }
 
     fn array(&mut self, f: &Field, inner: &Type, nullable: bool) -> Result<(), WalkError> {
-        let start = self.pos;
+        let start = self.pos();
         let count = match self.length(f, true)? {
             None if !nullable => {
                 return Err(WalkError::Null {
@@ -447,6 +421,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
             }
             Some(n) => n,
         };
+        let count_len = self.pos() - start;
         self.check_count(f, start, count)?;
         let out_count = self.out.len();
         self.copy(start);
@@ -472,25 +447,9 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
             } else {
                 encoded.extend_from_slice(&(kept as i32).to_be_bytes());
             }
-            let old_len = self.pos_len_of_count(start);
-            self.out.splice(out_count..out_count + old_len, encoded);
+            self.out.splice(out_count..out_count + count_len, encoded);
         }
         Ok(())
-    }
-
-    /// How many bytes the count at `at` took on the wire.
-    fn pos_len_of_count(&self, at: usize) -> usize {
-        if !self.flexible {
-            return 4;
-        }
-        let mut n = 0;
-        while let Some(b) = self.input.get(at + n) {
-            n += 1;
-            if b & 0x80 == 0 {
-                break;
-            }
-        }
-        n
     }
 
     fn emit_int(
@@ -545,6 +504,23 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
         }
         self.out.extend_from_slice(s.as_bytes());
         Ok(())
+    }
+}
+
+/// The walks' error for a read of `path` at offset `at` that failed.
+#[cold]
+pub(super) fn read_error(path: &str, at: usize, e: CursorError) -> WalkError {
+    match e {
+        CursorError::Short { need, left } => WalkError::Short {
+            path: path.into(),
+            at,
+            need: need as u64,
+            left,
+        },
+        CursorError::Varint => WalkError::Varint {
+            path: path.into(),
+            at,
+        },
     }
 }
 

@@ -5,7 +5,13 @@
 #   2. a source broker A whose idempotent producer writes a few records; the
 #      example replicator copies A's batches byte for byte through the proxy
 #      as mirror link "a"; DumpLogSegments shows the producer id on A and
-#      the remapped one on B, and `kafka-mirror-proxy unmap` reads it back.
+#      the remapped one on B, and `kafka-mirror-proxy unmap` reads it back;
+#   3. while link a is MIRRORING, its topic is read-only for everyone else:
+#      the console producer's write to `orders` is refused;
+#   4. `kafka-mirror-proxy failover a`: the link goes MIRRORING -> STOPPING
+#      -> STOPPED, with a barrier per partition;
+#   5. the same write is now accepted and read back, and the link's
+#      replicator is fenced.
 # Brokers come from the cached Kafka jars (scripts/kafka-jars.sh); all
 # processes stop when the script ends (KMP_KEEP=1 keeps the work folder).
 set -euo pipefail
@@ -37,7 +43,7 @@ for port in "$A_PORT" "$B_PORT"; do
 done
 seq 1 10 | sed 's/^/order-/' | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$A_PORT" \
     --topic orders --command-property enable.idempotence=true
-"$KMP_ROOT/target/release/examples/replicator" --source "127.0.0.1:$A_PORT" --destination "$PROXY" \
+"$KMP_RELEASE/examples/replicator" --source "127.0.0.1:$A_PORT" --destination "$PROXY" \
     --topics orders --client-id mirror-a --mode until-caught-up
 
 pid_of() { kmp_java org.apache.kafka.tools.DumpLogSegments --files "$1"/data/orders-0/00000000000000000000.log \
@@ -45,9 +51,39 @@ pid_of() { kmp_java org.apache.kafka.tools.DumpLogSegments --files "$1"/data/ord
 A_PID=$(pid_of "$A_DIR"); B_PID=$(pid_of "$B_DIR")
 echo "producer id on A: $A_PID"
 echo "producer id on B: $B_PID"
-echo "expected:         $("$KMP_ROOT/target/release/kafka-mirror-proxy" map --source-cluster-id "$A_ID" --pid "$A_PID")"
+echo "expected:         $("$KMP_RELEASE/kafka-mirror-proxy" map --source-cluster-id "$A_ID" --pid "$A_PID")"
 MIRROR_PROXY_LINKS=a MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID="$A_ID" MIRROR_PROXY_LINK_A_TOPICS=orders \
-    "$KMP_ROOT/target/release/kafka-mirror-proxy" unmap --pid "$B_PID"
+    "$KMP_RELEASE/kafka-mirror-proxy" unmap --pid "$B_PID"
 echo; echo "records on B, read through the proxy:"
 kmp_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$PROXY" --topic orders \
     --from-beginning --max-messages 10 --timeout-ms 20000 | tr '\n' ' '; echo
+
+kmp() { MIRROR_PROXY_ADMIN_URL="http://127.0.0.1:$P_ADMIN" "$KMP_RELEASE/kafka-mirror-proxy" "$@"; }
+local_write() { # a write to `orders` through the proxy by an ordinary client: what the tool prints
+    echo "$1" | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "$PROXY" --topic orders 2>&1 || true
+}
+
+echo; echo "== 3. while link a is MIRRORING, orders is read-only for other clients =="
+kmp links
+out=$(local_write order-local); echo "$out"
+grep -q PolicyViolationException <<<"$out" || { echo "expected the write to be refused" >&2; exit 1; }
+
+echo; echo "== 4. failover: kafka-mirror-proxy failover a =="
+kmp failover a --wait 120
+echo; echo "the transition, from the proxy's log:"
+grep -E "failover started|link drained|barrier placed|failover complete" "$KMP_WORK/proxy-P.log" \
+    | sed -E 's/^[^ ]+ +//; s/\x1b\[[0-9;]*m//g'
+kmp links
+
+echo; echo "== 5. after failover: local writes accepted, the link's replicator fenced =="
+out=$(local_write order-local); echo "${out:-console producer: order-local written, no error}"
+if grep -q Exception <<<"$out"; then exit 1; fi
+out=$(kmp_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "$PROXY" --topic orders \
+    --from-beginning --max-messages 11 --timeout-ms 20000 | tr '\n' ' '); echo "$out"
+grep -q order-local <<<"$out" || { echo "order-local was not read back" >&2; exit 1; }
+echo order-11 | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$A_PORT" --topic orders
+echo "the link's replicator (5 s; it retries closed connections for 30 s before it gives up):"
+timeout 5 "$KMP_RELEASE/examples/replicator" --source "127.0.0.1:$A_PORT" --destination "$PROXY" \
+    --topics orders --client-id mirror-a --mode until-caught-up > "$KMP_WORK/replicator-fenced.log" 2>&1 \
+    && { cat "$KMP_WORK/replicator-fenced.log"; echo "the replicator was not fenced" >&2; exit 1; }
+grep -m1 "fenced link" "$KMP_WORK/proxy-P.log" | sed -E 's/\x1b\[[0-9;]*m//g; s/^[^ ]+ +//'

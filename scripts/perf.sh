@@ -56,10 +56,10 @@ R_PORT=$(kmp_free_port); S_PORT=$(kmp_free_port)
 KMP_RELAY_PORTS="$R_PORT $S_PORT" kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
 read -r R_TARGET S_TARGET <<<"$B_RELAY_TARGETS"
 kmp_start_perf_proxy P "$B_PORT"
-"$KMP_ROOT/target/release/examples/tcp_relay" "127.0.0.1:$R_PORT" "127.0.0.1:$R_TARGET" 2>"$KMP_WORK/relay.log" &
+"$KMP_RELEASE/examples/tcp_relay" "127.0.0.1:$R_PORT" "127.0.0.1:$R_TARGET" 2>"$KMP_WORK/relay.log" &
 KMP_PIDS+=($!)
 R_PID=$!
-"$KMP_ROOT/target/release/examples/splice_relay" "127.0.0.1:$S_PORT" "127.0.0.1:$S_TARGET" 2>"$KMP_WORK/splice.log" &
+"$KMP_RELEASE/examples/splice_relay" "127.0.0.1:$S_PORT" "127.0.0.1:$S_TARGET" 2>"$KMP_WORK/splice.log" &
 KMP_PIDS+=($!)
 S_PID=$!
 

@@ -499,4 +499,36 @@ mod tests {
         let answer = exchange(addr, &request("/fast", None)).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
+
+    /// A link's report (`GET /links`, `GET /links/{name}`, and so the CLI)
+    /// shows the source cluster id as the operator configured it: Kafka
+    /// accepts `...Qk` (unused trailing bits set) for the canonical `...Qg`,
+    /// and the source broker reports the spelling it was formatted with.
+    #[test]
+    fn link_report_shows_the_configured_source_cluster_id() {
+        for id in ["MkU3OEVBNTcwNTJENDM2Qk", "MkU3OEVBNTcwNTJENDM2Qg"] {
+            let vars: HashMap<String, String> = [
+                ("MIRROR_PROXY_BOOTSTRAP_SERVERS", "127.0.0.1:1"),
+                ("MIRROR_PROXY_LISTEN", "127.0.0.1:0"),
+                ("MIRROR_PROXY_LINKS", "a"),
+                ("MIRROR_PROXY_LINK_A_SOURCE_CLUSTER_ID", id),
+                ("MIRROR_PROXY_LINK_A_TOPICS", "orders"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let config = Config::from_vars(&vars).expect("test configuration is valid");
+            let control = crate::control::Control::new(
+                config.links,
+                None,
+                None,
+                Arc::new(Metrics::default()),
+                config.read_only_error,
+                Duration::from_secs(1),
+            );
+            let report = control.link("a").expect("link a");
+            assert_eq!(report["source_cluster_id"], id, "{report}");
+            assert_eq!(control.links()[0]["source_cluster_id"], id);
+        }
+    }
 }

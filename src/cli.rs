@@ -409,8 +409,11 @@ pub fn utc(ms: i64) -> String {
     )
 }
 
+/// A time in ms, or `-` for none: absent, or negative (a link's `since_ms`
+/// is -1 while the state topic holds no record of it).
 fn time(v: Option<&Value>) -> String {
     v.and_then(Value::as_i64)
+        .filter(|ms| *ms >= 0)
         .map(utc)
         .unwrap_or_else(|| "-".into())
 }
@@ -487,12 +490,14 @@ pub fn render_links(doc: &Value) -> String {
 pub fn render_link(link: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "link            {}", text(link.get("name")));
-    let _ = writeln!(
-        out,
-        "state           {} since {}",
-        text(link.get("state")),
-        time(link.get("since_ms"))
-    );
+    let _ = match time(link.get("since_ms")).as_str() {
+        "-" => writeln!(out, "state           {}", text(link.get("state"))),
+        since => writeln!(
+            out,
+            "state           {} since {since}",
+            text(link.get("state"))
+        ),
+    };
     let _ = writeln!(
         out,
         "source cluster  {}",
@@ -616,13 +621,26 @@ mod tests {
         let doc = json!({"links": [
             done_link(),
             {"name": "west", "state": "MIRRORING", "since_ms": 0,
+             "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null, "counters": {}},
+            {"name": "new", "state": "MIRRORING", "since_ms": -1,
              "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null, "counters": {}}
         ]});
         assert_eq!(
             render_links(&doc),
             "NAME  STATE      SINCE                    SOURCE CLUSTER          FAILOVER\n\
              east  STOPPED    2023-11-14 22:13:20 UTC  MkU3OEVBNTcwNTJENDM2Qg  complete 2/2\n\
-             west  MIRRORING  1970-01-01 00:00:00 UTC  AAAAAAAAAAAAAAAAAAAAAA  -\n"
+             west  MIRRORING  1970-01-01 00:00:00 UTC  AAAAAAAAAAAAAAAAAAAAAA  -\n\
+             new   MIRRORING  -                        AAAAAAAAAAAAAAAAAAAAAA  -\n"
+        );
+        // No record of the link yet (since_ms -1): no time of 1969.
+        let mut new = done_link();
+        new["since_ms"] = json!(-1);
+        new["failover"] = Value::Null;
+        assert!(
+            render_link(&new)
+                .starts_with("link            east\nstate           STOPPED\nsource cluster"),
+            "{}",
+            render_link(&new)
         );
         assert_eq!(render_links(&json!({"links": []})), "no links configured\n");
     }

@@ -765,7 +765,7 @@ impl Config {
                     None
                 }
                 Some(v) => match v.parse::<ClusterId>() {
-                    Ok(id) => Some(id),
+                    Ok(id) => Some((id, v)),
                     Err(e) => {
                         env.problem(
                             &var("SOURCE_CLUSTER_ID"),
@@ -848,7 +848,9 @@ impl Config {
                     LinkState::parse,
                 )
                 .unwrap_or(LinkState::Mirroring);
-            if let (Some(source_cluster_id), Some(topics)) = (source_cluster_id, topics) {
+            if let (Some((source_cluster_id, source_cluster_spelling)), Some(topics)) =
+                (source_cluster_id, topics)
+            {
                 links.push(
                     Link::new(
                         name.to_string(),
@@ -858,7 +860,8 @@ impl Config {
                         tls_subject,
                         control_batches,
                     )
-                    .with_initial_state(initial_state),
+                    .with_initial_state(initial_state)
+                    .with_source_cluster_spelling(&source_cluster_spelling),
                 );
             }
         }

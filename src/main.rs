@@ -185,7 +185,7 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
         Some(link) => println!(
             "link     {} (source cluster {})",
             link.name(),
-            link.source_cluster_id()
+            link.configured_source_cluster_id()
         ),
         None if links.is_empty() => {
             println!("link     (no links configured in MIRROR_PROXY_LINKS)")

@@ -120,6 +120,11 @@ fn unmap_splits_the_pid_and_names_the_link() {
         Some("east"),
         "the link whose region it is:\n{stdout}"
     );
+    // Its source cluster as configured, not the canonical `...Qg`.
+    assert!(
+        line("link").ends_with(&format!("(source cluster {CLUSTER})")),
+        "{stdout}"
+    );
 
     // Without links the numbers are the same, and no link is claimed.
     let out = bin(&["unmap", "--pid", MAPPED_5], &[]);

@@ -4,6 +4,11 @@
 
 KMP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KMP_PIDS=()
+# Where `cargo build --release`, run in $KMP_ROOT, puts the binaries
+# (CARGO_TARGET_DIR, relative to $KMP_ROOT unless absolute, or target/).
+KMP_RELEASE=${CARGO_TARGET_DIR:-target}
+[[ $KMP_RELEASE = /* ]] || KMP_RELEASE=$KMP_ROOT/$KMP_RELEASE
+KMP_RELEASE=$KMP_RELEASE/release
 
 kmp_libs() {
     "$KMP_ROOT/scripts/kafka-jars.sh"
@@ -38,7 +43,7 @@ kmp_cleanup() {
     local pid
     for pid in "${KMP_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${KMP_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    [ -n "${KMP_KEEP:-}" ] || rm -rf "$KMP_WORK"
+    if [ -n "${KMP_KEEP:-}" ]; then echo "work folder kept: $KMP_WORK" >&2; else rm -rf "$KMP_WORK"; fi
 }
 
 # kmp_start_broker NAME CLUSTER_ID: starts a broker; sets NAME_PORT and
@@ -114,7 +119,7 @@ kmp_start_proxy() {
     env MIRROR_PROXY_BOOTSTRAP_SERVERS="127.0.0.1:$broker_port" \
         MIRROR_PROXY_LISTEN="127.0.0.1:$listen" \
         MIRROR_PROXY_ADMIN_LISTEN="127.0.0.1:$admin" \
-        "$@" "${KMP_PROXY_BIN:-$KMP_ROOT/target/release/kafka-mirror-proxy}" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
+        "$@" "${KMP_PROXY_BIN:-$KMP_RELEASE/kafka-mirror-proxy}" run > "$KMP_WORK/proxy-$name.log" 2>&1 &
     KMP_PIDS+=($!)
     local pid=$! i
     for i in $(seq 1 100); do

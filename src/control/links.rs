@@ -712,9 +712,9 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             .into());
         }
         if next.source != *link.source_cluster_id() {
-            tracing::warn!(link = name, configured = %link.source_cluster_id(), persisted = %next.source, "link started with a source cluster id other than MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID: barriers use the new one; the producer id mapping keeps the configured one until the configuration is changed");
+            tracing::warn!(link = name, configured = %link.configured_source_cluster_id(), persisted = %next.source, "link started with a source cluster id other than MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID: barriers use the new one; the producer id mapping keeps the configured one until the configuration is changed");
         }
-        tracing::info!(link = name, source_cluster = %next.source, "link started: MIRRORING");
+        tracing::info!(link = name, source_cluster = %link.show_source_cluster(&next.source), "link started: MIRRORING");
         Ok(self.report(link))
     }
 
@@ -756,7 +756,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             "name": link.name(),
             "state": status.state.as_str(),
             "since_ms": status.since_ms,
-            "source_cluster_id": status.source.to_string(),
+            "source_cluster_id": link.show_source_cluster(&status.source),
             "failover": failover,
             "counters": {
                 "local_writes_refused": count(|c| &c.local_writes_refused),

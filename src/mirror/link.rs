@@ -34,6 +34,9 @@ pub enum ControlBatchPolicy {
 pub struct Link {
     name: String,
     source_cluster_id: ClusterId,
+    /// `source_cluster_id` as the operator wrote it (see
+    /// [`Link::with_source_cluster_spelling`]).
+    source_cluster_spelling: String,
     region: u32,
     client_id: String,
     /// Patterns that are plain names, looked up without running a regex
@@ -69,6 +72,7 @@ impl Link {
         Link {
             name,
             region: cluster_hash(&source_cluster_id),
+            source_cluster_spelling: source_cluster_id.to_string(),
             source_cluster_id,
             client_id,
             literal_topics: literals
@@ -91,6 +95,35 @@ impl Link {
 
     pub fn initial_state(&self) -> LinkState {
         self.initial_state
+    }
+
+    /// Shows the source cluster id as `spelling`, the operator's, when it
+    /// spells that id (else it is ignored). Kafka accepts two spellings of
+    /// an id whose last base64 character carries unused bits (the demo id
+    /// `...Qk`, canonically `...Qg`) and a broker reports the one it was
+    /// formatted with, while [`ClusterId`] keeps only the 16 bytes.
+    pub fn with_source_cluster_spelling(mut self, spelling: &str) -> Link {
+        if ClusterId::parse(spelling).is_ok_and(|id| id == self.source_cluster_id) {
+            self.source_cluster_spelling = spelling.to_string();
+        }
+        self
+    }
+
+    /// The source cluster id as configured
+    /// (`MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID`).
+    pub fn configured_source_cluster_id(&self) -> &str {
+        &self.source_cluster_spelling
+    }
+
+    /// How to show `id`, a source cluster of this link, to an operator: as
+    /// configured when it is the configured cluster, else canonically (an
+    /// id given to `start` reaches the state topic as 16 bytes only).
+    pub fn show_source_cluster(&self, id: &ClusterId) -> String {
+        if *id == self.source_cluster_id {
+            self.source_cluster_spelling.clone()
+        } else {
+            id.to_string()
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -236,6 +269,25 @@ mod tests {
         CertSubject {
             full: full.into(),
             common_name: Some(cn.into()),
+        }
+    }
+
+    #[test]
+    fn source_cluster_is_shown_as_configured() {
+        const QG: &str = "MkU3OEVBNTcwNTJENDM2Qg";
+        let l = link(None);
+        let id = *l.source_cluster_id();
+        let other = ClusterId::from_bytes([7; 16]);
+        // Without a spelling: the canonical one.
+        assert_eq!(l.configured_source_cluster_id(), QG);
+        let l = l.with_source_cluster_spelling("MkU3OEVBNTcwNTJENDM2Qk");
+        assert_eq!(l.configured_source_cluster_id(), "MkU3OEVBNTcwNTJENDM2Qk");
+        assert_eq!(l.show_source_cluster(&id), "MkU3OEVBNTcwNTJENDM2Qk");
+        assert_eq!(l.show_source_cluster(&other), other.to_string());
+        // A spelling of another id (or none at all) is not taken.
+        for wrong in ["AAAAAAAAAAAAAAAAAAAAAA", "short"] {
+            let l = link(None).with_source_cluster_spelling(wrong);
+            assert_eq!(l.show_source_cluster(&id), QG, "{wrong}");
         }
     }
 

@@ -525,6 +525,7 @@ mod tests {
                 Arc::new(Metrics::default()),
                 config.read_only_error,
                 Duration::from_secs(1),
+                Default::default(),
             );
             let report = control.link("a").expect("link a");
             assert_eq!(report["source_cluster_id"], id, "{report}");

@@ -152,7 +152,7 @@ impl Control {
         tasks: Tasks,
     ) -> Arc<Control> {
         let barriers = state.clone();
-        Control::build(
+        Control::with(
             links,
             state,
             members,
@@ -166,31 +166,10 @@ impl Control {
 }
 
 impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
-    /// The control over any store, group and barrier placer (its tasks
-    /// run until the runtime ends).
-    pub fn with(
-        links: Links,
-        state: Option<Arc<S>>,
-        members: Option<Arc<G>>,
-        barriers: Option<Arc<B>>,
-        metrics: Arc<Metrics>,
-        read_only_error: ReadOnlyError,
-        drain_timeout: Duration,
-    ) -> Arc<Self> {
-        Self::build(
-            links,
-            state,
-            members,
-            barriers,
-            metrics,
-            read_only_error,
-            drain_timeout,
-            Tasks::default(),
-        )
-    }
-
+    /// The control over any store, group and barrier placer; background
+    /// work goes to `tasks`.
     #[allow(clippy::too_many_arguments)]
-    fn build(
+    pub fn with(
         links: Links,
         state: Option<Arc<S>>,
         members: Option<Arc<G>>,

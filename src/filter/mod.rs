@@ -82,17 +82,15 @@ pub enum Outcome<P> {
     Fenced { owed: Option<P>, link: String },
 }
 
-impl Outcome<()> {
+impl<P> Outcome<P> {
     /// The same outcome with nothing owed (the client expects no answer).
     pub fn discard<Q>(self) -> Outcome<Q> {
         match self {
-            Outcome::Owed(()) | Outcome::NotOwed => Outcome::NotOwed,
+            Outcome::Owed(_) | Outcome::NotOwed => Outcome::NotOwed,
             Outcome::Fenced { link, .. } => Outcome::Fenced { owed: None, link },
         }
     }
-}
 
-impl<P> Outcome<P> {
     /// The same outcome with the pending response mapped by `f`.
     pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Outcome<Q> {
         match self {

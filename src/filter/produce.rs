@@ -413,7 +413,7 @@ impl<'a, S: Service> Produce<'a, S> {
         Ok(match state {
             Some(state) => outcome.map(|p| Reply::Then(p, ProduceHalf { ctx, state })),
             // acks=0: the broker sends nothing back.
-            None => outcome.map(|_| ()).discard(),
+            None => outcome.discard(),
         })
     }
 }

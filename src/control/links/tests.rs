@@ -324,6 +324,7 @@ fn setup(live: &[&str], drain_timeout: Duration, records: &[LinkStatus]) -> Setu
         Arc::new(Metrics::default()),
         ReadOnlyError::PolicyViolation,
         drain_timeout,
+        crate::net::tasks::Tasks::default(),
     );
     Setup {
         control,

@@ -139,8 +139,8 @@ fn bench(c: &mut Criterion) {
                 b.iter_batched_ref(
                     || BytesMut::from(&frame[..]).freeze(),
                     |f| {
-                        let plan =
-                            produce::plan(f, body_offset, VERSION, &link, &|_| None).expect("plan");
+                        let index = produce::index(f, body_offset, VERSION).expect("index");
+                        let plan = produce::plan(f, &index, &link, &|_| None);
                         let mut m = BytesMut::from(std::mem::take(f));
                         plan.apply(&mut m).expect("apply");
                         m
@@ -180,16 +180,15 @@ fn bench(c: &mut Criterion) {
                 b.iter_batched_ref(
                     || BytesMut::from(&frame[..]).freeze(),
                     |f| {
+                        let index = produce::index(f, body_offset, VERSION).expect("index");
                         let plan = produce::plan_with(
                             f,
-                            body_offset,
-                            VERSION,
+                            &index,
                             &link,
                             &|_| None,
                             &|_| Some(topic_id),
                             &produce::AtTime(&view, 1_000_000),
-                        )
-                        .expect("plan");
+                        );
                         assert!(plan.unresolved.is_empty());
                         let mut m = BytesMut::from(std::mem::take(f));
                         plan.apply(&mut m).expect("apply");
@@ -413,28 +412,28 @@ fn local_read_only_check(c: &mut Criterion) {
             .expect("offset");
         group.bench_function(BenchmarkId::new("refusal_plan", version), |b| {
             b.iter(|| {
-                let plan = produce::refuse_where(&frame, body_offset, version, |t| {
-                    let name = match version >= 13 {
-                        true => name_of(t.topic_id)?,
-                        false => t.name.to_string(),
+                let index = produce::index(&frame, body_offset, version).expect("index");
+                let plan = produce::refuse_where(&frame, &index, |t, _| {
+                    let name = match t {
+                        produce::TopicKey::Id(id) => name_of(id)?,
+                        produce::TopicKey::Name(n) => n.to_string(),
                     };
                     read_only
                         .contains(&name)
                         .then(|| (produce::Refusal::ReadOnly, String::new()))
-                })
-                .expect("plan");
+                });
                 assert_eq!(plan.forwarded_partitions, 1);
             })
         });
         group.bench_function(BenchmarkId::new("any_topic", version), |b| {
             b.iter(|| {
-                let any = produce::any_topic(&frame, body_offset, version, |t| match t {
+                let index = produce::index(&frame, body_offset, version).expect("index");
+                let any = produce::any_topic(&frame, &index, |t| match t {
                     produce::TopicKey::Name(n) => read_only.contains(n),
                     produce::TopicKey::Id(id) => {
                         name_of(id).is_some_and(|n| read_only.contains(&n))
                     }
-                })
-                .expect("walk");
+                });
                 assert!(!any);
             })
         });

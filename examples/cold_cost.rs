@@ -14,7 +14,7 @@
 //! - link: `plan` (request walk, topic and origin lookups, patch plan),
 //!   `apply` (the 8-byte patch), `begin` (producer state), `answers` (the
 //!   response walk with the answers visitor), `settle` (producer state);
-//! - local: `any_topic` (the read-only check's walk), `response_walk` (the
+//! - local: `any_topic` (the read-only check: index and ask), `response_walk` (the
 //!   response walk alone).
 //!
 //! `cargo run --release --example cold_cost [ITERATIONS]`
@@ -243,16 +243,15 @@ fn main() {
 
             let mut plan = measure(&mut t, &mut a, 0, || {
                 let v = view.read().expect("view");
+                let index = produce::index(&frame, body_offset, VERSION).expect("index");
                 produce::plan_with(
                     &frame,
-                    body_offset,
-                    VERSION,
+                    &index,
                     &link,
                     &|id| names.read().ok()?.get(&id).cloned(),
                     &|_| None,
                     &produce::AtTime(&v, now),
                 )
-                .expect("plan")
             });
             let buf = measure(&mut t, &mut a, 1, || {
                 let mut buf = frame.try_into_mut().expect("unique");
@@ -280,7 +279,8 @@ fn main() {
             }
             let frame = buf.freeze();
             let hit = measure(&mut t, &mut a, 5, || {
-                produce::any_topic(&frame, body_offset, VERSION, |t| match t {
+                let index = produce::index(&frame, body_offset, VERSION).expect("index");
+                produce::any_topic(&frame, &index, |t| match t {
                     produce::TopicKey::Id(id) => names
                         .read()
                         .ok()
@@ -288,7 +288,6 @@ fn main() {
                         .is_some_and(|n| read_only.contains(&*n)),
                     produce::TopicKey::Name(n) => read_only.contains(n),
                 })
-                .expect("walk")
             });
             assert!(!hit);
             let walked = measure(&mut t, &mut a, 6, || {

@@ -549,11 +549,11 @@ impl Metrics {
             .inc();
     }
 
-    pub fn local_write_refused(&self, link: &str) {
+    pub fn local_writes_refused(&self, link: &str, partitions: usize) {
         self.control
             .local_writes_refused
             .get_or_create(&self.link_label(link))
-            .inc();
+            .inc_by(partitions as u64);
     }
 
     pub fn link_connection_fenced(&self, link: &str) {

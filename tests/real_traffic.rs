@@ -178,8 +178,9 @@ fn check(e: &Exchange, link: &Link, seeds: &mut Vec<(&'static str, Vec<u8>)>) ->
         let frame = Bytes::from(e.request.clone());
         let h = RequestHeaderPeek::parse(&frame)?;
         let offset = h.body_offset(&frame, api.request_header_version(version))?;
-        let plan = produce::plan(&frame, offset, version, link, &|_| Some("orders".into()))
-            .with_context(|| format!("{what} request"))?;
+        let index =
+            produce::index(&frame, offset, version).with_context(|| format!("{what} request"))?;
+        let plan = produce::plan(&frame, &index, link, &|_| Some("orders".into()));
         ensure!(
             plan.local.is_empty() && plan.patches() > 0,
             "{what}: every batch of a link Produce is remapped: {plan:?}"

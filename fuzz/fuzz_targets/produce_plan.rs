@@ -54,14 +54,14 @@ fuzz_target!(|data: &[u8]| {
         "the two Produce walks disagree"
     );
     let _ = produce_acks(&frame, offset, version);
-    if let Ok(plan) = produce::refuse_all(&frame, offset, version, Refusal::NotAuthorized, "m") {
-        let _ = produce::local_response(h.correlation_id, version, &plan.local);
-    }
+    let Ok(index) = produce::index(&frame, offset, version) else {
+        return;
+    };
+    let plan = produce::refuse_all(&frame, &index, Refusal::NotAuthorized, "m");
+    let _ = produce::local_response(h.correlation_id, version, &plan.local);
     let topic_name = |_| Some(std::sync::Arc::from("orders"));
     for link in links() {
-        let Ok(plan) = produce::plan(&frame, offset, version, link, &topic_name) else {
-            continue;
-        };
+        let plan = produce::plan(&frame, &index, link, &topic_name);
         let mut patched = BytesMut::from(&frame[..]);
         plan.apply(&mut patched)
             .expect("a fresh plan applies to its own frame");
@@ -83,18 +83,10 @@ fuzz_target!(|data: &[u8]| {
             );
         }
         if !plan.local.is_empty() && plan.forwarded_partitions > 0 {
-            let reduced =
-                produce::without_local_partitions(&patched.freeze(), offset, version, &plan.local)
-                    .expect("a walked request re-emits");
-            let again = produce::refuse_all(
-                &reduced.freeze(),
-                offset,
-                version,
-                Refusal::NotAuthorized,
-                "m",
-            )
-            .expect("the re-emitted request walks");
-            assert_eq!(again.local.len(), plan.forwarded_partitions);
+            let reduced = produce::without_local_partitions(&patched, &index, &plan.local).freeze();
+            let again = produce::index(&reduced, offset, version)
+                .expect("the re-emitted request walks");
+            assert_eq!(again.partitions().len(), plan.forwarded_partitions);
         }
     }
 });

@@ -300,13 +300,14 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             .any(|l| unknown || self.status(l).state.read_only())
     }
 
-    /// Count a refused local partition write.
-    pub fn local_write_refused(&self, topic: &str) {
+    /// Count `partitions` refused local partition writes to `topic`.
+    pub fn local_writes_refused(&self, topic: &str, partitions: usize) {
         if let Some(link) = self.links.iter().find(|l| l.mirrors_topic(topic)) {
             if let Some(c) = self.counters.get(link.name()) {
-                c.local_writes_refused.fetch_add(1, Ordering::Relaxed);
+                c.local_writes_refused
+                    .fetch_add(partitions as u64, Ordering::Relaxed);
             }
-            self.metrics.local_write_refused(link.name());
+            self.metrics.local_writes_refused(link.name(), partitions);
         }
     }
 

@@ -99,7 +99,8 @@ impl<'a> ProduceFilter<'a> {
         };
         // Every partition of the request answered here with `refusal`.
         let refuse_request = |link: &str, refusal: Refusal, message: &str| {
-            let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
+            let index = produce::index(&frame, body_offset, version)?;
+            let plan = produce::refuse_all(&frame, &index, refusal, message);
             count_local(ctx, link, &plan.local);
             answered(&plan.local)
         };
@@ -108,22 +109,18 @@ impl<'a> ProduceFilter<'a> {
                 if addresses::carries_addresses(ApiKey::Produce, version) {
                     addresses::check_parseable(ApiKey::Produce, version)?;
                 }
-                // Read-only mirrored topics: refused per partition. Planned
-                // only for a request that names one (a walk that allocates
-                // nothing answers that for all the others).
+                // Read-only mirrored topics: refused per partition, decided
+                // once per topic entry. While no topic is read-only the
+                // request is not even walked.
                 let control = &ctx.control;
-                if control.any_read_only()
-                    && produce::any_topic(&frame, body_offset, version, |t| {
-                        topic_name(ctx, t)
-                            .is_some_and(|name| control.read_only(&name, version).is_some())
-                    })?
-                {
-                    let plan = produce::refuse_where(&frame, body_offset, version, |t| {
-                        let name = topic_name(ctx, t.key(version))?;
+                if control.any_read_only() {
+                    let index = produce::index(&frame, body_offset, version)?;
+                    let plan = produce::refuse_where(&frame, &index, |t, partitions| {
+                        let name = topic_name(ctx, t)?;
                         let refusal = control.read_only(&name, version)?;
-                        control.local_write_refused(&name);
+                        control.local_writes_refused(&name, partitions);
                         Some(refusal)
-                    })?;
+                    });
                     if !plan.local.is_empty() {
                         if let Some(LocalPartition {
                             outcome: LocalOutcome::Refused { message, .. },
@@ -135,12 +132,8 @@ impl<'a> ProduceFilter<'a> {
                         if plan.forwarded_partitions == 0 {
                             return answered(&plan.local);
                         }
-                        let reduced = produce::without_local_partitions(
-                            &frame,
-                            body_offset,
-                            version,
-                            &plan.local,
-                        )?;
+                        let reduced =
+                            produce::without_local_partitions(&frame, &index, &plan.local);
                         return Ok(forward(reduced, plan.local, Tracked::none()));
                     }
                 }
@@ -174,19 +167,19 @@ impl<'a> ProduceFilter<'a> {
                 return refuse_request(link.name(), Refusal::StateNotLoaded, &message);
             }
         };
+        let index = produce::index(&frame, body_offset, version)?;
         let plan_now = || {
             let view = state.view();
             produce::plan_with(
                 &frame,
-                body_offset,
-                version,
+                &index,
                 link,
                 &|id| ctx.topics.name(id),
                 &|name| ctx.topics.id(name).or_else(|| state.topic_id(name)),
                 &produce::AtTime(&view, crate::state::now_ms()),
             )
         };
-        let mut plan = plan_now()?;
+        let mut plan = plan_now();
         if !plan.unresolved.is_empty() {
             // New origins: persisted before anything of them is forwarded.
             // Boxed, like the rebuild below: rare, and their futures would
@@ -195,7 +188,7 @@ impl<'a> ProduceFilter<'a> {
             for (topic, partition, error) in resolved {
                 tracing::warn!(link = link.name(), topic, partition, %error, "could not persist a new mirrored producer's mapping");
             }
-            plan = plan_now()?;
+            plan = plan_now();
         }
         // Mirrored producer state: duplicates and refusals become local answers.
         // Nothing of a partition begins before its state is rebuilt from its
@@ -278,8 +271,7 @@ impl<'a> ProduceFilter<'a> {
         if plan.local.is_empty() {
             return Ok(forward(buf, Vec::new(), tracked));
         }
-        let reduced =
-            produce::without_local_partitions(&buf.freeze(), body_offset, version, &plan.local)?;
+        let reduced = produce::without_local_partitions(&buf, &index, &plan.local);
         Ok(forward(reduced, plan.local, tracked))
     }
 
@@ -447,7 +439,8 @@ pub fn refuse_every_partition(
     let version = h.api_version;
     let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
     let acks = produce_acks(&frame, body_offset, version)?;
-    let plan = produce::refuse_all(&frame, body_offset, version, refusal, message)?;
+    let index = produce::index(&frame, body_offset, version)?;
+    let plan = produce::refuse_all(&frame, &index, refusal, message);
     count_local(ctx, link, &plan.local);
     Ok(match acks != 0 {
         true => Some(produce::local_response(

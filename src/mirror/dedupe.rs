@@ -245,6 +245,7 @@ impl Dedupe {
         plan.local.push(LocalPartition {
             topic: tp.topic,
             partition: partition.partition,
+            entry: tp.entry,
             outcome: LocalOutcome::Refused {
                 refusal: Refusal::StateNotRebuilt,
                 message,
@@ -442,6 +443,7 @@ impl Dedupe {
                     plan.local.push(LocalPartition {
                         topic: tp.topic,
                         partition: tp.partition.partition,
+                        entry: tp.entry,
                         outcome,
                     });
                 }

@@ -10,8 +10,9 @@
 //! dropped) is the request re-encoded without them, and the broker's response
 //! merged with the proxy's answers.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::produce_response::{
@@ -28,6 +29,8 @@ use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::pid::{cluster_hash, map_pid, Mapping, NO_PRODUCER_ID};
 use crate::mirror::producer_state::{BatchId, RefusalKind};
 use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
+pub use crate::wire::produce_walk::Index;
+use crate::wire::produce_walk::{IndexedPartition, IndexedTopic, Topic};
 use crate::wire::{produce_walk, schema, walk};
 
 /// Why a Produce request could not be handled at all (the connection is
@@ -198,6 +201,8 @@ pub enum LocalOutcome {
 pub struct LocalPartition {
     pub topic: TopicRef,
     pub partition: i32,
+    /// Its entry's place in the request's [`Index`].
+    pub entry: u32,
     pub outcome: LocalOutcome,
 }
 
@@ -252,6 +257,8 @@ pub type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
 pub struct TrackedPartition {
     pub topic: TopicRef,
     pub partition: PartitionId,
+    /// Its entry's place in the request's [`Index`].
+    pub entry: u32,
     /// Every batch of the partition entry (tracked or not).
     pub batch_count: usize,
     /// The batches with a producer id and a sequence, in order.
@@ -341,22 +348,11 @@ impl ProducePlan {
     }
 }
 
-/// Kafka's definition of the Produce request, looked up once: every Produce
-/// is walked with it, and the lookup by name (a hash of the name, a probe,
-/// a compare) was two more places in memory to fetch per request.
-fn produce_request() -> Result<&'static schema::Message, &'static schema::SchemaError> {
-    static MESSAGE: OnceLock<Result<&'static schema::Message, schema::SchemaError>> =
-        OnceLock::new();
-    MESSAGE
-        .get_or_init(|| schema::message("ProduceRequest"))
-        .as_ref()
-        .map(|m| *m)
-}
-
-/// The Produce versions the proxy parses: those of Kafka's own definition
-/// (v3 to v13 for Kafka 4.4; v0 to v2 are refused by 4.x brokers).
+/// The Produce versions of Kafka's own definition (v3 to v13 for Kafka
+/// 4.4; v0 to v2 are refused by 4.x brokers): the hand walk's
+/// (`produce_walk::VERSIONS`) must be these.
 pub fn supported_versions() -> (i16, i16) {
-    match produce_request() {
+    match schema::message("ProduceRequest") {
         Ok(m) => (m.valid.min, m.valid.max),
         Err(_) => (1, 0),
     }
@@ -371,267 +367,229 @@ fn check_version(version: i16) -> Result<(), ProduceError> {
     }
 }
 
-fn request_schema(version: i16) -> Result<&'static schema::Message, ProduceError> {
-    let m = produce_request().map_err(|e| ProduceError::Malformed {
-        version,
-        reason: e.to_string(),
-    })?;
-    if !(m.valid.min..=m.valid.max).contains(&version) {
-        return Err(ProduceError::UnsupportedVersion(version));
-    }
-    Ok(m)
-}
-
-/// One partition entry of a Produce request, as the walk finds it.
-struct PartitionEntry<'a> {
-    topic: &'a TopicRef,
-    index: i32,
-    /// Where the records are in the frame (`None`: null records).
-    records: Option<Range<usize>>,
-}
-
-/// Walk every partition entry of the Produce request in `frame` (body at
-/// `body_offset`) and hand each, in request order, to `on_partition`. The
-/// first error it returns stops the calls; the walk still checks the rest,
-/// so a malformed request is always reported as malformed. Allocates
-/// nothing: a topic name is a slice of the frame.
-fn for_each_partition(
-    frame: &Bytes,
-    body_offset: usize,
-    version: i16,
-    on_partition: impl FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>,
-) -> Result<(), ProduceError> {
-    struct Entries<'f, F> {
-        frame: &'f Bytes,
-        version: i16,
-        topic: TopicRef,
-        error: Option<ProduceError>,
-        on_partition: F,
-    }
-    impl<'f, F: FnMut(PartitionEntry<'_>) -> Result<(), ProduceError>> produce_walk::Visitor<'f>
-        for Entries<'f, F>
-    {
-        fn topic(&mut self, topic: produce_walk::Topic<'f>) {
-            self.topic = match topic {
-                produce_walk::Topic::Id(id) => TopicRef {
-                    topic_id: Uuid::from_bytes(id),
-                    ..TopicRef::default()
-                },
-                produce_walk::Topic::Name(name) => {
-                    match StrBytes::from_utf8(self.frame.slice_ref(name)) {
-                        Ok(name) => TopicRef {
-                            name: TopicName(name),
-                            ..TopicRef::default()
-                        },
-                        Err(_) => {
-                            if self.error.is_none() {
-                                self.error = Some(ProduceError::Malformed {
-                                    version: self.version,
-                                    reason: "topic name is not UTF-8".into(),
-                                });
-                            }
-                            TopicRef::default()
-                        }
-                    }
-                }
-            };
-        }
-        fn partition(&mut self, index: i32, records: Option<Range<usize>>) {
-            if self.error.is_some() {
-                return;
-            }
-            let entry = PartitionEntry {
-                topic: &self.topic,
-                index,
-                records,
-            };
-            if let Err(e) = (self.on_partition)(entry) {
-                self.error = Some(e);
-            }
-        }
-    }
+/// Index the Produce request in `frame` (its body at `body_offset`): the
+/// one walk that every decision about the request then reads. A request
+/// that cannot be walked, or names a topic whose name is not UTF-8, is
+/// malformed: nothing of it is forwarded.
+pub fn index(frame: &[u8], body_offset: usize, version: i16) -> Result<Index, ProduceError> {
     check_version(version)?;
-    let mut v = Entries {
-        frame,
-        version,
-        topic: TopicRef::default(),
-        error: None,
-        on_partition,
+    let malformed = |reason: String| ProduceError::Malformed { version, reason };
+    let index = Index::new(version, frame, body_offset).map_err(|e| malformed(e.to_string()))?;
+    let not_utf8 = |t: &IndexedTopic| match index.topic(frame, t) {
+        Topic::Name(name) => std::str::from_utf8(name).is_err(),
+        Topic::Id(_) => false,
     };
-    produce_walk::walk(version, frame, body_offset, &mut v).map_err(|e| {
-        ProduceError::Malformed {
-            version,
-            reason: e.to_string(),
-        }
-    })?;
-    v.error.map_or(Ok(()), Err)
+    if index.topics().iter().any(not_utf8) {
+        return Err(malformed("topic name is not UTF-8".into()));
+    }
+    Ok(index)
+}
+
+/// A topic entry as the request names it, borrowed from the frame.
+fn topic_key<'f>(frame: &'f [u8], index: &Index, topic: &IndexedTopic) -> TopicKey<'f> {
+    match index.topic(frame, topic) {
+        // UTF-8 was checked when the request was indexed.
+        Topic::Name(name) => TopicKey::Name(std::str::from_utf8(name).unwrap_or_default()),
+        Topic::Id(id) => TopicKey::Id(Uuid::from_bytes(id)),
+    }
+}
+
+/// A topic entry as the proxy's answers name it: the name shares the
+/// frame's memory.
+fn topic_ref(frame: &Bytes, index: &Index, topic: &IndexedTopic) -> TopicRef {
+    match index.topic(frame, topic) {
+        Topic::Name(name) => TopicRef {
+            name: TopicName(StrBytes::from_utf8(frame.slice_ref(name)).unwrap_or_default()),
+            ..TopicRef::default()
+        },
+        Topic::Id(id) => TopicRef {
+            topic_id: Uuid::from_bytes(id),
+            ..TopicRef::default()
+        },
+    }
+}
+
+/// A partition named twice in the request (by the same topic, in one
+/// topic entry or two): its topic and index. Sorted, not scanned, so a
+/// request of many entries costs `n log n`.
+fn named_twice<'f>(frame: &'f [u8], index: &Index) -> Option<(TopicKey<'f>, i32)> {
+    let topics = index.topics();
+    let mut entries: SmallVec<[(&[u8], i32, u32); 8]> = index
+        .partitions()
+        .iter()
+        .map(|p| {
+            let t = &topics[p.topic as usize];
+            (index.key(frame, t), p.index, p.topic)
+        })
+        .collect();
+    entries.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let w = entries
+        .windows(2)
+        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))?;
+    let (_, partition, topic) = w[0];
+    Some((topic_key(frame, index, &topics[topic as usize]), partition))
 }
 
 /// Plan the rewrite of a Produce request sent on `link` with the natural
 /// bit-field mapping and no state (tests, benchmarks).
 pub fn plan(
     frame: &Bytes,
-    body_offset: usize,
-    version: i16,
+    index: &Index,
     link: &Link,
     topic_name: &dyn Fn(Uuid) -> Option<Arc<str>>,
-) -> Result<ProducePlan, ProduceError> {
-    plan_with(
-        frame,
-        body_offset,
-        version,
-        link,
-        topic_name,
-        &|_| None,
-        &Natural,
-    )
+) -> ProducePlan {
+    plan_with(frame, index, link, topic_name, &|_| None, &Natural)
 }
 
 /// Plan the rewrite of a Produce request sent on `link`. `frame` is the
-/// request without its size prefix; `topic_name` resolves v13 topic ids,
-/// `topic_id` the ids of topics named by older versions; `origins` gives
-/// the mapped PID of every known origin.
+/// request without its size prefix and `index` its index; `topic_name`
+/// resolves v13 topic ids, `topic_id` the ids of topics named by older
+/// versions; `origins` gives the mapped PID of every known origin.
 ///
 /// Runs on every link request, between two of which the broker and the
 /// producer have had the cores and their caches: it resolves each topic
-/// once and allocates only what the plan keeps (the patches, the tracked
-/// partitions; a partition's first tracked batch is kept inline).
+/// entry once and allocates only what the plan keeps (the patches, the
+/// tracked partitions; a partition's first tracked batch is kept inline).
 pub fn plan_with(
     frame: &Bytes,
-    body_offset: usize,
-    version: i16,
+    index: &Index,
     link: &Link,
     topic_name: &dyn Fn(Uuid) -> Option<Arc<str>>,
     topic_id: &dyn Fn(&str) -> Option<Uuid>,
     origins: &dyn OriginLookup,
-) -> Result<ProducePlan, ProduceError> {
-    let mut plan = ProducePlan::default();
-    let mut topics: SmallVec<[RequestTopic; 2]> = SmallVec::new();
-    // Every partition entry as (topic's place in `topics`, index), to find
-    // a partition named twice.
-    let mut entries: SmallVec<[(usize, i32); 8]> = SmallVec::new();
-    for_each_partition(frame, body_offset, version, |p| {
-        // A topic's partitions come together: the last one is almost
-        // always the topic of this entry.
-        let slot = match topics.iter().rposition(|t| t.topic == *p.topic) {
-            Some(slot) => slot,
-            None => {
-                topics.push(RequestTopic::resolve(
-                    p.topic, version, topic_name, topic_id,
-                ));
-                topics.len() - 1
-            }
-        };
-        entries.push((slot, p.index));
-        let topic = &topics[slot];
-        let refuse = |refusal: Refusal, message: String| LocalPartition {
-            topic: p.topic.clone(),
-            partition: p.index,
-            outcome: LocalOutcome::Refused { refusal, message },
-        };
-        let Some(name) = topic.name(version) else {
-            plan.local.push(refuse(
-                Refusal::UnknownTopicId,
-                format!(
-                    "mirror link '{}': topic id {} is not known to the proxy yet; refresh metadata and retry",
-                    link.name(),
-                    p.topic.topic_id
+) -> ProducePlan {
+    let version = index.version();
+    if index.partitions().len() > 1 {
+        if let Some((topic, partition)) = named_twice(frame, index) {
+            let topic = match topic {
+                TopicKey::Id(id) => id.to_string(),
+                TopicKey::Name(name) => name.to_string(),
+            };
+            return refuse_all(
+                frame,
+                index,
+                Refusal::DuplicatePartition,
+                &format!(
+                    "mirror link '{}': the request names partition {partition} of topic {topic} more than once; refused whole",
+                    link.name()
                 ),
-            ));
-            return Ok(());
-        };
-        if !link.mirrors_topic(name) {
-            plan.local.push(refuse(
-                Refusal::TopicNotMirrored,
-                format!(
-                    "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
-                    link.name(),
-                    crate::mirror::link::link_env_name(link.name())
-                ),
-            ));
-            return Ok(());
+            );
         }
-        let Some(records) = p.records else {
-            plan.forwarded_partitions += 1;
-            return Ok(());
-        };
-        let base = records.start;
-        let partition = PartitionId {
-            topic_id: topic.id,
-            partition: p.index,
-        };
-        let (unresolved, patches) = (plan.unresolved.len(), plan.patches.len());
-        let planned = plan_partition(
-            &frame[records],
-            base,
-            link,
-            name,
-            partition,
-            origins,
-            &mut plan.patches,
-            &mut plan.unresolved,
-        );
-        let new_origins = plan.unresolved.len() > unresolved;
-        if new_origins || !matches!(planned, Ok(PartitionPlan::Forward { .. })) {
-            // Nothing of a partition answered here is patched.
-            plan.patches.truncate(patches);
-        }
-        if new_origins {
-            plan.local.push(refuse(
-                Refusal::StateWriteFailed,
-                format!(
-                    "mirror link '{}': {name}-{}: the producer id mapping of a new mirrored producer could not be persisted to the state topic; retry",
-                    link.name(),
-                    p.index
-                ),
-            ));
-            return Ok(());
-        }
-        match planned {
-            Ok(PartitionPlan::Forward {
-                batch_count,
-                tracked,
-            }) => {
-                plan.forwarded_partitions += 1;
-                plan.remapped_batches += plan.patches.len() - patches;
-                if !tracked.is_empty() {
-                    plan.tracked.push(TrackedPartition {
-                        topic: p.topic.clone(),
-                        partition,
-                        batch_count,
-                        batches: tracked,
-                    });
-                }
-            }
-            Ok(PartitionPlan::DropControl(batches)) => plan.local.push(LocalPartition {
-                topic: p.topic.clone(),
-                partition: p.index,
-                outcome: LocalOutcome::DroppedControl { batches },
-            }),
-            Err((refusal, message)) => plan.local.push(refuse(refusal, message)),
-        }
-        Ok(())
-    })?;
-    entries.sort_unstable();
-    if let Some(w) = entries.windows(2).find(|w| w[0] == w[1]) {
-        let (slot, index) = w[0];
-        let topic = match topics.get(slot).map(|t| t.topic.key(version)) {
-            Some(TopicKey::Id(id)) => id.to_string(),
-            Some(TopicKey::Name(name)) => name.to_string(),
-            None => String::new(),
-        };
-        return refuse_all(
-            frame,
-            body_offset,
-            version,
-            Refusal::DuplicatePartition,
-            &format!(
-                "mirror link '{}': the request names partition {index} of topic {topic} more than once; refused whole",
-                link.name()
-            ),
-        );
     }
-    Ok(plan)
+    let mut plan = ProducePlan::default();
+    for t in index.topics() {
+        let topic =
+            RequestTopic::resolve(topic_ref(frame, index, t), version, topic_name, topic_id);
+        for entry in t.partitions() {
+            let p = &index.partitions()[entry];
+            plan_entry(&mut plan, frame, &topic, entry, p, version, link, origins);
+        }
+    }
+    plan
+}
+
+/// Plan one partition entry of a link request into `plan`.
+#[allow(clippy::too_many_arguments)]
+fn plan_entry(
+    plan: &mut ProducePlan,
+    frame: &[u8],
+    topic: &RequestTopic,
+    entry: usize,
+    p: &IndexedPartition,
+    version: i16,
+    link: &Link,
+    origins: &dyn OriginLookup,
+) {
+    let entry = entry as u32;
+    let refuse = |refusal: Refusal, message: String| LocalPartition {
+        topic: topic.topic.clone(),
+        partition: p.index,
+        entry,
+        outcome: LocalOutcome::Refused { refusal, message },
+    };
+    let Some(name) = topic.name(version) else {
+        plan.local.push(refuse(
+            Refusal::UnknownTopicId,
+            format!(
+                "mirror link '{}': topic id {} is not known to the proxy yet; refresh metadata and retry",
+                link.name(),
+                topic.topic.topic_id
+            ),
+        ));
+        return;
+    };
+    if !link.mirrors_topic(name) {
+        plan.local.push(refuse(
+            Refusal::TopicNotMirrored,
+            format!(
+                "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
+                link.name(),
+                crate::mirror::link::link_env_name(link.name())
+            ),
+        ));
+        return;
+    }
+    let Some(records) = p.records() else {
+        plan.forwarded_partitions += 1;
+        return;
+    };
+    let base = records.start;
+    let partition = PartitionId {
+        topic_id: topic.id,
+        partition: p.index,
+    };
+    let (unresolved, patches) = (plan.unresolved.len(), plan.patches.len());
+    let planned = plan_partition(
+        &frame[records],
+        base,
+        link,
+        name,
+        partition,
+        origins,
+        &mut plan.patches,
+        &mut plan.unresolved,
+    );
+    let new_origins = plan.unresolved.len() > unresolved;
+    if new_origins || !matches!(planned, Ok(PartitionPlan::Forward { .. })) {
+        // Nothing of a partition answered here is patched.
+        plan.patches.truncate(patches);
+    }
+    if new_origins {
+        plan.local.push(refuse(
+            Refusal::StateWriteFailed,
+            format!(
+                "mirror link '{}': {name}-{}: the producer id mapping of a new mirrored producer could not be persisted to the state topic; retry",
+                link.name(),
+                p.index
+            ),
+        ));
+        return;
+    }
+    match planned {
+        Ok(PartitionPlan::Forward {
+            batch_count,
+            tracked,
+        }) => {
+            plan.forwarded_partitions += 1;
+            plan.remapped_batches += plan.patches.len() - patches;
+            if !tracked.is_empty() {
+                plan.tracked.push(TrackedPartition {
+                    topic: topic.topic.clone(),
+                    partition,
+                    entry,
+                    batch_count,
+                    batches: tracked,
+                });
+            }
+        }
+        Ok(PartitionPlan::DropControl(batches)) => plan.local.push(LocalPartition {
+            topic: topic.topic.clone(),
+            partition: p.index,
+            entry,
+            outcome: LocalOutcome::DroppedControl { batches },
+        }),
+        Err((refusal, message)) => plan.local.push(refuse(refusal, message)),
+    }
 }
 
 /// A topic of a link request, resolved once per request.
@@ -646,7 +604,7 @@ struct RequestTopic {
 
 impl RequestTopic {
     fn resolve(
-        topic: &TopicRef,
+        topic: TopicRef,
         version: i16,
         topic_name: &dyn Fn(Uuid) -> Option<Arc<str>>,
         topic_id: &dyn Fn(&str) -> Option<Uuid>,
@@ -659,7 +617,7 @@ impl RequestTopic {
             ),
         };
         RequestTopic {
-            topic: topic.clone(),
+            topic,
             looked_up,
             id,
         }
@@ -789,49 +747,39 @@ fn plan_partition(
 }
 
 /// Plan that answers every partition of the request with `refusal`.
-pub fn refuse_all(
-    frame: &Bytes,
-    body_offset: usize,
-    version: i16,
-    refusal: Refusal,
-    message: &str,
-) -> Result<ProducePlan, ProduceError> {
-    let mut plan = ProducePlan::default();
-    for_each_partition(frame, body_offset, version, |p| {
-        plan.local.push(LocalPartition {
-            topic: p.topic.clone(),
-            partition: p.index,
-            outcome: LocalOutcome::Refused {
-                refusal,
-                message: message.to_string(),
-            },
-        });
-        Ok(())
-    })?;
-    Ok(plan)
+pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str) -> ProducePlan {
+    refuse_where(frame, index, |_, _| Some((refusal, message.to_string())))
 }
 
-/// Plan that answers the partitions `decide` refuses and forwards the rest
-/// (`forwarded_partitions` counts those).
+/// Plan that answers the partitions of the topic entries `decide` refuses
+/// and forwards the rest (`forwarded_partitions` counts those). `decide`
+/// is asked once per topic entry, with its number of partitions.
 pub fn refuse_where(
     frame: &Bytes,
-    body_offset: usize,
-    version: i16,
-    mut decide: impl FnMut(&TopicRef) -> Option<(Refusal, String)>,
-) -> Result<ProducePlan, ProduceError> {
+    index: &Index,
+    mut decide: impl FnMut(TopicKey<'_>, usize) -> Option<(Refusal, String)>,
+) -> ProducePlan {
     let mut plan = ProducePlan::default();
-    for_each_partition(frame, body_offset, version, |p| {
-        match decide(p.topic) {
-            Some((refusal, message)) => plan.local.push(LocalPartition {
-                topic: p.topic.clone(),
-                partition: p.index,
-                outcome: LocalOutcome::Refused { refusal, message },
-            }),
-            None => plan.forwarded_partitions += 1,
+    for t in index.topics() {
+        let entries = t.partitions();
+        let Some((refusal, message)) = decide(topic_key(frame, index, t), entries.len()) else {
+            plan.forwarded_partitions += entries.len();
+            continue;
+        };
+        let topic = topic_ref(frame, index, t);
+        for entry in entries {
+            plan.local.push(LocalPartition {
+                topic: topic.clone(),
+                partition: index.partitions()[entry].index,
+                entry: entry as u32,
+                outcome: LocalOutcome::Refused {
+                    refusal,
+                    message: message.clone(),
+                },
+            });
         }
-        Ok(())
-    })?;
-    Ok(plan)
+    }
+    plan
 }
 
 /// A topic of a Produce request as the frame names it, borrowed from it.
@@ -843,152 +791,63 @@ pub enum TopicKey<'a> {
     Id(Uuid),
 }
 
-/// Whether `pred` holds for some topic of the Produce request in `frame`.
+/// Whether `pred` holds for some topic entry of the indexed request.
 /// Allocates nothing: the local path asks this of every Produce while some
 /// topic is read-only, and plans refusals (`refuse_where`) only on a yes.
-/// The whole request is walked either way, so a malformed one fails here.
-pub fn any_topic(
-    frame: &Bytes,
-    body_offset: usize,
-    version: i16,
-    pred: impl FnMut(TopicKey<'_>) -> bool,
-) -> Result<bool, ProduceError> {
-    struct Topics<F> {
-        found: bool,
-        not_utf8: bool,
-        pred: F,
-    }
-    impl<F: FnMut(TopicKey<'_>) -> bool> produce_walk::Visitor<'_> for Topics<F> {
-        fn topic(&mut self, topic: produce_walk::Topic<'_>) {
-            if self.found || self.not_utf8 {
-                return;
-            }
-            match topic {
-                produce_walk::Topic::Name(name) => match std::str::from_utf8(name) {
-                    Ok(n) => self.found = (self.pred)(TopicKey::Name(n)),
-                    Err(_) => self.not_utf8 = true,
-                },
-                produce_walk::Topic::Id(id) => {
-                    self.found = (self.pred)(TopicKey::Id(Uuid::from_bytes(id)))
-                }
-            }
-        }
-        fn partition(&mut self, _: i32, _: Option<Range<usize>>) {}
-    }
-    check_version(version)?;
-    let mut v = Topics {
-        found: false,
-        not_utf8: false,
-        pred,
-    };
-    let malformed = |reason: String| ProduceError::Malformed { version, reason };
-    produce_walk::walk(version, frame, body_offset, &mut v)
-        .map_err(|e| malformed(e.to_string()))?;
-    if v.not_utf8 {
-        return Err(malformed("topic name is not UTF-8".into()));
-    }
-    Ok(v.found)
+pub fn any_topic(frame: &[u8], index: &Index, mut pred: impl FnMut(TopicKey<'_>) -> bool) -> bool {
+    index
+        .topics()
+        .iter()
+        .any(|t| pred(topic_key(frame, index, t)))
 }
 
-pub(crate) fn same_topic(version: i16, a: &TopicRef, name: &TopicName, topic_id: Uuid) -> bool {
-    if version >= 13 {
-        a.topic_id == topic_id
-    } else {
-        &a.name == name
-    }
-}
-
-/// Drops the partitions the proxy answers itself (and topics left empty)
-/// while a Produce request is re-emitted.
-struct DropLocal<'l> {
-    version: i16,
-    local: &'l [LocalPartition],
-    name: TopicName,
-    topic_id: Uuid,
-    index: i32,
-    kept_in_topic: usize,
-}
-
-impl walk::Visitor for DropLocal<'_> {
-    fn value(&mut self, field: &schema::Field, value: walk::Value<'_>) -> walk::Edit {
-        match (field.path.as_str(), value) {
-            ("TopicData.Name", walk::Value::Str(Some(name))) => {
-                self.name = TopicName(StrBytes::from_string(
-                    String::from_utf8_lossy(name).into_owned(),
-                ))
-            }
-            ("TopicData.TopicId", walk::Value::Uuid(id)) => self.topic_id = Uuid::from_bytes(id),
-            ("TopicData.PartitionData.Index", walk::Value::Int(i)) => self.index = i as i32,
-            _ => {}
-        }
-        walk::Edit::Keep
-    }
-
-    fn enter(&mut self, field: &schema::Field) {
-        if field.path == "TopicData" {
-            self.kept_in_topic = 0;
-        }
-    }
-
-    fn leave(&mut self, field: &schema::Field) -> bool {
-        match field.path.as_str() {
-            "TopicData.PartitionData" => {
-                let answered_here = self.local.iter().any(|l| {
-                    l.partition == self.index
-                        && same_topic(self.version, &l.topic, &self.name, self.topic_id)
-                });
-                if !answered_here {
-                    self.kept_in_topic += 1;
-                }
-                !answered_here
-            }
-            "TopicData" => self.kept_in_topic > 0,
-            _ => true,
-        }
-    }
-}
-
-/// Re-emit `frame` (already patched) without the partitions the proxy
-/// answers itself. The header and every kept partition are copied as they
-/// are; only array counts change.
-pub fn without_local_partitions(
-    frame: &Bytes,
-    body_offset: usize,
-    version: i16,
-    local: &[LocalPartition],
-) -> Result<BytesMut, ProduceError> {
-    let msg = request_schema(version)?;
-    let mut v = DropLocal {
-        version,
-        local,
-        name: TopicName::default(),
-        topic_id: Uuid::nil(),
-        index: -1,
-        kept_in_topic: 0,
-    };
-    let out = walk::rewrite(msg, version, frame, body_offset, &mut v).map_err(|e| {
-        ProduceError::Malformed {
-            version,
-            reason: e.to_string(),
-        }
-    })?;
-    Ok(BytesMut::from(&out[..]))
-}
-
-fn add_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartition]) {
+/// Re-emit `frame` (the indexed request, perhaps patched in place since)
+/// without the partitions the proxy answers itself, and without topics
+/// left empty. The header and every kept partition entry are copied as
+/// they are; only array counts change.
+pub fn without_local_partitions(frame: &[u8], index: &Index, local: &[LocalPartition]) -> BytesMut {
+    let mut answered = vec![false; index.partitions().len()];
     for l in local {
-        let existing = response
-            .responses
-            .iter_mut()
-            .find(|t| same_topic(version, &l.topic, &t.name, t.topic_id));
-        match existing {
-            Some(t) => t.partition_responses.push(l.response()),
-            None => response.responses.push(
-                TopicProduceResponse::default()
-                    .with_name(l.topic.name.clone())
-                    .with_topic_id(l.topic.topic_id)
-                    .with_partition_responses(vec![l.response()]),
-            ),
+        if let Some(a) = answered.get_mut(l.entry as usize) {
+            *a = true;
+        }
+    }
+    let out = Bytes::from(index.without(frame, |entry| !answered[entry]));
+    out.try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]))
+}
+
+/// Add the proxy's answers to `response`, each under its topic's entry
+/// (the first, where the broker answered a topic twice), or a new one.
+/// Looked up, not scanned: an answer of many topics costs what it holds.
+fn add_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartition]) {
+    #[derive(PartialEq, Eq, Hash)]
+    enum Key {
+        Name(TopicName),
+        Id(Uuid),
+    }
+    let key = |name: &TopicName, id: Uuid| match version >= 13 {
+        true => Key::Id(id),
+        false => Key::Name(name.clone()),
+    };
+    let mut at: HashMap<Key, usize> = HashMap::with_capacity(response.responses.len());
+    for (i, t) in response.responses.iter().enumerate() {
+        at.entry(key(&t.name, t.topic_id)).or_insert(i);
+    }
+    for l in local {
+        match at.entry(key(&l.topic.name, l.topic.topic_id)) {
+            Entry::Occupied(e) => response.responses[*e.get()]
+                .partition_responses
+                .push(l.response()),
+            Entry::Vacant(e) => {
+                e.insert(response.responses.len());
+                response.responses.push(
+                    TopicProduceResponse::default()
+                        .with_name(l.topic.name.clone())
+                        .with_topic_id(l.topic.topic_id)
+                        .with_partition_responses(vec![l.response()]),
+                );
+            }
         }
     }
 }

@@ -22,6 +22,8 @@
 
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 use super::cursor::Cursor;
 use super::walk::{read_error, WalkError};
 
@@ -53,13 +55,19 @@ pub enum Topic<'a> {
     Id([u8; 16]),
 }
 
-/// Receives what the walk reads, in request order.
+/// Receives what the walk reads, in request order, with where it lies in
+/// the input (for a visitor that re-emits the request in part).
 pub trait Visitor<'a> {
-    /// A topic entry starts; its partitions follow.
-    fn topic(&mut self, topic: Topic<'a>);
-    /// A partition entry of the last topic, once all of it has been read.
-    /// `records` is where its records are in the input (`None`: null).
-    fn partition(&mut self, index: i32, records: Option<Range<usize>>);
+    /// The topic array's count is `count`; the topics follow.
+    fn topics(&mut self, _count: Range<usize>) {}
+    /// A topic entry starts; `key` is where its name (with its length) or
+    /// id is. Its partitions follow.
+    fn topic(&mut self, topic: Topic<'a>, key: Range<usize>);
+    /// A partition entry of the last topic, once all of it (`entry`) has
+    /// been read. `records` is where its records are (`None`: null).
+    fn partition(&mut self, index: i32, records: Option<Range<usize>>, entry: Range<usize>);
+    /// The last topic's entry ends with its tagged fields, `tagged`.
+    fn topic_end(&mut self, _tagged: Range<usize>) {}
 }
 
 /// Walk `input[start..]`, which must be exactly one Produce request body at
@@ -76,23 +84,251 @@ pub fn walk<'a, V: Visitor<'a>>(
     r.string(TRANSACTIONAL_ID, true)?;
     r.fixed::<2>(ACKS)?;
     r.fixed::<4>(TIMEOUT_MS)?;
-    for _ in 0..r.count(TOPIC_DATA)? {
+    let at = r.pos();
+    let topics = r.count(TOPIC_DATA)?;
+    visitor.topics(at..r.pos());
+    for _ in 0..topics {
+        let at = r.pos();
         let topic = if version >= FIRST_BY_ID {
             Topic::Id(r.fixed(TOPIC_ID)?)
         } else {
             Topic::Name(r.string(NAME, false)?.unwrap_or_default())
         };
-        visitor.topic(topic);
+        visitor.topic(topic, at..r.pos());
         for _ in 0..r.count(PARTITION_DATA)? {
+            let at = r.pos();
             let index = i32::from_be_bytes(r.fixed(INDEX)?);
             let records = r.records(RECORDS)?;
             r.tagged()?;
-            visitor.partition(index, records);
+            visitor.partition(index, records, at..r.pos());
         }
+        let at = r.pos();
         r.tagged()?;
+        visitor.topic_end(at..r.pos());
     }
     r.tagged()?;
     r.finish("ProduceRequest")
+}
+
+/// A Produce request indexed by one walk: its topic entries and partition
+/// entries, in request order, and where each lies in the frame. Every
+/// decision the proxy makes about a Produce request reads this, and a
+/// request re-emitted without some partitions is copied from its spans, so
+/// a request is walked once however many decisions it meets.
+///
+/// Its size follows the entries the walk found, each of which took bytes
+/// of the frame (a partition entry at least six): nothing is reserved from
+/// a count on the wire. Spans are `u32`: a frame's size is an `i32`.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    version: i16,
+    /// Where the topic array's count is.
+    topics_at: u32,
+    /// Where what follows the topic array (the body's tagged fields) starts.
+    tail_at: u32,
+    topics: SmallVec<[IndexedTopic; 2]>,
+    partitions: SmallVec<[IndexedPartition; 4]>,
+}
+
+/// A span of the frame.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+impl Span {
+    fn new(r: Range<usize>) -> Span {
+        // Spans are taken only from a frame checked to fit in u32.
+        Span {
+            start: r.start as u32,
+            end: r.end as u32,
+        }
+    }
+
+    fn range(self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+/// A topic entry of an indexed request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IndexedTopic {
+    /// The name with its length before v13, the id from v13.
+    key: Span,
+    /// Its tagged fields (empty before v9).
+    tagged: Span,
+    /// Its partition entries' places in [`Index::partitions`].
+    first: u32,
+    count: u32,
+}
+
+impl IndexedTopic {
+    /// Its partition entries' places in [`Index::partitions`].
+    pub fn partitions(&self) -> Range<usize> {
+        self.first as usize..(self.first + self.count) as usize
+    }
+}
+
+/// A partition entry of an indexed request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IndexedPartition {
+    /// Its topic entry's place in [`Index::topics`].
+    pub topic: u32,
+    pub index: i32,
+    records: Span,
+    null: bool,
+    /// The whole entry.
+    entry: Span,
+}
+
+impl IndexedPartition {
+    /// Where its records are in the frame (`None`: null).
+    pub fn records(&self) -> Option<Range<usize>> {
+        (!self.null).then(|| self.records.range())
+    }
+}
+
+impl Index {
+    /// Index `input[start..]`, which must be exactly one Produce request
+    /// body at `version`; fails as [`walk`] fails.
+    pub fn new(version: i16, input: &[u8], start: usize) -> Result<Index, WalkError> {
+        if u32::try_from(input.len()).is_err() {
+            return Err(WalkError::Length {
+                path: "ProduceRequest".into(),
+                at: 0,
+                len: input.len() as i64,
+            });
+        }
+        let mut index = Index {
+            version,
+            ..Index::default()
+        };
+        walk(version, input, start, &mut index)?;
+        Ok(index)
+    }
+
+    pub fn version(&self) -> i16 {
+        self.version
+    }
+
+    pub fn topics(&self) -> &[IndexedTopic] {
+        &self.topics
+    }
+
+    pub fn partitions(&self) -> &[IndexedPartition] {
+        &self.partitions
+    }
+
+    /// The topic entry `topic` as the request names it.
+    pub fn topic<'a>(&self, input: &'a [u8], topic: &IndexedTopic) -> Topic<'a> {
+        let key = input.get(topic.key.range()).unwrap_or_default();
+        match <[u8; 16]>::try_from(key) {
+            Ok(id) if self.version >= FIRST_BY_ID => Topic::Id(id),
+            // A name's span starts with its length: 2 bytes, or a varint.
+            _ => Topic::Name(name_bytes(key, self.version >= FIRST_FLEXIBLE)),
+        }
+    }
+
+    /// The key bytes of `topic` (the name, or the id), for comparing topic
+    /// entries: two entries name the same topic when these are equal.
+    pub fn key<'a>(&self, input: &'a [u8], topic: &IndexedTopic) -> &'a [u8] {
+        match self.topic(input, topic) {
+            Topic::Name(name) => name,
+            Topic::Id(_) => input.get(topic.key.range()).unwrap_or_default(),
+        }
+    }
+
+    /// `input` (the frame this index was made from, perhaps patched in
+    /// place since) re-emitted with only the partition entries `keep`
+    /// holds for, and without the topics left empty: the header, the kept
+    /// entries and every tagged field are copied as they are; only the
+    /// array counts are written anew. `keep` is asked once per entry, in
+    /// order.
+    pub fn without(&self, input: &[u8], mut keep: impl FnMut(usize) -> bool) -> Vec<u8> {
+        let flexible = self.version >= FIRST_FLEXIBLE;
+        let part = |span: Span| input.get(span.range()).unwrap_or_default();
+        let kept: Vec<bool> = (0..self.partitions.len()).map(&mut keep).collect();
+        let kept_in = |t: &IndexedTopic| kept[t.partitions()].iter().filter(|k| **k).count();
+        let mut out = Vec::with_capacity(input.len());
+        out.extend_from_slice(input.get(..self.topics_at as usize).unwrap_or_default());
+        let topics = self.topics.iter().filter(|t| kept_in(t) > 0).count();
+        push_count(&mut out, topics, flexible);
+        for topic in self.topics.iter() {
+            let n = kept_in(topic);
+            if n == 0 {
+                continue;
+            }
+            out.extend_from_slice(part(topic.key));
+            push_count(&mut out, n, flexible);
+            for i in topic.partitions().filter(|i| kept[*i]) {
+                out.extend_from_slice(part(self.partitions[i].entry));
+            }
+            out.extend_from_slice(part(topic.tagged));
+        }
+        out.extend_from_slice(input.get(self.tail_at as usize..).unwrap_or_default());
+        out
+    }
+}
+
+impl<'a> Visitor<'a> for Index {
+    fn topics(&mut self, count: Range<usize>) {
+        let count = Span::new(count);
+        self.topics_at = count.start;
+        // Until a topic ends: the body's tagged fields follow the count.
+        self.tail_at = count.end;
+    }
+
+    fn topic(&mut self, _: Topic<'a>, key: Range<usize>) {
+        self.topics.push(IndexedTopic {
+            key: Span::new(key),
+            first: self.partitions.len() as u32,
+            ..IndexedTopic::default()
+        });
+    }
+
+    fn partition(&mut self, index: i32, records: Option<Range<usize>>, entry: Range<usize>) {
+        let topic = self.topics.len().saturating_sub(1);
+        if let Some(t) = self.topics.last_mut() {
+            t.count += 1;
+        }
+        self.partitions.push(IndexedPartition {
+            topic: topic as u32,
+            index,
+            null: records.is_none(),
+            records: records.map(Span::new).unwrap_or_default(),
+            entry: Span::new(entry),
+        });
+    }
+
+    fn topic_end(&mut self, tagged: Range<usize>) {
+        let tagged = Span::new(tagged);
+        if let Some(t) = self.topics.last_mut() {
+            t.tagged = tagged;
+        }
+        self.tail_at = tagged.end;
+    }
+}
+
+/// A name's bytes, from its span with its length in front (a varint when
+/// flexible, two bytes before).
+fn name_bytes(key: &[u8], flexible: bool) -> &[u8] {
+    let skip = match flexible {
+        true => {
+            let mut c = Cursor::at(key, 0);
+            c.uvarint().map_or(key.len(), |_| c.position())
+        }
+        false => 2,
+    };
+    key.get(skip..).unwrap_or_default()
+}
+
+/// An array's count: a varint of count + 1 when flexible, an i32 before.
+fn push_count(out: &mut Vec<u8>, count: usize, flexible: bool) {
+    match flexible {
+        true => super::walk::push_uvarint(out, (count as u32).saturating_add(1)),
+        false => out.extend_from_slice(&(count as i32).to_be_bytes()),
+    }
 }
 
 /// The walk's reads, each naming its field in the error; the reading
@@ -338,10 +574,10 @@ pub fn events(
 ) -> (Vec<Event<RequestPartition>>, Result<(), WalkError>) {
     struct Record(Vec<Event<RequestPartition>>);
     impl Visitor<'_> for Record {
-        fn topic(&mut self, topic: Topic<'_>) {
+        fn topic(&mut self, topic: Topic<'_>, _: Range<usize>) {
             self.0.push(topic.into());
         }
-        fn partition(&mut self, index: i32, records: Option<Range<usize>>) {
+        fn partition(&mut self, index: i32, records: Option<Range<usize>>, _: Range<usize>) {
             self.0.push(Event::Partition((index, records)));
         }
     }

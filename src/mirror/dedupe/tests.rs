@@ -58,6 +58,7 @@ fn plan_from(partition: i32, from: OriginId, batches: &[(BatchId, i64)]) -> Prod
     plan.tracked.push(crate::mirror::produce::TrackedPartition {
         topic: topic(),
         partition: at(partition),
+        entry: 0,
         batch_count: batches.len(),
         batches: batches
             .iter()
@@ -140,6 +141,7 @@ fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
         vec![LocalPartition {
             topic: topic(),
             partition: 0,
+            entry: 0,
             outcome: LocalOutcome::Duplicate {
                 base_offset: 100,
                 batches: 1
@@ -366,6 +368,7 @@ fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
         .push(crate::mirror::produce::TrackedPartition {
             topic: topic(),
             partition: at(1),
+            entry: 1,
             batch_count: 1,
             batches: smallvec::smallvec![TrackedBatch {
                 id: id(0, 0, 4),

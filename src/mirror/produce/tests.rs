@@ -20,6 +20,75 @@ const CLUSTER: &str = "MkU3OEVBNTcwNTJENDM2Qk"; // hash 0x71720375
 const MAPPED_5: i64 = -5136071999516311547;
 const TOPIC_ID: Uuid = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
 
+// The functions under test, called as the filter calls them: the request
+// indexed once, then planned from the index.
+
+fn plan(
+    frame: &Bytes,
+    offset: usize,
+    version: i16,
+    link: &Link,
+    names: &dyn Fn(Uuid) -> Option<Arc<str>>,
+) -> Result<ProducePlan, ProduceError> {
+    let index = index(frame, offset, version)?;
+    Ok(super::plan(frame, &index, link, names))
+}
+
+fn plan_with(
+    frame: &Bytes,
+    offset: usize,
+    version: i16,
+    link: &Link,
+    names: &dyn Fn(Uuid) -> Option<Arc<str>>,
+    ids: &dyn Fn(&str) -> Option<Uuid>,
+    origins: &dyn OriginLookup,
+) -> Result<ProducePlan, ProduceError> {
+    let index = index(frame, offset, version)?;
+    Ok(super::plan_with(frame, &index, link, names, ids, origins))
+}
+
+fn refuse_all(
+    frame: &Bytes,
+    offset: usize,
+    version: i16,
+    refusal: Refusal,
+    message: &str,
+) -> Result<ProducePlan, ProduceError> {
+    let index = index(frame, offset, version)?;
+    Ok(super::refuse_all(frame, &index, refusal, message))
+}
+
+fn refuse_where(
+    frame: &Bytes,
+    offset: usize,
+    version: i16,
+    mut decide: impl FnMut(TopicKey<'_>) -> Option<(Refusal, String)>,
+) -> Result<ProducePlan, ProduceError> {
+    let index = index(frame, offset, version)?;
+    Ok(super::refuse_where(frame, &index, |t, _| decide(t)))
+}
+
+fn any_topic(
+    frame: &Bytes,
+    offset: usize,
+    version: i16,
+    pred: impl FnMut(TopicKey<'_>) -> bool,
+) -> Result<bool, ProduceError> {
+    let index = index(frame, offset, version)?;
+    Ok(super::any_topic(frame, &index, pred))
+}
+
+/// `frame` (perhaps patched: the layout is the same) without `local`.
+fn without_local_partitions(
+    frame: &Bytes,
+    offset: usize,
+    version: i16,
+    local: &[LocalPartition],
+) -> Result<BytesMut, ProduceError> {
+    let index = index(frame, offset, version)?;
+    Ok(super::without_local_partitions(frame, &index, local))
+}
+
 fn link(control: ControlBatchPolicy) -> Link {
     Link::new(
         "east".into(),
@@ -638,7 +707,7 @@ fn local_writes_to_read_only_topics_are_refused_per_partition() {
     );
     let offset = body_offset(&frame, 9);
     let p = refuse_where(&frame, offset, 9, |t| {
-        (t.name.as_str() == "orders").then(|| (Refusal::ReadOnly, "read-only".to_string()))
+        (t == TopicKey::Name("orders")).then(|| (Refusal::ReadOnly, "read-only".to_string()))
     })
     .expect("plan");
     assert_eq!(p.forwarded_partitions, 1);

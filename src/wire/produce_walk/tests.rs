@@ -270,3 +270,154 @@ proptest! {
         }
     }
 }
+
+/// The schema walk's re-emit of `body` keeping the partition entries
+/// `keep` holds for (by their place in the request) and the topics left
+/// with any: what [`Index::without`] is held to.
+fn schema_without(version: i16, body: &[u8], keep: &[bool]) -> Vec<u8> {
+    use crate::wire::walk;
+    struct Drop<'k> {
+        keep: &'k [bool],
+        entry: usize,
+        kept_in_topic: usize,
+    }
+    impl walk::Visitor for Drop<'_> {
+        fn enter(&mut self, field: &Field) {
+            if field.path == TOPIC_DATA {
+                self.kept_in_topic = 0;
+            }
+        }
+        fn leave(&mut self, field: &Field) -> bool {
+            match field.path.as_str() {
+                PARTITION_DATA => {
+                    let kept = self.keep[self.entry];
+                    self.entry += 1;
+                    self.kept_in_topic += usize::from(kept);
+                    kept
+                }
+                TOPIC_DATA => self.kept_in_topic > 0,
+                _ => true,
+            }
+        }
+    }
+    let msg = message("ProduceRequest").expect("schema");
+    let mut v = Drop {
+        keep,
+        entry: 0,
+        kept_in_topic: 0,
+    };
+    walk::rewrite(msg, version, body, 0, &mut v).expect("rewrite")
+}
+
+/// v8 (fixed-width counts): topic "t" with partitions 2 and 5, topic "u"
+/// with partition 1.
+fn two_topics_v8() -> Vec<u8> {
+    let mut b = vec![0xFF, 0xFF, 0, 1, 0, 0, 0x75, 0x30]; // null txn, acks 1, timeout
+    b.extend_from_slice(&[0, 0, 0, 2]); // two topics
+    b.extend_from_slice(&[0, 1, b't', 0, 0, 0, 2]); // "t", two partitions
+    b.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 3, 1, 2, 3]); // 2: three bytes
+    b.extend_from_slice(&[0, 0, 0, 5, 0xFF, 0xFF, 0xFF, 0xFF]); // 5: null
+    b.extend_from_slice(&[0, 1, b'u', 0, 0, 0, 1]); // "u", one partition
+    b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 9]); // 1: one byte
+    b
+}
+
+#[test]
+fn an_index_names_each_entry_and_where_it_is() {
+    let b = two_topics_v8();
+    let index = Index::new(8, &b, 0).expect("index");
+    let topics: Vec<_> = index.topics().iter().map(|t| index.topic(&b, t)).collect();
+    assert_eq!(topics, [Topic::Name(b"t"), Topic::Name(b"u")]);
+    assert_eq!(index.key(&b, &index.topics()[1]), b"u");
+    let partitions: Vec<_> = index
+        .partitions()
+        .iter()
+        .map(|p| (p.topic, p.index, p.records()))
+        .collect();
+    assert_eq!(
+        partitions,
+        [(0, 2, Some(27..30)), (0, 5, None), (1, 1, Some(53..54))]
+    );
+    assert_eq!(index.topics()[0].partitions(), 0..2);
+    assert_eq!(index.topics()[1].partitions(), 2..3);
+}
+
+#[test]
+fn an_index_re_emits_the_request_without_the_entries_dropped() {
+    let b = two_topics_v8();
+    let index = Index::new(8, &b, 0).expect("index");
+    // Everything kept: the same bytes.
+    assert_eq!(index.without(&b, |_| true), b);
+    // Partition 5 of "t" dropped: "t" keeps one partition.
+    let mut want = vec![0xFF, 0xFF, 0, 1, 0, 0, 0x75, 0x30, 0, 0, 0, 2];
+    want.extend_from_slice(&[0, 1, b't', 0, 0, 0, 1]);
+    want.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 3, 1, 2, 3]);
+    want.extend_from_slice(&[0, 1, b'u', 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 9]);
+    assert_eq!(index.without(&b, |i| i != 1), want);
+    // Both of "t" dropped: the topic goes too.
+    let mut want = vec![0xFF, 0xFF, 0, 1, 0, 0, 0x75, 0x30, 0, 0, 0, 1];
+    want.extend_from_slice(&[0, 1, b'u', 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 9]);
+    assert_eq!(index.without(&b, |i| i == 2), want);
+    // Each entry is asked about once, in order.
+    let mut asked = Vec::new();
+    index.without(&b, |i| {
+        asked.push(i);
+        true
+    });
+    assert_eq!(asked, [0, 1, 2]);
+}
+
+/// v13 (compact counts, topic ids): the tagged fields of a kept partition,
+/// of its topic and of the body stay as they were.
+#[test]
+fn a_v13_index_keeps_every_tagged_field_of_what_it_keeps() {
+    let (a, c) = ([0xAA; 16], [0xCC; 16]);
+    let mut b = vec![0x00, 0xFF, 0xFF, 0, 0, 0x75, 0x30, 0x03]; // two topics
+    b.extend_from_slice(&a);
+    b.extend_from_slice(&[0x03]); // two partitions
+    b.extend_from_slice(&[0, 0, 0, 0, 0x02, 7, 0x01, 7, 1, 0xEE]); // 0: tagged
+    b.extend_from_slice(&[0, 0, 0, 1, 0x00, 0x00]); // 1: null records
+    b.extend_from_slice(&[0x01, 3, 1, 0xDD]); // topic a's tagged field
+    b.extend_from_slice(&c);
+    b.extend_from_slice(&[0x02, 0, 0, 0, 4, 0x01, 0x00, 0x00]); // c: partition 4
+    b.extend_from_slice(&[0x01, 9, 0]); // the body's tagged field
+    let index = Index::new(13, &b, 0).expect("index");
+    assert_eq!(
+        index
+            .topics()
+            .iter()
+            .map(|t| index.topic(&b, t))
+            .collect::<Vec<_>>(),
+        [Topic::Id(a), Topic::Id(c)]
+    );
+    let mut want = vec![0x00, 0xFF, 0xFF, 0, 0, 0x75, 0x30, 0x02];
+    want.extend_from_slice(&a);
+    want.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x02, 7, 0x01, 7, 1, 0xEE]);
+    want.extend_from_slice(&[0x01, 3, 1, 0xDD, 0x01, 9, 0]);
+    assert_eq!(index.without(&b, |i| i == 0), want);
+    assert_eq!(schema_without(13, &b, &[true, false, false]), want);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1_000))]
+
+    /// The index's re-emit is the schema walk's, at every version, for
+    /// any choice of entries to keep.
+    #[test]
+    fn an_index_re_emits_as_the_schema_walk_does(
+        body in arb_request(),
+        version in VERSIONS.0..=VERSIONS.1,
+        keep in proptest::collection::vec(any::<bool>(), 16),
+    ) {
+        let mut out = BytesMut::new();
+        body.encode(&mut out, version).expect("encode");
+        let index = Index::new(version, &out, 0).expect("index");
+        let n = index.partitions().len();
+        prop_assert_eq!(n, body.topic_data.iter().map(|t| t.partition_data.len()).sum::<usize>());
+        let keep = &keep[..n];
+        prop_assert_eq!(
+            index.without(&out, |i| keep[i]),
+            schema_without(version, &out, keep)
+        );
+    }
+}

@@ -161,7 +161,11 @@ fn failover_wait(query: Option<&str>) -> Option<Duration> {
         .parse()
         .ok()
         .filter(|s: &f64| s.is_finite() && *s >= 0.0)?;
-    Some(Duration::from_secs_f64(secs).min(FAILOVER_WAIT_MAX))
+    // Cut before converting: a number of seconds past what a Duration holds
+    // (1e30) would panic in the conversion.
+    Some(Duration::from_secs_f64(
+        secs.min(FAILOVER_WAIT_MAX.as_secs_f64()),
+    ))
 }
 
 /// The time a request may take: the server's bound, or for a failover its
@@ -456,6 +460,9 @@ mod tests {
             Some(Duration::from_millis(500))
         );
         assert_eq!(failover_wait(Some("wait=100000")), Some(FAILOVER_WAIT_MAX));
+        // Past what a Duration holds: cut, not a panic.
+        assert_eq!(failover_wait(Some("wait=1e30")), Some(FAILOVER_WAIT_MAX));
+        assert_eq!(failover_wait(Some("wait=inf")), None);
         assert_eq!(failover_wait(Some("wait=soon")), None);
         assert_eq!(failover_wait(Some("wait=-1")), None);
         let req = |m: &str, uri: &str| {

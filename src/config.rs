@@ -570,6 +570,20 @@ impl Config {
         let upstream_tls = Self::upstream_tls(&mut env);
         let upstream_sasl = Self::upstream_sasl(&mut env);
         let links = Self::links(&mut env, client_tls.as_ref(), true);
+        // A link that mirrored the state topic would let its replicator
+        // write the records every instance applies.
+        for link in links.iter().filter(|l| l.mirrors_topic(&state_topic)) {
+            let name = format!(
+                "LINK_{}_TOPICS",
+                crate::mirror::link::link_env_name(link.name())
+            );
+            let value = env.raw(&name);
+            env.problem(
+                &name,
+                value,
+                format!("topics that do not include the state topic '{state_topic}'"),
+            );
+        }
 
         if env.problems.is_empty() {
             Ok(Config {

@@ -288,6 +288,14 @@ fn init_logging(format: LogFormat) {
 
 async fn serve(config: Config) -> anyhow::Result<()> {
     tracing::info!(?config, "starting");
+    for link in config.links.iter().filter(|l| l.tls_subject().is_none()) {
+        tracing::warn!(
+            link = link.name(),
+            client_id = link.client_id(),
+            "mirror link without a TLS client subject: any client that sets its client id can write its mirrored topics and act as its replicator; set MIRROR_PROXY_LINK_{}_TLS_SUBJECT",
+            kafka_mirror_proxy::mirror::link::link_env_name(link.name())
+        );
+    }
     let admin_addr = config.admin_listen;
     let metrics = Arc::new(Metrics::new(config.links.names()));
     let admin = kafka_mirror_proxy::admin::bind(admin_addr)

@@ -161,6 +161,7 @@ struct ControlMetrics {
     barriers: Family<ResultLabels, Counter>,
     local_writes_refused: Family<LinkLabels, Counter>,
     connections_fenced: Family<LinkLabels, Counter>,
+    state_topic_requests_refused: Family<RequestLabels, Counter>,
 }
 
 impl ControlMetrics {
@@ -175,7 +176,13 @@ impl ControlMetrics {
             barriers: Family::default(),
             local_writes_refused: Family::default(),
             connections_fenced: Family::default(),
+            state_topic_requests_refused: Family::default(),
         };
+        registry.register(
+            "state_topic_requests_refused",
+            "Client requests refused because they would write, delete, grow or reconfigure the state topic, by API key",
+            m.state_topic_requests_refused.clone(),
+        );
         registry.register(
             "link_state",
             "Each link's state: 0 MIRRORING, 1 STOPPING, 2 STOPPED",
@@ -546,6 +553,15 @@ impl Metrics {
         self.control
             .barriers
             .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn state_topic_request_refused(&self, api: ApiKey) {
+        self.control
+            .state_topic_requests_refused
+            .get_or_create_owned(&RequestLabels {
+                api_key: ApiKeyLabel::from(api as i16),
+            })
             .inc();
     }
 

@@ -34,12 +34,14 @@ pub mod addresses;
 pub mod api_versions;
 pub mod broker;
 pub mod fence;
+pub mod guard;
 pub mod metrics;
 pub mod produce;
 pub mod rebuild;
 
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
@@ -201,6 +203,8 @@ pub enum FilterError {
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
     #[error(transparent)]
+    Guard(#[from] guard::GuardError),
+    #[error(transparent)]
     UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("writing to the broker: {0}")]
     UpstreamWrite(std::io::Error),
@@ -221,6 +225,7 @@ where
     ServiceBuilder::new()
         .layer(metrics::CountLayer::new(&ctx.metrics))
         .layer(fence::FenceLayer::new(ctx))
+        .layer(guard::GuardLayer::new(ctx))
         .layer(produce::ProduceLayer::new(ctx, subject))
         .layer(api_versions::ApiVersionsLayer)
         .layer(addresses::AddressesLayer::new(&ctx.advertised))
@@ -262,7 +267,13 @@ impl Context {
 pub struct TopicTable {
     names: RwLock<foldhash::HashMap<Uuid, Arc<str>>>,
     ids: RwLock<foldhash::HashMap<String, Uuid>>,
+    /// When the broker was last asked for every topic's id.
+    asked: Mutex<Option<Instant>>,
 }
+
+/// How often at most the broker is asked for every topic's id, however
+/// many requests name ids the proxy does not know.
+const ASK_INTERVAL: Duration = Duration::from_secs(1);
 
 impl TopicTable {
     /// The id of a topic named in a Metadata response (no allocation).
@@ -273,6 +284,19 @@ impl TopicTable {
     /// The name of a topic id seen in a Metadata response.
     pub fn name(&self, id: Uuid) -> Option<Arc<str>> {
         self.names.read().ok()?.get(&id).cloned()
+    }
+
+    /// Whether the broker may be asked for every topic's id now (at most
+    /// once per [`ASK_INTERVAL`]); if so, the asking is counted as done.
+    pub fn may_ask(&self, now: Instant) -> bool {
+        let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
+        match *asked {
+            Some(at) if now.saturating_duration_since(at) < ASK_INTERVAL => false,
+            _ => {
+                *asked = Some(now);
+                true
+            }
+        }
     }
 
     /// Remember `topics` (id, name).

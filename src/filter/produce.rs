@@ -109,25 +109,54 @@ impl<'a> ProduceFilter<'a> {
                 if addresses::carries_addresses(ApiKey::Produce, version) {
                     addresses::check_parseable(ApiKey::Produce, version)?;
                 }
-                // Read-only mirrored topics: refused per partition, decided
-                // once per topic entry. While no topic is read-only the
-                // request is not even walked.
+                // The state topic and read-only mirrored topics: refused
+                // per partition, decided once per topic entry. Without
+                // links (no state topic, nothing read-only) the request is
+                // not even walked.
                 let control = &ctx.control;
-                if control.any_read_only() {
+                if let Some(state) = ctx.state.as_ref() {
                     let index = produce::index(&frame, body_offset, version)?;
+                    // A topic id this proxy never saw may name a read-only
+                    // topic: ask the broker, and refuse (retriable) what
+                    // stays unknown. Boxed: rare.
+                    if produce::any_topic(&frame, &index, |t| unknown_id(ctx, t)) {
+                        Box::pin(learn_topic_ids(ctx)).await;
+                    }
                     let plan = produce::refuse_where(&frame, &index, |t, partitions| {
-                        let name = topic_name(ctx, t)?;
+                        let Some(name) = topic_name(ctx, t) else {
+                            return Some((
+                                Refusal::UnknownTopicId,
+                                "the topic id is not known to the proxy yet; refresh metadata and retry"
+                                    .to_string(),
+                            ));
+                        };
+                        if *name == *state.topic() {
+                            return Some((Refusal::StateTopic, state_topic_message(&name)));
+                        }
                         let refusal = control.read_only(&name, version)?;
                         control.local_writes_refused(&name, partitions);
                         Some(refusal)
                     });
                     if !plan.local.is_empty() {
+                        let state_topic = |l: &LocalPartition| {
+                            matches!(
+                                l.outcome,
+                                LocalOutcome::Refused {
+                                    refusal: Refusal::StateTopic,
+                                    ..
+                                }
+                            )
+                        };
+                        if plan.local.iter().any(state_topic) {
+                            ctx.metrics.state_topic_request_refused(ApiKey::Produce);
+                            tracing::warn!(client_id = ?h.client_id(&frame), topic = state.topic(), "refused a client's Produce to the proxy's state topic");
+                        }
                         if let Some(LocalPartition {
                             outcome: LocalOutcome::Refused { message, .. },
                             ..
                         }) = plan.local.first()
                         {
-                            tracing::debug!(partitions = plan.local.len(), %message, "refused a local write to a read-only mirrored topic");
+                            tracing::debug!(partitions = plan.local.len(), message = ?message, "refused a local write");
                         }
                         if plan.forwarded_partitions == 0 {
                             return answered(&plan.local);
@@ -168,6 +197,9 @@ impl<'a> ProduceFilter<'a> {
             }
         };
         let index = produce::index(&frame, body_offset, version)?;
+        if produce::any_topic(&frame, &index, |t| unknown_id(ctx, t)) {
+            Box::pin(learn_topic_ids(ctx)).await;
+        }
         let plan_now = || {
             let view = state.view();
             produce::plan_with(
@@ -516,6 +548,40 @@ async fn rebuild(
 
 /// A Produce topic's name: the request's own before v13, else looked up by
 /// its id (`None` while the proxy has not seen the id in a response).
+/// Why a client may not write the state topic.
+fn state_topic_message(topic: &str) -> String {
+    format!("'{topic}' is the kafka-mirror-proxy state topic, which only the proxy writes")
+}
+
+/// Whether `topic` is an id the proxy has not seen.
+fn unknown_id(ctx: &Context, topic: TopicKey<'_>) -> bool {
+    matches!(topic, TopicKey::Id(id) if ctx.topics.name(id).is_none())
+}
+
+/// Learn every topic's id from the broker (at most once a second, bounded
+/// in time): a client may name a topic by an id it learnt elsewhere (from
+/// another instance, or before this proxy restarted).
+async fn learn_topic_ids(ctx: &Context) {
+    let Some(state) = ctx.state.as_ref() else {
+        return;
+    };
+    if !ctx.topics.may_ask(std::time::Instant::now()) {
+        return;
+    }
+    match tokio::time::timeout(TOPIC_IDS_TIMEOUT, state.all_topic_ids()).await {
+        Ok(Ok(topics)) => ctx.topics.learn(topics),
+        Ok(Err(error)) => tracing::warn!(%error, "could not learn topic ids from the broker"),
+        Err(_) => tracing::warn!(
+            timeout_ms = TOPIC_IDS_TIMEOUT.as_millis() as u64,
+            "could not learn topic ids from the broker in time"
+        ),
+    }
+}
+
+/// How long a request naming an unknown topic id waits for the broker to
+/// name every topic's id.
+const TOPIC_IDS_TIMEOUT: Duration = Duration::from_secs(5);
+
 fn topic_name<'t>(ctx: &Context, topic: TopicKey<'t>) -> Option<TopicName<'t>> {
     match topic {
         TopicKey::Name(name) => Some(TopicName::Request(name)),
@@ -542,24 +608,35 @@ impl std::ops::Deref for TopicName<'_> {
 }
 
 fn count_local(ctx: &Context, link: &str, local: &[LocalPartition]) {
+    // One log line per request, whatever the number of its partitions.
+    let (mut refused, mut first_refused) = (0usize, None);
+    let (mut duplicates, mut duplicate_batches) = (0usize, 0usize);
     for l in local {
         match &l.outcome {
             LocalOutcome::DroppedControl { batches } => {
                 ctx.metrics.control_batches_dropped(link, *batches as u64)
             }
             LocalOutcome::Duplicate { batches, .. } => {
-                tracing::debug!(
-                    link,
-                    partition = l.partition,
-                    batches,
-                    "answered a mirrored retry as a duplicate"
-                );
+                duplicates += 1;
+                duplicate_batches += batches;
                 ctx.metrics.duplicates_answered(link, *batches as u64);
             }
             LocalOutcome::Refused { refusal, message } => {
-                tracing::warn!(link, partition = l.partition, reason = refusal.label(), %message, "refused a mirrored partition");
+                refused += 1;
+                first_refused.get_or_insert((l.partition, *refusal, message));
                 ctx.metrics.partition_refused(link, refusal.label());
             }
         }
+    }
+    if let Some((partition, refusal, message)) = first_refused {
+        tracing::warn!(link, partitions = refused, first_partition = partition, reason = refusal.label(), message = ?message, "refused mirrored partitions");
+    }
+    if duplicates > 0 {
+        tracing::debug!(
+            link,
+            partitions = duplicates,
+            batches = duplicate_batches,
+            "answered mirrored retries as duplicates"
+        );
     }
 }

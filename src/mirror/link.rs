@@ -167,24 +167,104 @@ impl Link {
 /// The subject of a verified client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertSubject {
-    /// RFC 4514-style, attributes in certificate order, e.g. `CN=r,O=acme`.
+    /// RFC 4514-style, attributes in certificate order, e.g. `CN=r,O=acme`
+    /// (for logs: values are not escaped there).
     pub full: String,
     pub common_name: Option<String>,
+    /// Every attribute in certificate order as (type, value): `CN`, `O`,
+    /// … (a type without a short name as its dotted OID).
+    pub attributes: Vec<(String, String)>,
 }
 
 impl CertSubject {
-    /// `CN=name` matches the common name alone; anything else must equal the
-    /// full subject (spaces after commas ignored).
+    /// `CN=name` alone matches the common name alone. Anything else must
+    /// name the subject's attributes in order, each type (without regard to
+    /// case) and value equal. Both sides are compared parsed, never as
+    /// text: a common name `replicator, O=acme` is one value, and never
+    /// equals the two attributes `CN=replicator,O=acme`.
     pub fn matches(&self, configured: &str) -> bool {
-        let normalize = |s: &str| s.split(',').map(str::trim).collect::<Vec<_>>().join(",");
-        let configured = normalize(configured);
-        if let Some(cn) = configured.strip_prefix("CN=") {
-            if !cn.contains(',') {
-                return self.common_name.as_deref() == Some(cn);
+        let Some(want) = parse_dn(configured) else {
+            return false;
+        };
+        if let [(ty, value)] = want.as_slice() {
+            if ty.eq_ignore_ascii_case("CN") {
+                return self.common_name.as_deref() == Some(value.as_str());
             }
         }
-        normalize(&self.full) == configured
+        want.len() == self.attributes.len()
+            && want
+                .iter()
+                .zip(&self.attributes)
+                .all(|((t1, v1), (t2, v2))| t1.eq_ignore_ascii_case(t2) && v1 == v2)
     }
+}
+
+/// A distinguished name as RFC 4514 writes it (`CN=r\, x,O=acme`): its
+/// attributes as (type, value), in order; `None` when malformed. `,` and
+/// `+` separate attributes; a character after `\` (or two hex digits, one
+/// byte) is part of the value; spaces around types and values are not.
+pub fn parse_dn(s: &str) -> Option<Vec<(String, String)>> {
+    let mut attributes = Vec::new();
+    for part in split_unescaped(s)? {
+        let (ty, value) = part.split_once('=')?;
+        let ty = ty.trim();
+        if ty.is_empty() {
+            return None;
+        }
+        attributes.push((ty.to_string(), unescape(trim_unescaped(value))?));
+    }
+    Some(attributes)
+}
+
+/// `s` split at every `,` or `+` not escaped by `\`.
+fn split_unescaped(s: &str) -> Option<Vec<&str>> {
+    let (mut parts, mut start, mut escaped) = (Vec::new(), 0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' | '+' => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if escaped {
+        return None;
+    }
+    parts.push(&s[start..]);
+    Some(parts)
+}
+
+/// `v` without the spaces around it, except an escaped last one.
+fn trim_unescaped(v: &str) -> &str {
+    let mut v = v.trim_start();
+    while v.ends_with(' ') && !v[..v.len() - 1].ends_with('\\') {
+        v = &v[..v.len() - 1];
+    }
+    v
+}
+
+/// A value with its escapes resolved: `\X` is `X`, `\HH` the byte `HH`.
+fn unescape(v: &str) -> Option<String> {
+    let (mut out, mut bytes) = (Vec::with_capacity(v.len()), v.bytes());
+    while let Some(b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let next = bytes.next()?;
+        let hex = |b: u8| (b as char).to_digit(16);
+        match hex(next) {
+            Some(hi) => {
+                let lo = bytes.next().and_then(hex)?;
+                out.push((hi * 16 + lo) as u8);
+            }
+            None => out.push(next),
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Whom a request speaks for.
@@ -269,6 +349,7 @@ mod tests {
         CertSubject {
             full: full.into(),
             common_name: Some(cn.into()),
+            attributes: parse_dn(full).expect("a subject"),
         }
     }
 
@@ -347,5 +428,44 @@ mod tests {
         assert!(s.matches("CN=replicator,O=acme"));
         assert!(!s.matches("CN=replicator,O=other"));
         assert!(!s.matches("CN=other"));
+        assert!(
+            s.matches("cn = replicator ,  o=acme"),
+            "types without case, spaces around"
+        );
+    }
+
+    /// A common name holding `, O=acme` is one attribute: it must not pass
+    /// for the configured two (compared as text, both read
+    /// `CN=replicator,O=acme`).
+    #[test]
+    fn a_comma_inside_a_value_is_not_a_second_attribute() {
+        let forged = CertSubject {
+            full: "CN=replicator, O=acme".into(),
+            common_name: Some("replicator, O=acme".into()),
+            attributes: vec![("CN".into(), "replicator, O=acme".into())],
+        };
+        assert!(!forged.matches("CN=replicator,O=acme"));
+        assert!(!forged.matches("CN=replicator"));
+        // Written escaped, the one attribute is what the operator meant.
+        assert!(forged.matches("CN=replicator\\, O=acme"));
+        assert!(forged.matches("CN=replicator\\2C O=acme"));
+    }
+
+    #[test]
+    fn distinguished_names_parse_as_rfc_4514_writes_them() {
+        let pairs = |v: &[(&str, &str)]| {
+            v.iter()
+                .map(|(t, v)| (t.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            parse_dn("CN=a\\,b, O=x+OU=y"),
+            Some(pairs(&[("CN", "a,b"), ("O", "x"), ("OU", "y")]))
+        );
+        assert_eq!(parse_dn("CN=\\ a\\ "), Some(pairs(&[("CN", " a ")])));
+        assert_eq!(parse_dn("CN=\\41"), Some(pairs(&[("CN", "A")])));
+        for bad in ["CN", "=x", "CN=a\\", "CN=\\4", "CN=\\FF"] {
+            assert_eq!(parse_dn(bad), None, "{bad}");
+        }
     }
 }

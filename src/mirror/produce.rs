@@ -108,6 +108,9 @@ pub enum Refusal {
     /// broker would keep only one entry per partition, and the proxy tracks
     /// each partition once per request.
     DuplicatePartition,
+    /// A client's write to the proxy's state topic, which only the proxy
+    /// writes: TOPIC_AUTHORIZATION_FAILED.
+    StateTopic,
 }
 
 /// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
@@ -146,6 +149,7 @@ impl Refusal {
             Refusal::LinkFenced => "link_fenced",
             Refusal::StateNotRebuilt => "producer_state_not_rebuilt",
             Refusal::DuplicatePartition => "duplicate_partition",
+            Refusal::StateTopic => "state_topic",
         }
     }
 
@@ -154,7 +158,7 @@ impl Refusal {
             Refusal::TopicNotMirrored => ResponseError::PolicyViolation,
             Refusal::UnknownTopicId => ResponseError::UnknownTopicId,
             Refusal::MalformedBatch | Refusal::CorruptBatch => ResponseError::CorruptMessage,
-            Refusal::NotAuthorized => ResponseError::TopicAuthorizationFailed,
+            Refusal::NotAuthorized | Refusal::StateTopic => ResponseError::TopicAuthorizationFailed,
             // Both retriable for every Kafka client (Java: RetriableException;
             // librdkafka retries them), and neither makes a client refresh
             // anything it should not.

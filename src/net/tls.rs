@@ -70,6 +70,23 @@ pub fn connector(tls: &UpstreamTls) -> Result<TlsConnector, TlsSetupError> {
 pub fn subject(cert: &CertificateDer<'_>) -> Option<CertSubject> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let name = parsed.subject();
+    let registry = x509_parser::objects::oid_registry();
+    let attributes = name
+        .iter_rdn()
+        .flat_map(|rdn| rdn.iter())
+        .map(|a| {
+            let ty = x509_parser::objects::oid2abbrev(a.attr_type(), registry)
+                .map(str::to_string)
+                .unwrap_or_else(|_| a.attr_type().to_id_string());
+            let value = match a.as_str() {
+                Ok(v) => v.to_string(),
+                // Another string type (BMPString, …): its bytes, which no
+                // configured subject of ordinary text can equal by chance.
+                Err(_) => String::from_utf8_lossy(a.attr_value().data).into_owned(),
+            };
+            (ty, value)
+        })
+        .collect();
     let subject = CertSubject {
         full: name.to_string(),
         common_name: name
@@ -77,6 +94,7 @@ pub fn subject(cert: &CertificateDer<'_>) -> Option<CertSubject> {
             .next()
             .and_then(|cn| cn.as_str().ok())
             .map(str::to_string),
+        attributes,
     };
     Some(subject)
 }

@@ -32,6 +32,7 @@ use super::queue::{CloseOnDrop, Queue};
 use super::watch_wait::WatchWait;
 use super::{Shared, StartError, Target};
 use crate::filter::addresses::{Learnt, RewriteError, UnsupportedVersion};
+use crate::filter::guard::GuardError;
 use crate::filter::{self, FilterError, Outcome, Pending, Request, Service};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::ProduceError;
@@ -67,6 +68,8 @@ pub enum SessionError {
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
     #[error(transparent)]
+    Guard(#[from] GuardError),
+    #[error(transparent)]
     UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("broker closed the connection with {in_flight} request(s) in flight")]
     UpstreamClosed { in_flight: usize },
@@ -90,6 +93,7 @@ impl From<FilterError> for SessionError {
             FilterError::Header(e) => SessionError::Header(e),
             FilterError::Produce(e) => SessionError::Produce(e),
             FilterError::Rewrite(e) => SessionError::Rewrite(e),
+            FilterError::Guard(e) => SessionError::Guard(e),
             FilterError::UnsupportedVersion(e) => SessionError::UnsupportedVersion(e),
             FilterError::UpstreamWrite(e) => SessionError::UpstreamWrite(e),
             FilterError::MissingResponse => SessionError::UnexpectedResponse,
@@ -114,6 +118,8 @@ impl SessionError {
             SessionError::Header(_) => "malformed_header",
             SessionError::Produce(_) => "malformed_produce",
             SessionError::Rewrite(_) => "bad_response",
+            SessionError::Guard(GuardError::Request { .. }) => "malformed_request",
+            SessionError::Guard(GuardError::Encode { .. }) => "bad_response",
             SessionError::UnsupportedVersion(_) => "unsupported_version",
             SessionError::UpstreamClosed { .. } => "upstream_closed",
             SessionError::UpstreamFrame(_) => "bad_upstream_frame",
@@ -467,8 +473,9 @@ async fn responses<P: Pending>(
 ) -> Result<(), SessionError> {
     loop {
         let pending = tokio::select! {
-            // Entries are queued before their request is written upstream, so
-            // a response is only ever ready after its entry: check it first.
+            // An entry is queued in the same poll of this task that wrote
+            // its request's last byte (both loops run in one task), so a
+            // response is only ever ready after its entry: check it first.
             biased;
             p = owed.pop() => match p {
                 Some(p) => p,

@@ -433,6 +433,17 @@ impl StateStore {
             .map(|(k, _)| k.clone())
     }
 
+    /// Every topic's (id, name), fresh from a broker.
+    pub async fn all_topic_ids(&self) -> Result<Vec<(Uuid, String)>, ClientError> {
+        let info = self.client.metadata(None).await?;
+        Ok(info
+            .topics
+            .into_iter()
+            .filter(|t| !t.topic_id.is_nil())
+            .map(|t| (t.topic_id, t.name))
+            .collect())
+    }
+
     /// A topic id the store looked up itself.
     pub fn topic_id(&self, name: &str) -> Option<Uuid> {
         read(&self.topic_ids).get(name).copied()

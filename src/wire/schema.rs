@@ -231,6 +231,28 @@ const SOURCES: &[(&str, &str)] = &[
         "DescribeGroupsResponse.json",
         include_str!("schemas/DescribeGroupsResponse.json"),
     ),
+    // Client requests that can delete, grow or reconfigure the state topic
+    // (`filter::guard`), read only to see whether they name it.
+    (
+        "DeleteRecordsRequest.json",
+        include_str!("schemas/DeleteRecordsRequest.json"),
+    ),
+    (
+        "DeleteTopicsRequest.json",
+        include_str!("schemas/DeleteTopicsRequest.json"),
+    ),
+    (
+        "CreatePartitionsRequest.json",
+        include_str!("schemas/CreatePartitionsRequest.json"),
+    ),
+    (
+        "AlterConfigsRequest.json",
+        include_str!("schemas/AlterConfigsRequest.json"),
+    ),
+    (
+        "IncrementalAlterConfigsRequest.json",
+        include_str!("schemas/IncrementalAlterConfigsRequest.json"),
+    ),
 ];
 
 /// The file names compiled in (for the test that compares them with the jar).

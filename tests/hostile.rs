@@ -1,0 +1,368 @@
+//! The proxy's promises tried as a hostile or careless client would try
+//! them, against a real broker, through the proxy binary: each test sends
+//! the request that would break a promise and checks that it holds.
+
+mod support;
+
+use std::collections::HashMap;
+
+use anyhow::{bail, ensure, Context, Result};
+use bytes::Bytes;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    ApiKey, MetadataRequest, MetadataResponse, ProduceRequest, ProduceResponse, ResponseHeader,
+    TopicName,
+};
+use kafka_protocol::protocol::{Decodable, StrBytes};
+use uuid::Uuid;
+
+use kafka_mirror_proxy::mirror::pid::ClusterId;
+use support::crate_client::create_topics;
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+use support::tools;
+use support::wire::{record_batch, RawClient};
+
+const LOCAL_CLIENT: &str = "local-app";
+const NONE: i16 = 0;
+const POLICY_VIOLATION: i16 = 44;
+const UNKNOWN_TOPIC_ID: i16 = 100;
+
+/// A proxy whose link `x` mirrors topic `m`.
+fn proxy(broker: &KafkaCluster) -> Result<ProxyProcess> {
+    let source = ClusterId::from_bytes(*b"hostile-source!!").to_string();
+    ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("LINKS", "x"),
+            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
+            ("LINK_X_TOPICS", "m"),
+        ],
+    )
+}
+
+/// Every topic's id, asked of `bootstrap` (the broker itself, so that no
+/// Metadata response passes through the proxy).
+fn topic_ids(bootstrap: &str, topics: &[&str]) -> Result<HashMap<String, Uuid>> {
+    let mut c = RawClient::connect(bootstrap)?;
+    let request = MetadataRequest::default().with_topics(Some(
+        topics
+            .iter()
+            .map(|t| {
+                MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_string(t.to_string()))))
+            })
+            .collect(),
+    ));
+    let correlation = c.send(ApiKey::Metadata, 12, "test", &request)?;
+    let mut frame = c.recv_frame()?.context("no Metadata response")?;
+    let header = ResponseHeader::decode(&mut frame, ApiKey::Metadata.response_header_version(12))?;
+    ensure!(header.correlation_id == correlation, "correlation");
+    let r = MetadataResponse::decode(&mut frame, 12)?;
+    Ok(r.topics
+        .iter()
+        .filter_map(|t| Some((t.name.as_ref()?.0.to_string(), t.topic_id)))
+        .collect())
+}
+
+/// A Produce v13 (topics named by id) of `records` to partition 0 of
+/// `topic_id`, on `c`: the (error code, message) of the partition.
+fn produce_by_id(c: &mut RawClient, topic_id: Uuid, records: Bytes) -> Result<(i16, String)> {
+    let version = 13;
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_topic_id(topic_id)
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(records))])]);
+    let correlation = c.send(ApiKey::Produce, version, LOCAL_CLIENT, &request)?;
+    let Some(mut frame) = c.recv_frame()? else {
+        bail!("connection closed instead of a Produce response");
+    };
+    let header =
+        ResponseHeader::decode(&mut frame, ApiKey::Produce.response_header_version(version))?;
+    ensure!(header.correlation_id == correlation, "correlation");
+    let r = ProduceResponse::decode(&mut frame, version)?;
+    let p = r
+        .responses
+        .first()
+        .and_then(|t| t.partition_responses.first())
+        .context("no partition in the response")?;
+    let message = p.error_message.as_ref().map(|m| m.to_string());
+    Ok((p.error_code, message.unwrap_or_default()))
+}
+
+/// Records on disk in `topic`'s partition 0, as DumpLogSegments reads them.
+fn records_on_disk(broker: &KafkaCluster, topic: &str) -> Result<i64> {
+    let mut n = 0;
+    for file in broker.segment_files(topic, 0)? {
+        n += tools::dump_log_segments(&file, false)?
+            .iter()
+            .map(|b| b.count)
+            .sum::<i64>();
+    }
+    Ok(n)
+}
+
+/// Produce v13 names topics by id. An id the proxy never saw in a Metadata
+/// response (a client that learnt it elsewhere, or before the proxy
+/// restarted) must not make a read-only topic writable: the proxy asks the
+/// broker, and refuses what stays unknown with a retriable error.
+#[test]
+fn a_produce_by_an_id_the_proxy_never_saw_does_not_write_a_read_only_topic() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1), ("plain", 1)])?;
+    let p = proxy(&broker)?;
+    let ids = topic_ids(&broker.bootstrap(), &["m", "plain"])?;
+    let id = |t: &str| ids.get(t).copied().context("topic id");
+
+    // A fresh connection: nothing of the topics has passed through the proxy.
+    let mut c = RawClient::connect(&p.bootstrap)?;
+    let (code, message) = produce_by_id(&mut c, id("m")?, record_batch(-1, &["forged"]))?;
+    ensure!(
+        code == POLICY_VIOLATION && message.contains("link 'x'"),
+        "a write by id to the mirrored topic: {code} {message:?}\n{}",
+        tools::tail_str(&p.logs(), 20)
+    );
+    // Other topics by id are written as before.
+    let (code, message) = produce_by_id(&mut c, id("plain")?, record_batch(-1, &["fine"]))?;
+    ensure!(
+        code == NONE,
+        "a write by id to a plain topic: {code} {message:?}"
+    );
+    // An id no topic has: UNKNOWN_TOPIC_ID, which a client retries after
+    // refreshing its metadata.
+    let (code, _) = produce_by_id(&mut c, Uuid::from_u128(0xdead), record_batch(-1, &["x"]))?;
+    assert_eq!(code, UNKNOWN_TOPIC_ID);
+
+    assert_eq!(records_on_disk(&broker, "m")?, 0, "nothing landed in m");
+    assert_eq!(records_on_disk(&broker, "plain")?, 1);
+    Ok(())
+}
+
+/// Send `body` as `api` v`version` on `c` and decode the answer.
+fn call<Req: kafka_protocol::protocol::Encodable, Resp: Decodable>(
+    c: &mut RawClient,
+    api: ApiKey,
+    version: i16,
+    body: &Req,
+) -> Result<Resp> {
+    let correlation = c.send(api, version, LOCAL_CLIENT, body)?;
+    let Some(mut frame) = c.recv_frame()? else {
+        bail!("connection closed instead of a {api:?} response");
+    };
+    let header = ResponseHeader::decode(&mut frame, api.response_header_version(version))?;
+    ensure!(header.correlation_id == correlation, "correlation");
+    Resp::decode(&mut frame, version)
+}
+
+/// Every instance applies what the state topic holds: a client that could
+/// write it could switch a link to STOPPED (and its topics writable) or
+/// forge a mapping. Through the proxy, no client request may write,
+/// delete, grow or reconfigure it; requests naming other topics pass.
+#[test]
+fn a_client_cannot_write_delete_grow_or_reconfigure_the_state_topic() -> Result<()> {
+    use kafka_protocol::messages::{
+        alter_configs_request, delete_records_request, delete_topics_request,
+        incremental_alter_configs_request, AlterConfigsRequest, AlterConfigsResponse,
+        CreatePartitionsRequest, CreatePartitionsResponse, DeleteRecordsRequest,
+        DeleteRecordsResponse, DeleteTopicsRequest, DeleteTopicsResponse,
+        IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse,
+    };
+    use support::wire::partition_result;
+    const STATE: &str = "__mirror_state";
+    const DENIED: i16 = 29; // TOPIC_AUTHORIZATION_FAILED
+    let name = |t: &str| TopicName(StrBytes::from_string(t.to_string()));
+
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(
+        &broker.bootstrap(),
+        &[("m", 1), ("plain", 1), ("doomed", 1)],
+    )?;
+    let p = proxy(&broker)?;
+    let state_id = topic_ids(&broker.bootstrap(), &[STATE])?
+        .get(STATE)
+        .copied()
+        .context("the state topic's id")?;
+    let mut c = RawClient::connect(&p.bootstrap)?;
+
+    // Produce: the forged records never reach the log.
+    let before = records_on_disk(&broker, STATE)?;
+    let r = c.produce(LOCAL_CLIENT, STATE, 0, record_batch(-1, &["forged"]))?;
+    let (code, message) = partition_result(&r);
+    ensure!(
+        code == DENIED
+            && message
+                .as_deref()
+                .is_some_and(|m| m.contains("state topic")),
+        "a Produce to the state topic: {code} {message:?}"
+    );
+    assert_eq!(records_on_disk(&broker, STATE)?, before, "nothing appended");
+    // By id too (v13).
+    let (code, _) = produce_by_id(&mut c, state_id, record_batch(-1, &["forged"]))?;
+    assert_eq!(code, DENIED);
+
+    // DeleteRecords.
+    let delete_records = |topic: &str| {
+        DeleteRecordsRequest::default()
+            .with_timeout_ms(10_000)
+            .with_topics(vec![delete_records_request::DeleteRecordsTopic::default()
+                .with_name(name(topic))
+                .with_partitions(vec![
+                    delete_records_request::DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(-1),
+                ])])
+    };
+    let r: DeleteRecordsResponse = call(&mut c, ApiKey::DeleteRecords, 2, &delete_records(STATE))?;
+    assert_eq!(r.topics[0].partitions[0].error_code, DENIED, "{r:?}");
+    let r: DeleteRecordsResponse =
+        call(&mut c, ApiKey::DeleteRecords, 2, &delete_records("plain"))?;
+    assert_eq!(r.topics[0].partitions[0].error_code, NONE, "{r:?}");
+
+    // CreatePartitions.
+    let grow = |topic: &str| {
+        CreatePartitionsRequest::default()
+            .with_timeout_ms(10_000)
+            .with_topics(vec![
+            kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic::default()
+                .with_name(name(topic))
+                .with_count(8)
+                .with_assignments(None),
+        ])
+    };
+    let r: CreatePartitionsResponse = call(&mut c, ApiKey::CreatePartitions, 3, &grow(STATE))?;
+    assert_eq!(r.results[0].error_code, DENIED, "{r:?}");
+    let r: CreatePartitionsResponse = call(&mut c, ApiKey::CreatePartitions, 3, &grow("plain"))?;
+    assert_eq!(r.results[0].error_code, NONE, "{r:?}");
+
+    // AlterConfigs and IncrementalAlterConfigs.
+    let alter = AlterConfigsRequest::default().with_resources(vec![
+        alter_configs_request::AlterConfigsResource::default()
+            .with_resource_type(2)
+            .with_resource_name(StrBytes::from_static_str(STATE))
+            .with_configs(vec![alter_configs_request::AlterableConfig::default()
+                .with_name(StrBytes::from_static_str("cleanup.policy"))
+                .with_value(Some(StrBytes::from_static_str("delete")))]),
+    ]);
+    let r: AlterConfigsResponse = call(&mut c, ApiKey::AlterConfigs, 2, &alter)?;
+    assert_eq!(r.responses[0].error_code, DENIED, "{r:?}");
+    let incremental = |topic: &str| {
+        IncrementalAlterConfigsRequest::default().with_resources(vec![
+            incremental_alter_configs_request::AlterConfigsResource::default()
+                .with_resource_type(2)
+                .with_resource_name(StrBytes::from_string(topic.to_string()))
+                .with_configs(vec![
+                    incremental_alter_configs_request::AlterableConfig::default()
+                        .with_name(StrBytes::from_static_str("retention.ms"))
+                        .with_config_operation(0)
+                        .with_value(Some(StrBytes::from_static_str("1"))),
+                ]),
+        ])
+    };
+    let r: IncrementalAlterConfigsResponse = call(
+        &mut c,
+        ApiKey::IncrementalAlterConfigs,
+        1,
+        &incremental(STATE),
+    )?;
+    assert_eq!(r.responses[0].error_code, DENIED, "{r:?}");
+    let r: IncrementalAlterConfigsResponse = call(
+        &mut c,
+        ApiKey::IncrementalAlterConfigs,
+        1,
+        &incremental("plain"),
+    )?;
+    assert_eq!(r.responses[0].error_code, NONE, "{r:?}");
+
+    // DeleteTopics by name (v5) and by id (v6).
+    let by_name = |topic: &str| {
+        DeleteTopicsRequest::default()
+            .with_timeout_ms(10_000)
+            .with_topic_names(vec![name(topic)])
+    };
+    let r: DeleteTopicsResponse = call(&mut c, ApiKey::DeleteTopics, 5, &by_name(STATE))?;
+    assert_eq!(r.responses[0].error_code, DENIED, "{r:?}");
+    let by_id = DeleteTopicsRequest::default()
+        .with_timeout_ms(10_000)
+        .with_topics(vec![
+            delete_topics_request::DeleteTopicState::default().with_topic_id(state_id)
+        ]);
+    let r: DeleteTopicsResponse = call(&mut c, ApiKey::DeleteTopics, 6, &by_id)?;
+    assert_eq!(r.responses[0].error_code, DENIED, "{r:?}");
+    let r: DeleteTopicsResponse = call(&mut c, ApiKey::DeleteTopics, 5, &by_name("doomed"))?;
+    assert_eq!(r.responses[0].error_code, NONE, "{r:?}");
+
+    // The state topic is whole, the link still read-only.
+    ensure!(
+        topic_ids(&broker.bootstrap(), &[STATE])?.get(STATE) == Some(&state_id),
+        "the state topic is gone"
+    );
+    let (_, links) = p.admin_get("/links/x")?;
+    ensure!(links.contains("MIRRORING"), "{links}");
+    assert_eq!(
+        p.metric("kafka_mirror_proxy_state_topic_requests_refused_total{api_key=\"0\"}")?,
+        2
+    );
+    Ok(())
+}
+
+/// The admin API reads a request's `wait` before the bearer token is
+/// checked (to bound the request's time): a number of seconds past what a
+/// duration holds must not panic there, with or without a token.
+#[test]
+fn an_absurd_failover_wait_is_cut_not_a_panic_and_the_token_is_still_asked() -> Result<()> {
+    use std::io::{Read, Write};
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1)])?;
+    let source = ClusterId::from_bytes(*b"hostile-source!!").to_string();
+    let p = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("LINKS", "x"),
+            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
+            ("LINK_X_TOPICS", "m"),
+            ("ADMIN_TOKEN", "s3cret-admin-token"),
+        ],
+    )?;
+    let send = |line: &str, auth: &str| -> Result<String> {
+        let mut s = std::net::TcpStream::connect(&p.admin)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+        write!(
+            s,
+            "{line} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    };
+    let failover = "POST /links/x/failover?wait=1e30";
+    let answer = send(failover, "")?;
+    ensure!(
+        answer.starts_with("HTTP/1.1 401"),
+        "without a token: {answer}"
+    );
+    let answer = send(failover, "Authorization: Bearer wrong\r\n")?;
+    ensure!(
+        answer.starts_with("HTTP/1.1 401"),
+        "with a wrong token: {answer}"
+    );
+    ensure!(
+        !p.logs().contains("panicked"),
+        "{}",
+        tools::tail_str(&p.logs(), 20)
+    );
+    // The link was not failed over by the refused requests.
+    let answer = send(
+        "GET /links/x",
+        "Authorization: Bearer s3cret-admin-token\r\n",
+    )?;
+    ensure!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("MIRRORING"),
+        "{answer}"
+    );
+    Ok(())
+}

@@ -227,8 +227,8 @@ fn retries_are_answered_once_and_out_of_order_batches_refused() -> Result<()> {
     }
     let text = proxy.logs();
     assert!(
-        text.contains("refused a mirrored partition") && text.contains("invalid_producer_epoch"),
-        "a WARN line per refusal:\n{}",
+        text.contains("refused mirrored partitions") && text.contains("invalid_producer_epoch"),
+        "a WARN line per refused request:\n{}",
         tools::tail_str(&text, 30)
     );
     Ok(())

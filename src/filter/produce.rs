@@ -16,6 +16,8 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 
 use futures_util::future::Either;
+use futures_util::FutureExt;
+use std::future::ready;
 use std::future::Future;
 use tower::Layer;
 
@@ -72,31 +74,9 @@ impl<'a> ProduceFilter<'a> {
         let ctx = self.ctx;
         let version = h.api_version;
         let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
-        let acks = produce_acks(&frame, body_offset, version)?;
-        let expects_response = acks != 0;
-        // With acks=0 nothing is recorded without an answer: the tracked
-        // batches are failed. No client retries what it never hears about, so
-        // there is no retry to deduplicate and the partition is not re-read.
-        let forward = |frame: BytesMut, local: Vec<LocalPartition>, tracked: Tracked| {
-            let state = match expects_response {
-                true => Some(ProduceState {
-                    version,
-                    local,
-                    tracked,
-                }),
-                false => {
-                    tracked.unanswered();
-                    None
-                }
-            };
-            ProduceAction::Forward { frame, state }
-        };
-        let answered = |local: &[LocalPartition]| -> Result<ProduceAction, FilterError> {
-            Ok(ProduceAction::Answered(match expects_response {
-                true => Some(produce::local_response(h.correlation_id, version, local)?),
-                false => None,
-            }))
-        };
+        let replies = Replies::new(h, &frame, body_offset)?;
+        let forward = |frame, local, tracked| replies.forward(frame, local, tracked);
+        let answered = |local: &[LocalPartition]| replies.answered(local);
         // Every partition of the request answered here with `refusal`.
         let refuse_request = |link: &str, refusal: Refusal, message: &str| {
             let index = produce::index(&frame, body_offset, version)?;
@@ -106,68 +86,18 @@ impl<'a> ProduceFilter<'a> {
         };
         let link = match origin {
             Origin::Local => {
-                if addresses::carries_addresses(ApiKey::Produce, version) {
-                    addresses::check_parseable(ApiKey::Produce, version)?;
-                }
-                // The state topic and read-only mirrored topics: refused
-                // per partition, decided once per topic entry. Without
-                // links (no state topic, nothing read-only) the request is
-                // not even walked.
-                let control = &ctx.control;
-                if let Some(state) = ctx.state.as_ref() {
-                    let index = produce::index(&frame, body_offset, version)?;
-                    // A topic id this proxy never saw may name a read-only
-                    // topic: ask the broker, and refuse (retriable) what
-                    // stays unknown. Boxed: rare.
-                    if produce::any_topic(&frame, &index, |t| unknown_id(ctx, t)) {
+                return match self.local_now(h, frame, false)? {
+                    LocalStep::Done(action) => Ok(action),
+                    LocalStep::LearnIds(frame) => {
+                        // Boxed: rare, and it would size every request's future.
                         Box::pin(learn_topic_ids(ctx)).await;
+                        match self.local_now(h, frame, true)? {
+                            LocalStep::Done(action) => Ok(action),
+                            // Not returned once the ids were asked for.
+                            LocalStep::LearnIds(_) => Err(FilterError::MissingResponse),
+                        }
                     }
-                    let plan = produce::refuse_where(&frame, &index, |t, partitions| {
-                        let Some(name) = topic_name(ctx, t) else {
-                            return Some((
-                                Refusal::UnknownTopicId,
-                                "the topic id is not known to the proxy yet; refresh metadata and retry"
-                                    .to_string(),
-                            ));
-                        };
-                        if *name == *state.topic() {
-                            return Some((Refusal::StateTopic, state_topic_message(&name)));
-                        }
-                        let refusal = control.read_only(&name, version)?;
-                        control.local_writes_refused(&name, partitions);
-                        Some(refusal)
-                    });
-                    if !plan.local.is_empty() {
-                        let state_topic = |l: &LocalPartition| {
-                            matches!(
-                                l.outcome,
-                                LocalOutcome::Refused {
-                                    refusal: Refusal::StateTopic,
-                                    ..
-                                }
-                            )
-                        };
-                        if plan.local.iter().any(state_topic) {
-                            ctx.metrics.state_topic_request_refused(ApiKey::Produce);
-                            tracing::warn!(client_id = ?h.client_id(&frame), topic = state.topic(), "refused a client's Produce to the proxy's state topic");
-                        }
-                        if let Some(LocalPartition {
-                            outcome: LocalOutcome::Refused { message, .. },
-                            ..
-                        }) = plan.local.first()
-                        {
-                            tracing::debug!(partitions = plan.local.len(), message = ?message, "refused a local write");
-                        }
-                        if plan.forwarded_partitions == 0 {
-                            return answered(&plan.local);
-                        }
-                        let reduced =
-                            produce::without_local_partitions(&frame, &index, &plan.local);
-                        return Ok(forward(reduced, plan.local, Tracked::none()));
-                    }
-                }
-                let frame = BytesMut::from(frame); // unique: no copy
-                return Ok(forward(frame, Vec::new(), Tracked::none()));
+                };
             }
             Origin::Spoofed(link) => {
                 let message = format!(
@@ -307,6 +237,88 @@ impl<'a> ProduceFilter<'a> {
         Ok(forward(reduced, plan.local, tracked))
     }
 
+    /// A local Produce (not a link's), as far as it goes without waiting:
+    /// the state topic and read-only mirrored topics refused per partition,
+    /// decided once per topic entry; everything else forwarded as it came.
+    /// Without links (no state topic, nothing read-only) the request is not
+    /// even walked. A topic id the proxy has not seen may name a read-only
+    /// topic: unless `learnt` (the broker was just asked), the frame comes
+    /// back for the caller to learn the ids first; after that, what stays
+    /// unknown is refused (retriable).
+    pub fn local_now(
+        &self,
+        h: &RequestHeaderPeek,
+        frame: Bytes,
+        learnt: bool,
+    ) -> Result<LocalStep, FilterError> {
+        let ctx = self.ctx;
+        let version = h.api_version;
+        let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
+        let replies = Replies::new(h, &frame, body_offset)?;
+        if addresses::carries_addresses(ApiKey::Produce, version) {
+            addresses::check_parseable(ApiKey::Produce, version)?;
+        }
+        let control = &ctx.control;
+        if let Some(state) = ctx.state.as_ref() {
+            let index = produce::index(&frame, body_offset, version)?;
+            if !learnt && produce::any_topic(&frame, &index, |t| unknown_id(ctx, t)) {
+                return Ok(LocalStep::LearnIds(frame));
+            }
+            let plan = produce::refuse_where(&frame, &index, |t, partitions| {
+                let Some(name) = topic_name(ctx, t) else {
+                    return Some((
+                        Refusal::UnknownTopicId,
+                        "the topic id is not known to the proxy yet; refresh metadata and retry"
+                            .to_string(),
+                    ));
+                };
+                if *name == *state.topic() {
+                    return Some((Refusal::StateTopic, state_topic_message(&name)));
+                }
+                let refusal = control.read_only(&name, version)?;
+                control.local_writes_refused(&name, partitions);
+                Some(refusal)
+            });
+            if !plan.local.is_empty() {
+                let state_topic = |l: &LocalPartition| {
+                    matches!(
+                        l.outcome,
+                        LocalOutcome::Refused {
+                            refusal: Refusal::StateTopic,
+                            ..
+                        }
+                    )
+                };
+                if plan.local.iter().any(state_topic) {
+                    ctx.metrics.state_topic_request_refused(ApiKey::Produce);
+                    tracing::warn!(client_id = ?h.client_id(&frame), topic = state.topic(), "refused a client's Produce to the proxy's state topic");
+                }
+                if let Some(LocalPartition {
+                    outcome: LocalOutcome::Refused { message, .. },
+                    ..
+                }) = plan.local.first()
+                {
+                    tracing::debug!(partitions = plan.local.len(), message = ?message, "refused a local write");
+                }
+                if plan.forwarded_partitions == 0 {
+                    return replies.answered(&plan.local).map(LocalStep::Done);
+                }
+                let reduced = produce::without_local_partitions(&frame, &index, &plan.local);
+                return Ok(LocalStep::Done(replies.forward(
+                    reduced,
+                    plan.local,
+                    Tracked::none(),
+                )));
+            }
+        }
+        let frame = BytesMut::from(frame); // unique: no copy
+        Ok(LocalStep::Done(replies.forward(
+            frame,
+            Vec::new(),
+            Tracked::none(),
+        )))
+    }
+
     /// The response half: the frame for the client from the broker's
     /// Produce response and the request's state, and the brokers the
     /// response named (KIP-951: a leader moved), for the proxy to open
@@ -357,6 +369,73 @@ impl<'a> ProduceFilter<'a> {
     }
 }
 
+/// What becomes of a local Produce without waiting.
+pub enum LocalStep {
+    Done(ProduceAction),
+    /// The request names topic ids the proxy has not seen: learn them
+    /// from the broker, then decide (the frame, untouched).
+    LearnIds(Bytes),
+}
+
+/// How a Produce request is answered: its version, correlation id and
+/// whether it expects an answer at all (`acks != 0`).
+struct Replies {
+    version: i16,
+    correlation_id: i32,
+    expects_response: bool,
+}
+
+impl Replies {
+    fn new(
+        h: &RequestHeaderPeek,
+        frame: &[u8],
+        body_offset: usize,
+    ) -> Result<Replies, FilterError> {
+        let acks = produce_acks(frame, body_offset, h.api_version)?;
+        Ok(Replies {
+            version: h.api_version,
+            correlation_id: h.correlation_id,
+            expects_response: acks != 0,
+        })
+    }
+
+    /// `frame` to the broker. With acks=0 nothing is recorded without an
+    /// answer: the tracked batches are failed. No client retries what it
+    /// never hears about, so there is no retry to deduplicate and the
+    /// partition is not re-read.
+    fn forward(
+        &self,
+        frame: BytesMut,
+        local: Vec<LocalPartition>,
+        tracked: Tracked,
+    ) -> ProduceAction {
+        let state = match self.expects_response {
+            true => Some(ProduceState {
+                version: self.version,
+                local,
+                tracked,
+            }),
+            false => {
+                tracked.unanswered();
+                None
+            }
+        };
+        ProduceAction::Forward { frame, state }
+    }
+
+    /// Every partition answered here.
+    fn answered(&self, local: &[LocalPartition]) -> Result<ProduceAction, FilterError> {
+        Ok(ProduceAction::Answered(match self.expects_response {
+            true => Some(produce::local_response(
+                self.correlation_id,
+                self.version,
+                local,
+            )?),
+            false => None,
+        }))
+    }
+}
+
 pub struct ProduceLayer<'a> {
     ctx: &'a Context,
     subject: Option<&'a CertSubject>,
@@ -398,13 +477,43 @@ impl<'a, S: Service> Service for Produce<'a, S> {
         if request.api != Some(ApiKey::Produce) {
             return Either::Left(pass(&mut self.inner, request, Reply::Inner));
         }
-        Either::Right(self.produce(request))
+        // A local Produce is decided without waiting, so it needs no future
+        // of its own: only the inner service's, which every layer above
+        // moves, is built. A link's (which may wait on the state topic or
+        // a rebuild) and a local one naming unknown topic ids are boxed.
+        let step = match request.origin {
+            Origin::Local => {
+                let Request {
+                    header,
+                    api,
+                    origin,
+                    frame,
+                } = request;
+                match self.filter.local_now(&header, frame.freeze(), false) {
+                    Ok(LocalStep::Done(action)) => Ok((header, api, origin, action)),
+                    Ok(LocalStep::LearnIds(frame)) => Err(Request {
+                        header,
+                        api,
+                        origin,
+                        frame: BytesMut::from(frame),
+                    }),
+                    Err(e) => return Either::Right(Either::Left(Either::Left(ready(Err(e))))),
+                }
+            }
+            _ => Err(request),
+        };
+        match step {
+            Ok((header, api, origin, action)) => Either::Right(Either::Left(Either::Right(
+                self.act(header, api, origin, action),
+            ))),
+            Err(request) => Either::Right(Either::Right(Box::pin(self.produce(request)))),
+        }
     }
 }
 
 impl<'a, S: Service> Produce<'a, S> {
-    /// A Produce request: the request half, then the broker if anything of
-    /// it is left to forward.
+    /// A Produce request whose request half may wait: the request half,
+    /// then what it decided.
     async fn produce(
         &mut self,
         request: Request,
@@ -419,11 +528,24 @@ impl<'a, S: Service> Produce<'a, S> {
             .filter
             .request(&origin, self.subject, &header, frame.freeze())
             .await?;
+        self.act(header, api, origin, action).await
+    }
+
+    /// What the request half decided: the proxy's own answer, or the broker
+    /// for what is left to forward, with the response half to run.
+    fn act(
+        &mut self,
+        header: RequestHeaderPeek,
+        api: Option<ApiKey>,
+        origin: Origin,
+        action: ProduceAction,
+    ) -> impl Future<Output = Result<Outcome<Reply<S::Pending, ProduceHalf<'a>>>, FilterError>> + Send + '_
+    {
         let (frame, state) = match action {
             ProduceAction::Answered(Some(answer)) => {
-                return Ok(Outcome::Owed(Reply::Local(answer)))
+                return Either::Left(ready(Ok(Outcome::Owed(Reply::Local(answer)))))
             }
-            ProduceAction::Answered(None) => return Ok(Outcome::NotOwed),
+            ProduceAction::Answered(None) => return Either::Left(ready(Ok(Outcome::NotOwed))),
             ProduceAction::Forward { frame, state } => (frame, state),
         };
         let forwarded = Request {
@@ -432,13 +554,16 @@ impl<'a, S: Service> Produce<'a, S> {
             origin,
             frame,
         };
-        let outcome = self.inner.call(forwarded).await?;
         let ctx = self.filter.ctx;
-        Ok(match state {
-            Some(state) => outcome.map(|p| Reply::Then(p, ProduceHalf { ctx, state })),
-            // acks=0: the broker sends nothing back.
-            None => outcome.discard(),
-        })
+        Either::Right(self.inner.call(forwarded).map(move |outcome| {
+            Ok(match (outcome?, state) {
+                (outcome, Some(state)) => {
+                    outcome.map(|p| Reply::Then(p, ProduceHalf { ctx, state }))
+                }
+                // acks=0: the broker sends nothing back.
+                (outcome, None) => outcome.discard(),
+            })
+        }))
     }
 }
 

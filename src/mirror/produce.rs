@@ -398,12 +398,15 @@ fn topic_key<'f>(frame: &'f [u8], index: &Index, topic: &IndexedTopic) -> TopicK
     }
 }
 
-/// A topic entry as the proxy's answers name it: the name shares the
-/// frame's memory.
-fn topic_ref(frame: &Bytes, index: &Index, topic: &IndexedTopic) -> TopicRef {
+/// A topic entry as the proxy's answers name it. The name is copied: a
+/// plan that kept a slice of the frame would make the frame shared, and the
+/// patched frame a copy of the whole request instead of the frame itself.
+fn topic_ref(frame: &[u8], index: &Index, topic: &IndexedTopic) -> TopicRef {
     match index.topic(frame, topic) {
         Topic::Name(name) => TopicRef {
-            name: TopicName(StrBytes::from_utf8(frame.slice_ref(name)).unwrap_or_default()),
+            name: TopicName(StrBytes::from_string(
+                String::from_utf8_lossy(name).into_owned(),
+            )),
             ..TopicRef::default()
         },
         Topic::Id(id) => TopicRef {

@@ -420,7 +420,7 @@ fn local_read_only_check(c: &mut Criterion) {
                     };
                     read_only
                         .contains(&name)
-                        .then(|| (produce::Refusal::ReadOnly, String::new()))
+                        .then(|| (produce::Refusal::ReadOnly, Default::default()))
                 });
                 assert_eq!(plan.forwarded_partitions, 1);
             })

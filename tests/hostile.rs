@@ -366,3 +366,106 @@ fn an_absurd_failover_wait_is_cut_not_a_panic_and_the_token_is_still_asked() -> 
     );
     Ok(())
 }
+
+/// One Produce v9 of `entries` partition entries of `topic` (null records)
+/// and one real batch to partition 0 of `other`, framed, and its size.
+fn many_entries(client_id: &str, topic: &str, entries: i32, other: &str) -> Result<Vec<u8>> {
+    use kafka_protocol::messages::RequestHeader;
+    use kafka_protocol::protocol::Encodable;
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partition_data(
+                    (0..entries)
+                        .map(|i| PartitionProduceData::default().with_index(i))
+                        .collect(),
+                ),
+            TopicProduceData::default()
+                .with_name(TopicName(StrBytes::from_string(other.to_string())))
+                .with_partition_data(vec![PartitionProduceData::default()
+                    .with_index(0)
+                    .with_records(Some(record_batch(-1, &["fine"])))]),
+        ]);
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Produce as i16)
+        .with_request_api_version(9)
+        .with_correlation_id(1)
+        .with_client_id(Some(StrBytes::from_string(client_id.to_string())));
+    let mut buf = bytes::BytesMut::new();
+    header.encode(&mut buf, ApiKey::Produce.request_header_version(9))?;
+    request.encode(&mut buf, 9)?;
+    let mut framed = (buf.len() as u32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&buf);
+    Ok(framed)
+}
+
+/// A request the proxy answers itself costs memory and log lines in
+/// proportion to the request, not per entry times a message: one Produce
+/// of 200,000 partition entries (HOSTILE_ENTRIES) to a read-only topic plus
+/// one partition of another topic, and the same on the link's client id
+/// to a topic the link does not mirror. Each is answered (the other
+/// topic's batch written), the proxy's peak memory grows by at most a
+/// small multiple of the request, and the refusal is one log line.
+#[test]
+fn a_request_of_many_entries_costs_in_proportion_to_its_bytes() -> Result<()> {
+    let entries: i32 = std::env::var("HOSTILE_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1), ("plain", 1)])?;
+    let p = proxy(&broker)?;
+    for (client_id, topic, line) in [
+        (LOCAL_CLIENT, "m", "refused a local write"),
+        ("mirror-x", "plain", "refused mirrored partitions"),
+    ] {
+        let framed = many_entries(client_id, topic, entries, "plain")?;
+        let before_kib = p.status_kb("VmHWM")?;
+        let lines_before = p.logs().matches(line).count();
+        let started = std::time::Instant::now();
+        let mut c = RawClient::connect(&p.bootstrap)?;
+        c.send_raw(&framed)?;
+        let answer = c
+            .recv_frame()?
+            .context("no answer: the connection closed")?;
+        let took = started.elapsed();
+        let grown_kib = p.status_kb("VmHWM")?.saturating_sub(before_kib);
+        let lines = p.logs().matches(line).count() - lines_before;
+        eprintln!(
+            "{client_id} -> {topic}: {entries} entries, request {} KiB, answer {} KiB, peak RSS +{grown_kib} KiB, {lines} log line(s), {} ms",
+            framed.len() / 1024,
+            answer.len() / 1024,
+            took.as_millis()
+        );
+        let mut frame = answer;
+        let header =
+            ResponseHeader::decode(&mut frame, ApiKey::Produce.response_header_version(9))?;
+        ensure!(header.correlation_id == 1, "correlation");
+        let r = ProduceResponse::decode(&mut frame, 9)?;
+        let answered: usize = r
+            .responses
+            .iter()
+            .map(|t| t.partition_responses.len())
+            .sum();
+        assert_eq!(answered, entries as usize + 1, "every entry answered");
+        let plain = r.responses.iter().find(|t| {
+            t.name.0.as_str() == "plain"
+                && t.partition_responses.iter().any(|p| p.error_code == NONE)
+        });
+        ensure!(
+            plain.is_some() || topic == "plain",
+            "the other topic's batch was written: {:?}",
+            r.responses.len()
+        );
+        ensure!(lines == 1, "{lines} log lines for one request");
+        let request_kib = framed.len() as u64 / 1024;
+        ensure!(
+            grown_kib <= 40 * request_kib + 16 * 1024,
+            "peak RSS grew {grown_kib} KiB for a request of {request_kib} KiB"
+        );
+    }
+    Ok(())
+}

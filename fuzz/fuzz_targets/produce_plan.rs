@@ -58,7 +58,16 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let plan = produce::refuse_all(&frame, &index, Refusal::NotAuthorized, "m");
-    let _ = produce::local_response(h.correlation_id, version, &plan.local);
+    // An answer the proxy builds itself is a small multiple of the request:
+    // a partition's answer is a few dozen bytes, its entry at least six.
+    if let Ok(answer) = produce::local_response(h.correlation_id, version, &plan.local) {
+        assert!(
+            answer.len() <= 8 * frame.len() + 1024,
+            "an answer of {} bytes to a request of {}",
+            answer.len(),
+            frame.len()
+        );
+    }
     let topic_name = |_| Some(std::sync::Arc::from("orders"));
     for link in links() {
         let plan = produce::plan(&frame, &index, link, &topic_name);
@@ -84,8 +93,8 @@ fuzz_target!(|data: &[u8]| {
         }
         if !plan.local.is_empty() && plan.forwarded_partitions > 0 {
             let reduced = produce::without_local_partitions(&patched, &index, &plan.local).freeze();
-            let again = produce::index(&reduced, offset, version)
-                .expect("the re-emitted request walks");
+            let again =
+                produce::index(&reduced, offset, version).expect("the re-emitted request walks");
             assert_eq!(again.partitions().len(), plan.forwarded_partitions);
         }
     }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
+use kafka_protocol::protocol::StrBytes;
 
 use futures_util::future::Either;
 use futures_util::FutureExt;
@@ -264,19 +265,32 @@ impl<'a> ProduceFilter<'a> {
             if !learnt && produce::any_topic(&frame, &index, |t| unknown_id(ctx, t)) {
                 return Ok(LocalStep::LearnIds(frame));
             }
+            // The last topic's refusal, reused while entries repeat it: a
+            // request of many entries to one topic builds one message.
+            let mut last: Option<(String, Refusal, StrBytes)> = None;
             let plan = produce::refuse_where(&frame, &index, |t, partitions| {
                 let Some(name) = topic_name(ctx, t) else {
                     return Some((
                         Refusal::UnknownTopicId,
-                        "the topic id is not known to the proxy yet; refresh metadata and retry"
-                            .to_string(),
+                        StrBytes::from_static_str(
+                            "the topic id is not known to the proxy yet; refresh metadata and retry",
+                        ),
                     ));
                 };
-                if *name == *state.topic() {
-                    return Some((Refusal::StateTopic, state_topic_message(&name)));
+                let refusal = match &last {
+                    Some((n, refusal, message)) if **n == *name => (*refusal, message.clone()),
+                    _ if *name == *state.topic() => {
+                        (Refusal::StateTopic, state_topic_message(&name).into())
+                    }
+                    _ => {
+                        let (refusal, message) = control.read_only(&name, version)?;
+                        (refusal, StrBytes::from_string(message))
+                    }
+                };
+                last = Some((name.to_string(), refusal.0, refusal.1.clone()));
+                if refusal.0 != Refusal::StateTopic {
+                    control.local_writes_refused(&name, partitions);
                 }
-                let refusal = control.read_only(&name, version)?;
-                control.local_writes_refused(&name, partitions);
                 Some(refusal)
             });
             if !plan.local.is_empty() {

@@ -248,7 +248,7 @@ impl Dedupe {
             entry: tp.entry,
             outcome: LocalOutcome::Refused {
                 refusal: Refusal::StateNotRebuilt,
-                message,
+                message: message.into(),
             },
         });
     }
@@ -369,7 +369,7 @@ impl Dedupe {
                             message: format!(
                                 "mirror link '{link}': partition {}: producer {} epoch {} sequences {}..{} are being appended by an earlier request; retry",
                                 tp.partition.partition, b.id.producer_id, b.id.epoch, b.id.first_seq, b.id.last_seq
-                            ),
+                            ).into(),
                         });
                         break;
                     }
@@ -379,7 +379,8 @@ impl Dedupe {
                             message: format!(
                                 "mirror link '{link}': partition {}: {message}",
                                 tp.partition.partition
-                            ),
+                            )
+                            .into(),
                         });
                         break;
                     }
@@ -398,7 +399,7 @@ impl Dedupe {
                             message: format!(
                                 "mirror link '{link}': partition {}: {batches} of the {} batches were appended already; the proxy cannot split a partition's records, send the new batches alone",
                                 tp.partition.partition, tp.batch_count
-                            ),
+                            ).into(),
                         }
                     });
                 }

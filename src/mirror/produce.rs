@@ -187,18 +187,15 @@ impl Refusal {
 pub enum LocalOutcome {
     Refused {
         refusal: Refusal,
-        message: String,
+        /// Shared by every partition refused for the same reason: a
+        /// request of many entries costs one message, not one per entry.
+        message: StrBytes,
     },
     /// Control batches acknowledged without writing (`drop` policy).
-    DroppedControl {
-        batches: usize,
-    },
+    DroppedControl { batches: usize },
     /// Every batch of the partition was already appended (mirrored producer
     /// state): answered with error NONE and the first one's base offset.
-    Duplicate {
-        base_offset: i64,
-        batches: usize,
-    },
+    Duplicate { base_offset: i64, batches: usize },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -210,8 +207,14 @@ pub struct LocalPartition {
     pub outcome: LocalOutcome,
 }
 
+/// How many of the partitions a response answers locally carry their
+/// refusal's message; the others carry the error code alone. A request of
+/// many entries (a client's mistake, or a hostile one) then costs an answer
+/// of a few dozen bytes an entry, never a copy of the message per entry.
+const MESSAGES_PER_RESPONSE: usize = 64;
+
 impl LocalPartition {
-    fn response(&self) -> PartitionProduceResponse {
+    fn response(&self, with_message: bool) -> PartitionProduceResponse {
         let mut r = PartitionProduceResponse::default()
             .with_index(self.partition)
             .with_base_offset(-1)
@@ -221,7 +224,7 @@ impl LocalPartition {
             LocalOutcome::Refused { refusal, message } => {
                 r = r
                     .with_error_code(refusal.error().code())
-                    .with_error_message(Some(StrBytes::from_string(message.clone())));
+                    .with_error_message(with_message.then(|| message.clone()));
             }
             LocalOutcome::Duplicate { base_offset, .. } => r = r.with_base_offset(*base_offset),
             LocalOutcome::DroppedControl { .. } => {}
@@ -512,7 +515,10 @@ fn plan_entry(
         topic: topic.topic.clone(),
         partition: p.index,
         entry,
-        outcome: LocalOutcome::Refused { refusal, message },
+        outcome: LocalOutcome::Refused {
+            refusal,
+            message: message.into(),
+        },
     };
     let Some(name) = topic.name(version) else {
         plan.local.push(refuse(
@@ -755,16 +761,18 @@ fn plan_partition(
 
 /// Plan that answers every partition of the request with `refusal`.
 pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str) -> ProducePlan {
-    refuse_where(frame, index, |_, _| Some((refusal, message.to_string())))
+    let message = StrBytes::from_string(message.to_string());
+    refuse_where(frame, index, |_, _| Some((refusal, message.clone())))
 }
 
 /// Plan that answers the partitions of the topic entries `decide` refuses
 /// and forwards the rest (`forwarded_partitions` counts those). `decide`
-/// is asked once per topic entry, with its number of partitions.
+/// is asked once per topic entry, with its number of partitions; its
+/// message is shared by the entry's partitions.
 pub fn refuse_where(
     frame: &Bytes,
     index: &Index,
-    mut decide: impl FnMut(TopicKey<'_>, usize) -> Option<(Refusal, String)>,
+    mut decide: impl FnMut(TopicKey<'_>, usize) -> Option<(Refusal, StrBytes)>,
 ) -> ProducePlan {
     let mut plan = ProducePlan::default();
     for t in index.topics() {
@@ -841,18 +849,19 @@ fn add_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartiti
     for (i, t) in response.responses.iter().enumerate() {
         at.entry(key(&t.name, t.topic_id)).or_insert(i);
     }
-    for l in local {
+    for (i, l) in local.iter().enumerate() {
+        let answer = l.response(i < MESSAGES_PER_RESPONSE);
         match at.entry(key(&l.topic.name, l.topic.topic_id)) {
             Entry::Occupied(e) => response.responses[*e.get()]
                 .partition_responses
-                .push(l.response()),
+                .push(answer),
             Entry::Vacant(e) => {
                 e.insert(response.responses.len());
                 response.responses.push(
                     TopicProduceResponse::default()
                         .with_name(l.topic.name.clone())
                         .with_topic_id(l.topic.topic_id)
-                        .with_partition_responses(vec![l.response()]),
+                        .with_partition_responses(vec![answer]),
                 );
             }
         }

@@ -65,7 +65,9 @@ fn refuse_where(
     mut decide: impl FnMut(TopicKey<'_>) -> Option<(Refusal, String)>,
 ) -> Result<ProducePlan, ProduceError> {
     let index = index(frame, offset, version)?;
-    Ok(super::refuse_where(frame, &index, |t, _| decide(t)))
+    Ok(super::refuse_where(frame, &index, |t, _| {
+        decide(t).map(|(r, m)| (r, StrBytes::from_string(m)))
+    }))
 }
 
 fn any_topic(

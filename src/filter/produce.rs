@@ -376,9 +376,7 @@ impl<'a> ProduceFilter<'a> {
         if local.is_empty() {
             return Ok((frame, learnt));
         }
-        let (correlation_id, mut response) = produce::decode_response(&frame.freeze(), version)?;
-        produce::merge_local(&mut response, version, &local);
-        let frame = produce::encode_response(correlation_id, version, &response)?;
+        let frame = produce::merge_response(&frame.freeze(), version, &local)?;
         Ok((frame, learnt))
     }
 }

@@ -836,16 +836,11 @@ pub fn without_local_partitions(frame: &[u8], index: &Index, local: &[LocalParti
 /// (the first, where the broker answered a topic twice), or a new one.
 /// Looked up, not scanned: an answer of many topics costs what it holds.
 fn add_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartition]) {
-    #[derive(PartialEq, Eq, Hash)]
-    enum Key {
-        Name(TopicName),
-        Id(Uuid),
-    }
     let key = |name: &TopicName, id: Uuid| match version >= 13 {
-        true => Key::Id(id),
-        false => Key::Name(name.clone()),
+        true => TopicKeyOwned::Id(id),
+        false => TopicKeyOwned::Name(name.clone()),
     };
-    let mut at: HashMap<Key, usize> = HashMap::with_capacity(response.responses.len());
+    let mut at: HashMap<TopicKeyOwned, usize> = HashMap::with_capacity(response.responses.len());
     for (i, t) in response.responses.iter().enumerate() {
         at.entry(key(&t.name, t.topic_id)).or_insert(i);
     }
@@ -888,15 +883,201 @@ pub fn encode_response(
     Ok(out)
 }
 
-/// The whole response when the proxy answers every partition.
+/// The whole response when the proxy answers every partition, written
+/// directly: a few dozen bytes an answer and a list of places, never a
+/// decoded response (whose structures cost several times the bytes).
 pub fn local_response(
     correlation_id: i32,
     version: i16,
     local: &[LocalPartition],
 ) -> Result<BytesMut, ProduceError> {
-    let mut response = ProduceResponse::default();
-    add_local(&mut response, version, local);
-    encode_response(correlation_id, version, &response)
+    let mut out = BytesMut::new();
+    encode_header(&mut out, correlation_id, version)?;
+    let topics = by_topic(version, local);
+    put_count(&mut out, topics.len(), version >= 9);
+    put_local_topics(&mut out, version, local, &topics, 0);
+    if version >= 1 {
+        out.extend_from_slice(&0i32.to_be_bytes()); // throttle_time_ms
+    }
+    if version >= 9 {
+        out.extend_from_slice(&[0]); // no tagged fields
+    }
+    Ok(out)
+}
+
+/// A broker's response frame (the partitions it was sent) with the proxy's
+/// answers added: an answer to a topic the broker answered too joins that
+/// topic's entry; the others are entries of their own, written directly
+/// ahead of the broker's (only the topic count of the broker's body
+/// changes), so they cost no decoded structures.
+pub fn merge_response(
+    frame: &Bytes,
+    version: i16,
+    local: &[LocalPartition],
+) -> Result<BytesMut, ProduceError> {
+    let (correlation_id, mut response) = decode_response(frame, version)?;
+    let key = |name: &TopicName, id: Uuid| match version >= 13 {
+        true => TopicKeyOwned::Id(id),
+        false => TopicKeyOwned::Name(name.clone()),
+    };
+    let answered: std::collections::HashSet<TopicKeyOwned> = response
+        .responses
+        .iter()
+        .map(|t| key(&t.name, t.topic_id))
+        .collect();
+    let (joined, own): (Vec<&LocalPartition>, Vec<&LocalPartition>) = local
+        .iter()
+        .partition(|l| answered.contains(&key(&l.topic.name, l.topic.topic_id)));
+    let joined: Vec<LocalPartition> = joined.into_iter().cloned().collect();
+    add_local(&mut response, version, &joined);
+    let own: Vec<LocalPartition> = own.into_iter().cloned().collect();
+    let encode_err = |e: anyhow::Error| ProduceError::Encode {
+        version,
+        reason: e.to_string(),
+    };
+    let mut body = BytesMut::new();
+    response.encode(&mut body, version).map_err(encode_err)?;
+    // The body starts with the topic count: skip it, write the sum.
+    let flexible = version >= 9;
+    let mut c = crate::wire::cursor::Cursor::at(&body, 0);
+    let broker_topics = match flexible {
+        true => c.uvarint().map(|n| n.saturating_sub(1) as usize),
+        false => c.i32().map(|n| n.max(0) as usize),
+    }
+    .map_err(|e| ProduceError::Encode {
+        version,
+        reason: e.to_string(),
+    })?;
+    let rest = c.position();
+    let topics = by_topic(version, &own);
+    let mut out = BytesMut::with_capacity(body.len() + 32 * own.len() + 64);
+    encode_header(&mut out, correlation_id, version)?;
+    put_count(&mut out, broker_topics + topics.len(), flexible);
+    put_local_topics(&mut out, version, &own, &topics, joined.len());
+    out.extend_from_slice(&body[rest..]);
+    Ok(out)
+}
+
+/// A topic as a key, owned.
+#[derive(PartialEq, Eq, Hash)]
+enum TopicKeyOwned {
+    Name(TopicName),
+    Id(Uuid),
+}
+
+/// The answers of `local` grouped by topic, in the order each topic first
+/// appears: per topic, the places of its answers in `local`.
+fn by_topic(version: i16, local: &[LocalPartition]) -> Vec<Vec<u32>> {
+    let mut at: HashMap<TopicKeyOwned, usize> = HashMap::new();
+    let mut topics: Vec<Vec<u32>> = Vec::new();
+    for (i, l) in local.iter().enumerate() {
+        let key = match version >= 13 {
+            true => TopicKeyOwned::Id(l.topic.topic_id),
+            false => TopicKeyOwned::Name(l.topic.name.clone()),
+        };
+        let slot = *at.entry(key).or_insert_with(|| {
+            topics.push(Vec::new());
+            topics.len() - 1
+        });
+        topics[slot].push(i as u32);
+    }
+    topics
+}
+
+fn encode_header(
+    out: &mut BytesMut,
+    correlation_id: i32,
+    version: i16,
+) -> Result<(), ProduceError> {
+    ResponseHeader::default()
+        .with_correlation_id(correlation_id)
+        .encode(out, ApiKey::Produce.response_header_version(version))
+        .map_err(|e| ProduceError::Encode {
+            version,
+            reason: e.to_string(),
+        })
+}
+
+/// An array's count: a varint of count + 1 when flexible, an i32 before.
+fn put_count(out: &mut BytesMut, count: usize, flexible: bool) {
+    match flexible {
+        true => {
+            let mut v = Vec::with_capacity(5);
+            crate::wire::walk::push_uvarint(&mut v, (count as u32).saturating_add(1));
+            out.extend_from_slice(&v);
+        }
+        false => out.extend_from_slice(&(count as i32).to_be_bytes()),
+    }
+}
+
+/// A nullable string.
+fn put_string(out: &mut BytesMut, s: Option<&str>, flexible: bool) {
+    match (s, flexible) {
+        (None, true) => out.extend_from_slice(&[0]),
+        (None, false) => out.extend_from_slice(&(-1i16).to_be_bytes()),
+        (Some(s), true) => {
+            put_count(out, s.len(), true);
+            out.extend_from_slice(s.as_bytes());
+        }
+        (Some(s), false) => {
+            out.extend_from_slice(&(s.len() as i16).to_be_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+}
+
+/// The topic entries of `topics` (places in `local`), as kafka-protocol
+/// encodes a `TopicProduceResponse` with these answers and no tagged
+/// fields. `answered_before` answers precede these in the response (their
+/// count is what [`MESSAGES_PER_RESPONSE`] has used up).
+fn put_local_topics(
+    out: &mut BytesMut,
+    version: i16,
+    local: &[LocalPartition],
+    topics: &[Vec<u32>],
+    answered_before: usize,
+) {
+    let flexible = version >= 9;
+    let mut n = answered_before;
+    for places in topics {
+        let Some(first) = places.first().and_then(|i| local.get(*i as usize)) else {
+            continue;
+        };
+        match version >= 13 {
+            true => out.extend_from_slice(first.topic.topic_id.as_bytes()),
+            false => put_string(out, Some(first.topic.name.0.as_str()), flexible),
+        }
+        put_count(out, places.len(), flexible);
+        for l in places.iter().filter_map(|i| local.get(*i as usize)) {
+            let (code, base_offset, message) = match &l.outcome {
+                LocalOutcome::Refused { refusal, message } => {
+                    (refusal.error().code(), -1, Some(message.as_str()))
+                }
+                LocalOutcome::Duplicate { base_offset, .. } => (0, *base_offset, None),
+                LocalOutcome::DroppedControl { .. } => (0, -1, None),
+            };
+            out.extend_from_slice(&l.partition.to_be_bytes());
+            out.extend_from_slice(&code.to_be_bytes());
+            out.extend_from_slice(&base_offset.to_be_bytes());
+            if version >= 2 {
+                out.extend_from_slice(&(-1i64).to_be_bytes()); // log_append_time_ms
+            }
+            if version >= 5 {
+                out.extend_from_slice(&(-1i64).to_be_bytes()); // log_start_offset
+            }
+            if version >= 8 {
+                put_count(out, 0, flexible); // record_errors
+                put_string(out, message.filter(|_| n < MESSAGES_PER_RESPONSE), flexible);
+            }
+            if flexible {
+                out.extend_from_slice(&[0]); // tagged fields
+            }
+            n += 1;
+        }
+        if flexible {
+            out.extend_from_slice(&[0]);
+        }
+    }
 }
 
 /// Decode a broker's Produce response frame (header + body), after a
@@ -918,11 +1099,6 @@ pub fn decode_response(
     let response =
         ProduceResponse::decode(&mut buf, version).map_err(|e| malformed(e.to_string()))?;
     Ok((header.correlation_id, response))
-}
-
-/// Add the proxy's answers to a broker's decoded response.
-pub fn merge_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartition]) {
-    add_local(response, version, local);
 }
 
 #[cfg(test)]

@@ -302,9 +302,12 @@ fn topics_outside_the_link_are_refused_by_name() {
     );
 
     // The merged response carries the refusal with its message.
-    let mut response = ProduceResponse::default();
-    merge_local(&mut response, 9, &p.local);
-    let frame = encode_response(42, 9, &response).expect("encode").freeze();
+    let broker = encode_response(42, 9, &ProduceResponse::default())
+        .expect("encode")
+        .freeze();
+    let frame = merge_response(&broker, 9, &p.local)
+        .expect("merge")
+        .freeze();
     let (correlation, decoded) = decode_response(&frame, 9).expect("decode");
     assert_eq!(correlation, 42);
     let partition = &decoded.responses[0].partition_responses[0];
@@ -725,8 +728,13 @@ fn local_writes_to_read_only_topics_are_refused_per_partition() {
     assert_eq!(decoded.topic_data.len(), 1);
     assert_eq!(decoded.topic_data[0].name.0.as_str(), "other");
     // The client gets POLICY_VIOLATION with the message for both partitions.
-    let mut response = ProduceResponse::default();
-    merge_local(&mut response, 9, &p.local);
+    let broker = encode_response(7, 9, &ProduceResponse::default())
+        .expect("encode")
+        .freeze();
+    let merged = merge_response(&broker, 9, &p.local)
+        .expect("merge")
+        .freeze();
+    let (_, response) = decode_response(&merged, 9).expect("decode");
     let parts = &response.responses[0].partition_responses;
     assert_eq!(parts.len(), 2);
     assert!(parts
@@ -799,4 +807,112 @@ fn a_partition_named_twice_refuses_the_whole_request() {
     // The same index in two topics is two partitions: see
     // topics_outside_the_link_are_refused_by_name (partition 0 of "orders"
     // forwarded, of "payments" refused as not mirrored).
+}
+
+/// The answers the proxy writes directly are what kafka-protocol encodes
+/// for the same answers, byte for byte, at every version; merged into a
+/// broker's response, an answer joins the entry of a topic the broker
+/// answered too, and the others come first.
+#[test]
+fn local_answers_are_encoded_as_kafka_protocol_encodes_them() {
+    let answer = |topic: &str, partition: i32, outcome: LocalOutcome| LocalPartition {
+        topic: TopicRef {
+            name: TopicName(StrBytes::from_string(topic.to_string())),
+            topic_id: Uuid::from_u128(topic.len() as u128),
+        },
+        partition,
+        entry: 0,
+        outcome,
+    };
+    let refused = |m: &str| LocalOutcome::Refused {
+        refusal: Refusal::ReadOnly,
+        message: StrBytes::from_string(m.to_string()),
+    };
+    let local = vec![
+        answer("m", 0, refused("read-only")),
+        answer(
+            "other",
+            3,
+            LocalOutcome::Duplicate {
+                base_offset: 42,
+                batches: 1,
+            },
+        ),
+        answer("m", 1, refused("read-only")),
+        answer("other", 4, LocalOutcome::DroppedControl { batches: 2 }),
+    ];
+    for version in 3..=13 {
+        let mut want = ProduceResponse::default();
+        add_local(&mut want, version, &local);
+        let want = encode_response(9, version, &want).expect("encode");
+        let got = local_response(9, version, &local).expect("encode");
+        assert_eq!(got, want, "v{version}");
+
+        // Merged: "other" joins the broker's entry, "m" comes first.
+        let mut broker = ProduceResponse::default().with_throttle_time_ms(5);
+        broker.responses.push(
+            TopicProduceResponse::default()
+                .with_name(TopicName(StrBytes::from_static_str("other")))
+                .with_topic_id(Uuid::from_u128(5))
+                .with_partition_responses(vec![PartitionProduceResponse::default()
+                    .with_index(0)
+                    .with_base_offset(7)]),
+        );
+        let frame = encode_response(9, version, &broker)
+            .expect("encode")
+            .freeze();
+        let merged = merge_response(&frame, version, &local)
+            .expect("merge")
+            .freeze();
+        let (correlation, decoded) = decode_response(&merged, version).expect("decode");
+        assert_eq!(correlation, 9);
+        assert_eq!(decoded.throttle_time_ms, 5, "v{version}");
+        let partitions = |t: &TopicProduceResponse| {
+            t.partition_responses
+                .iter()
+                .map(|p| p.index)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(decoded.responses.len(), 2, "v{version}");
+        assert_eq!(
+            partitions(&decoded.responses[0]),
+            [0, 1],
+            "v{version}: m first"
+        );
+        assert_eq!(
+            partitions(&decoded.responses[1]),
+            [0, 3, 4],
+            "v{version}: other joined"
+        );
+    }
+}
+
+/// Past the first [`MESSAGES_PER_RESPONSE`] answers, an answer carries its
+/// code alone: the answer to a request of many entries stays a few dozen
+/// bytes an entry.
+#[test]
+fn only_the_first_answers_carry_their_message() {
+    let local: Vec<LocalPartition> = (0..1_000)
+        .map(|i| LocalPartition {
+            topic: TopicRef {
+                name: TopicName(StrBytes::from_static_str("m")),
+                topic_id: Uuid::nil(),
+            },
+            partition: i,
+            entry: i as u32,
+            outcome: LocalOutcome::Refused {
+                refusal: Refusal::ReadOnly,
+                message: StrBytes::from_string("x".repeat(200)),
+            },
+        })
+        .collect();
+    let r = local_response(1, 9, &local).expect("encode").freeze();
+    let (_, decoded) = decode_response(&r, 9).expect("decode");
+    let parts = &decoded.responses[0].partition_responses;
+    let with_message = parts.iter().filter(|p| p.error_message.is_some()).count();
+    assert_eq!(with_message, MESSAGES_PER_RESPONSE);
+    assert!(parts
+        .iter()
+        .all(|p| p.error_code == ResponseError::PolicyViolation.code()));
+    assert!(r.len() < 40 * 1_000 + 64 * 210, "{} bytes", r.len());
 }

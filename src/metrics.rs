@@ -754,6 +754,7 @@ pub struct StateMetrics {
     collisions: Family<CauseLabels, Counter>,
     write_seconds: prometheus_client::metrics::histogram::Histogram,
     write_failures: Counter,
+    records_skipped: Counter,
     load_seconds: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
     instance_group_member: Gauge,
 }
@@ -768,6 +769,7 @@ impl StateMetrics {
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
             ),
             write_failures: Counter::default(),
+            records_skipped: Counter::default(),
             load_seconds: Default::default(),
             instance_group_member: Gauge::default(),
         };
@@ -795,6 +797,11 @@ impl StateMetrics {
             "state_write_failures",
             "State-topic writes that failed",
             m.write_failures.clone(),
+        );
+        registry.register(
+            "state_records_skipped",
+            "State-topic origin records skipped because their mapping is not one the proxy could have written (forged or corrupt)",
+            m.records_skipped.clone(),
         );
         registry.register(
             "state_load_seconds",
@@ -826,6 +833,9 @@ impl StateMetrics {
     }
     pub fn write_failed(&self) {
         self.write_failures.inc();
+    }
+    pub fn record_skipped(&self) {
+        self.records_skipped.inc();
     }
     pub fn loaded(&self, seconds: f64) {
         self.load_seconds.set(seconds);

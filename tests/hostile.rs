@@ -471,3 +471,76 @@ fn a_request_of_many_entries_costs_in_proportion_to_its_bytes() -> Result<()> {
     }
     Ok(())
 }
+
+/// A write that does not pass through the proxy cannot be stopped by it
+/// (that is the state topic's ACLs' job), but what every instance applies
+/// is checked: an origin record whose mapped PID is not the one its salt
+/// gives (here a plain producer id, 5) claims nothing, is counted and
+/// logged, and the link's batches of that origin are mapped as before.
+#[test]
+fn a_forged_mapping_written_around_the_proxy_claims_nothing() -> Result<()> {
+    use kafka_mirror_proxy::mirror::state_records::{OriginKey, OriginValue, StateRecord};
+    use kafka_mirror_proxy::wire::batch::{build, NewBatch, NewRecord};
+    const STATE: &str = "__mirror_state";
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1)])?;
+    let p = proxy(&broker)?;
+    let id = topic_ids(&broker.bootstrap(), &["m"])?
+        .get("m")
+        .copied()
+        .context("topic id of m")?;
+    let forged = StateRecord::Origin(
+        OriginKey {
+            topic_id: id,
+            partition: 0,
+            source: ClusterId::from_bytes(*b"hostile-source!!"),
+            original_pid: 7,
+        },
+        Some(OriginValue {
+            mapped_pid: 5,
+            salt: 0,
+            claim_offset: -1,
+            last_seen_ms: 1_700_000_000_000,
+        }),
+    );
+    let (key, value) = (forged.encode_key(), forged.encode_value());
+    let batch = build(
+        &NewBatch::NO_PRODUCER,
+        &[NewRecord {
+            key: Some(&key),
+            value: value.as_deref(),
+            headers: &[],
+            timestamp: 1_700_000_000_000,
+        }],
+    )?;
+    let rt = support::crate_client::runtime()?;
+    let client = support::crate_client::client(&broker.bootstrap());
+    rt.block_on(client.produce(STATE, 0, Bytes::from(batch)))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while p.metric("kafka_mirror_proxy_state_records_skipped_total")? < 1 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the forged record was not skipped:\n{}",
+            tools::tail_str(&p.logs(), 20)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let mut c = RawClient::connect(&p.bootstrap)?;
+    let r = c.produce("mirror-x", "m", 0, record_batch(7, &["mirrored"]))?;
+    let (code, message) = support::wire::partition_result(&r);
+    ensure!(code == NONE, "the link's batch: {code} {message:?}");
+    let mut pids = Vec::new();
+    for file in broker.segment_files("m", 0)? {
+        pids.extend(
+            tools::dump_log_segments(&file, false)?
+                .iter()
+                .map(|b| b.producer_id),
+        );
+    }
+    ensure!(
+        pids.len() == 1 && pids[0] < -1,
+        "the link's batch was mapped to {pids:?}, not into the link's region"
+    );
+    ensure!(p.logs().contains("skipped a state record"), "logged");
+    Ok(())
+}

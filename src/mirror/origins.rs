@@ -73,6 +73,23 @@ pub fn salted_region(hash: u32, salt: i64) -> u32 {
     hash ^ fold32(salt)
 }
 
+/// Whether `v` maps `k` as the proxy would: to the PID its salt gives
+/// (without a salt, the natural mapping; a chain's own PID), below -1. A
+/// record written by anything else (a forged one: any non-negative PID, -1,
+/// another cluster's region) claims nothing.
+pub fn is_valid_mapping(k: &OriginKey, v: &OriginValue) -> bool {
+    let hash = cluster_hash(&k.source);
+    let expected = match (v.salt, k.original_pid) {
+        (0, pid) if pid < 0 => pid,
+        (0, pid) => match map_pid(hash, pid) {
+            Mapping::Mapped(m) => m,
+            _ => return false,
+        },
+        (salt, pid) => compose(salted_region(hash, salt), pid),
+    };
+    v.mapped_pid == expected && expected < NO_PRODUCER_ID
+}
+
 /// `sign | region << 31 | identity`.
 pub fn compose(region: u32, pid: i64) -> i64 {
     (SIGN | u64::from(region) << 31 | (pid & IDENTITY_MASK) as u64) as i64
@@ -188,8 +205,11 @@ impl Origins {
     }
 
     /// Apply one state record found at `offset`.
-    pub fn apply(&mut self, offset: i64, record: &StateRecord) {
+    /// Returns `false` for a record it skipped: an origin whose mapped PID
+    /// is not one the proxy could have written (see [`is_valid_mapping`]).
+    pub fn apply(&mut self, offset: i64, record: &StateRecord) -> bool {
         match *record {
+            StateRecord::Origin(ref k, Some(ref v)) if !is_valid_mapping(k, v) => return false,
             StateRecord::Collision(k, Some(v)) => {
                 self.know_cluster(k.source);
                 self.know_cluster(v.colliding);
@@ -212,6 +232,7 @@ impl Origins {
             // Barriers and link control are the state store's, not the origins'.
             StateRecord::Barrier(..) | StateRecord::LinkState(..) | StateRecord::Drained(..) => {}
         }
+        true
     }
 
     fn claim(&mut self, offset: i64, key: (PartitionId, OriginId), v: &OriginValue) {

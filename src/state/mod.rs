@@ -547,7 +547,12 @@ impl StateStore {
             let next = topic::read_batches(records, from, |offset, r| match r {
                 Ok(StateRecord::Barrier(k, v)) => barriers.push((k, v)),
                 Ok(r @ (StateRecord::LinkState(..) | StateRecord::Drained(..))) => control.push(r),
-                Ok(record) => view.apply(offset, &record),
+                Ok(record) => {
+                    if !view.apply(offset, &record) {
+                        tracing::warn!(topic = %self.topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");
+                        self.metrics.state.record_skipped();
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
                 }
@@ -724,7 +729,9 @@ pub async fn read_view(client: &Client, topic: &str) -> Result<Origins, ClientEr
             .await?;
         let after = topic::read_batches(&f.records, next, |offset, r| {
             if let Ok(record) = r {
-                view.apply(offset, &record);
+                if !view.apply(offset, &record) {
+                    tracing::warn!(topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");
+                }
             }
         });
         if after == next {

@@ -319,6 +319,18 @@ mod tests {
         compose(cluster_hash(&cluster(0xA)), 5)
     }
 
+    /// Another origin whose every mapping is ours: a cluster of the same
+    /// hash (the same bit flipped in two of the id's 32-bit words, which
+    /// the hash folds together), the same PID. `n` picks one of eight.
+    fn rival(n: usize) -> OriginId {
+        let mut id = 0xAu128.to_be_bytes();
+        id[n % 8] ^= 1;
+        id[n % 8 + 8] ^= 1;
+        let source = ClusterId::from_bytes(id);
+        assert_eq!(cluster_hash(&source), cluster_hash(&cluster(0xA)));
+        OriginId { source, pid: 5 }
+    }
+
     #[tokio::test]
     async fn a_claim_that_wins_its_slot_takes_one_write() {
         let log = MemoryLog::new(Vec::new());
@@ -344,10 +356,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_that_lost_the_race_is_proposed_again_with_a_salt() {
-        let rival = OriginId {
-            source: cluster(0xB),
-            pid: 9,
-        };
+        let rival = rival(0);
         let log = MemoryLog::new(vec![rival]);
         let metrics = Metrics::default();
         let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
@@ -367,7 +376,7 @@ mod tests {
             writes[1].iter().any(|r| matches!(
                 r,
                 StateRecord::Collision(k, Some(v))
-                    if k.original_pid == 5 && v.salt == salt && v.colliding == cluster(0xB)
+                    if k.original_pid == 5 && v.salt == salt && v.colliding == rival.source
             )),
             "{writes:?}"
         );
@@ -387,12 +396,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_round_lost_is_too_many_races() {
-        let rivals = (0..RESOLVE_ROUNDS as i64)
-            .map(|i| OriginId {
-                source: cluster(0xB),
-                pid: 100 + i,
-            })
-            .collect();
+        let rivals = (0..RESOLVE_ROUNDS).map(rival).collect();
         let log = MemoryLog::new(rivals);
         let metrics = Metrics::default();
         let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
@@ -411,10 +415,14 @@ mod tests {
         let log = MemoryLog::new(Vec::new());
         let metrics = Metrics::default();
         // Another instance claimed it (with a salt of its own) first.
+        let theirs = compose(
+            crate::mirror::origins::salted_region(cluster_hash(&ours().source), 9),
+            ours().pid,
+        );
         log.log.lock().unwrap().push(StateRecord::Origin(
             ours().key(PARTITION),
             Some(OriginValue {
-                mapped_pid: -42,
+                mapped_pid: theirs,
                 salt: 9,
                 claim_offset: -1,
                 last_seen_ms: now_ms(),
@@ -424,7 +432,7 @@ mod tests {
         let failed = resolve(&log, &metrics.state, "__mirror_state", todo(), salts()).await;
         assert!(failed.is_empty(), "{failed:?}");
         assert!(log.ours().is_empty(), "{:?}", log.ours());
-        assert_eq!(log.view().lookup(PARTITION, ours(), now_ms()), Some(-42));
+        assert_eq!(log.view().lookup(PARTITION, ours(), now_ms()), Some(theirs));
     }
 
     #[tokio::test]

@@ -288,3 +288,49 @@ fn expiry_and_refresh_due() {
     assert!(v.expired(5_000 + 10_000, 10_000).is_empty());
     assert_eq!(v.expired(5_001 + 10_000, 10_000), vec![(P, o, false)]);
 }
+
+/// Only the mapping the proxy itself would write for a key (its salt's, a
+/// chain's own PID) is applied: a forged record claims nothing.
+#[test]
+fn only_a_mapping_the_proxy_could_write_is_applied() {
+    let key = |pid| OriginKey {
+        topic_id: Uuid::nil(),
+        partition: 0,
+        source: a(),
+        original_pid: pid,
+    };
+    let value = |mapped, salt| OriginValue {
+        mapped_pid: mapped,
+        salt,
+        claim_offset: -1,
+        last_seen_ms: 0,
+    };
+    let hash = cluster_hash(&a());
+    let natural = compose(hash, 7);
+    assert!(is_valid_mapping(&key(7), &value(natural, 0)));
+    let salted = compose(salted_region(hash, 99), 7);
+    assert!(is_valid_mapping(&key(7), &value(salted, 99)));
+    assert!(is_valid_mapping(&key(-9), &value(-9, 0)), "a chain");
+    for forged in [5, 0, -1, natural + 1, compose(hash ^ 1, 7), salted] {
+        assert!(!is_valid_mapping(&key(7), &value(forged, 0)), "{forged}");
+    }
+    assert!(
+        !is_valid_mapping(&key(7), &value(natural, 99)),
+        "another salt's"
+    );
+    assert!(!is_valid_mapping(&key(-1), &value(-1, 0)), "no producer");
+
+    let mut view = Origins::new([a()]);
+    let at = PartitionId {
+        topic_id: Uuid::nil(),
+        partition: 0,
+    };
+    let origin = OriginId {
+        source: a(),
+        pid: 7,
+    };
+    assert!(!view.apply(10, &StateRecord::Origin(key(7), Some(value(5, 0)))));
+    assert!(view.claim_of(at, origin).is_none(), "nothing claimed");
+    assert!(view.apply(11, &StateRecord::Origin(key(7), Some(value(natural, 0)))));
+    assert_eq!(view.claim_of(at, origin).map(|c| c.mapped), Some(natural));
+}

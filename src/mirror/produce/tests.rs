@@ -360,7 +360,8 @@ fn oversized_pids_are_unresolved_never_truncated() {
 
 #[test]
 fn known_origins_come_from_the_state_view() {
-    use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
+    use crate::mirror::origins::{compose, salted_region, OriginId, Origins, PartitionId};
+    use crate::mirror::pid::cluster_hash;
     use crate::mirror::state_records::{OriginValue, StateRecord};
     let link = link(ControlBatchPolicy::Forward);
     let source = *link.source_cluster_id();
@@ -369,7 +370,7 @@ fn known_origins_come_from_the_state_view() {
         topic_id,
         partition: 0,
     };
-    let salted = compose(0x1234_5678, 1 << 31);
+    let salted = compose(salted_region(cluster_hash(&source), 7), 1 << 31);
     let mut view = Origins::new([source]);
     let origin = OriginId {
         source,

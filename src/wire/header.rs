@@ -183,5 +183,9 @@ mod tests {
             produce_acks(&[0, 0], 1, 3),
             Err(HeaderError::Body("transactional_id"))
         );
+        // A transactional id whose compact length is the largest varint:
+        // no room for acks, and no arithmetic on the length to overflow.
+        let forged = [0xFF, 0xFF, 0xFF, 0xFF, 0x0F, 0xFF, 0xFF];
+        assert_eq!(produce_acks(&forged, 0, 9), Err(HeaderError::Body("acks")));
     }
 }

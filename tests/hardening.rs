@@ -406,10 +406,13 @@ fn stalled_frames_idle_connections_and_slow_tls_handshakes_are_closed() -> Resul
         Duration::from_secs(10),
         || Ok(closed_metric(&tls, "tls_handshake_timeout")? == 1),
     )?;
-    ensure!(
-        tls.logs().contains("MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS"),
-        "no log line names the handshake timeout"
-    );
+    // The close is counted before its log line is written, and the line
+    // reaches the test through a reader thread: wait for it too.
+    wait_until(
+        "a log line names the handshake timeout",
+        Duration::from_secs(10),
+        || Ok(tls.logs().contains("MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS")),
+    )?;
     // A client that does handshake is served.
     let mut good = RawClient::connect_tls(&tls.bootstrap, &ca.cert_pem, None)?;
     good.send(ApiKey::ApiVersions, 3, "hardening", &api_versions_request())?;

@@ -50,6 +50,11 @@ pub enum GuardError {
 /// A config resource of type TOPIC.
 const TOPIC_RESOURCE: i8 = 2;
 
+/// Whether a config resource is the topic `topic`.
+fn is_topic(resource_type: i8, name: &StrBytes, topic: &str) -> bool {
+    resource_type == TOPIC_RESOURCE && name.as_str() == topic
+}
+
 pub struct GuardLayer<'a> {
     ctx: &'a Context,
 }
@@ -269,7 +274,7 @@ pub fn refusal(
             let named = r
                 .resources
                 .iter()
-                .any(|c| c.resource_type == TOPIC_RESOURCE && c.resource_name.as_str() == topic);
+                .any(|c| is_topic(c.resource_type, &c.resource_name, topic));
             if !named {
                 return Ok(None);
             }
@@ -295,7 +300,7 @@ pub fn refusal(
             let named = r
                 .resources
                 .iter()
-                .any(|c| c.resource_type == TOPIC_RESOURCE && c.resource_name.as_str() == topic);
+                .any(|c| is_topic(c.resource_type, &c.resource_name, topic));
             if !named {
                 return Ok(None);
             }

@@ -73,19 +73,10 @@ impl<'a> ProduceFilter<'a> {
         frame: Bytes,
     ) -> Result<ProduceAction, FilterError> {
         let ctx = self.ctx;
-        let version = h.api_version;
-        let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
-        let replies = Replies::new(h, &frame, body_offset)?;
-        let forward = |frame, local, tracked| replies.forward(frame, local, tracked);
-        let answered = |local: &[LocalPartition]| replies.answered(local);
-        // Every partition of the request answered here with `refusal`.
-        let refuse_request = |link: &str, refusal: Refusal, message: &str| {
-            let index = produce::index(&frame, body_offset, version)?;
-            let plan = produce::refuse_all(&frame, &index, refusal, message);
-            count_local(ctx, link, &plan.local);
-            answered(&plan.local)
-        };
-        let link = match origin {
+        let (link, spoofed) = match origin {
+            Origin::Link(link) => (link, false),
+            Origin::Spoofed(link) => (link, true),
+            // `local_now` reads the header itself.
             Origin::Local => {
                 return match self.local_now(h, frame, false)? {
                     LocalStep::Done(action) => Ok(action),
@@ -100,18 +91,29 @@ impl<'a> ProduceFilter<'a> {
                     }
                 };
             }
-            Origin::Spoofed(link) => {
-                let message = format!(
+        };
+        let version = h.api_version;
+        let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
+        let replies = Replies::new(h, &frame, body_offset)?;
+        let forward = |frame, local, tracked| replies.forward(frame, local, tracked);
+        let answered = |local: &[LocalPartition]| replies.answered(local);
+        // Every partition of the request answered here with `refusal`.
+        let refuse_request = |link: &str, refusal: Refusal, message: &str| {
+            let index = produce::index(&frame, body_offset, version)?;
+            let plan = produce::refuse_all(&frame, &index, refusal, message);
+            count_local(ctx, link, &plan.local);
+            answered(&plan.local)
+        };
+        if spoofed {
+            let message = format!(
                     "client id '{}' is reserved for mirror link '{}', which requires a TLS client certificate matching '{}'",
                     link.client_id(),
                     link.name(),
                     link.tls_subject().unwrap_or_default()
                 );
-                tracing::warn!(link = link.name(), subject = ?subject.map(|s| &s.full), "refused a Produce that claims a mirror link's client id");
-                return refuse_request(link.name(), Refusal::NotAuthorized, &message);
-            }
-            Origin::Link(link) => link,
-        };
+            tracing::warn!(link = link.name(), subject = ?subject.map(|s| &s.full), "refused a Produce that claims a mirror link's client id");
+            return refuse_request(link.name(), Refusal::NotAuthorized, &message);
+        }
         let state = match ctx.state.as_ref() {
             Some(state) if state.is_loaded() => state,
             _ => {

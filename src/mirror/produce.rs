@@ -835,16 +835,17 @@ pub fn without_local_partitions(frame: &[u8], index: &Index, local: &[LocalParti
 /// Add the proxy's answers to `response`, each under its topic's entry
 /// (the first, where the broker answered a topic twice), or a new one.
 /// Looked up, not scanned: an answer of many topics costs what it holds.
-fn add_local(response: &mut ProduceResponse, version: i16, local: &[LocalPartition]) {
-    let key = |name: &TopicName, id: Uuid| match version >= 13 {
-        true => TopicKeyOwned::Id(id),
-        false => TopicKeyOwned::Name(name.clone()),
-    };
+fn add_local<'l>(
+    response: &mut ProduceResponse,
+    version: i16,
+    local: impl IntoIterator<Item = &'l LocalPartition>,
+) {
+    let key = |name: &TopicName, id: Uuid| TopicKeyOwned::of(version, name, id);
     let mut at: HashMap<TopicKeyOwned, usize> = HashMap::with_capacity(response.responses.len());
     for (i, t) in response.responses.iter().enumerate() {
         at.entry(key(&t.name, t.topic_id)).or_insert(i);
     }
-    for (i, l) in local.iter().enumerate() {
+    for (i, l) in local.into_iter().enumerate() {
         let answer = l.response(i < MESSAGES_PER_RESPONSE);
         match at.entry(key(&l.topic.name, l.topic.topic_id)) {
             Entry::Occupied(e) => response.responses[*e.get()]
@@ -893,8 +894,8 @@ pub fn local_response(
 ) -> Result<BytesMut, ProduceError> {
     let mut out = BytesMut::new();
     encode_header(&mut out, correlation_id, version)?;
-    let topics = by_topic(version, local);
-    put_count(&mut out, topics.len(), version >= 9);
+    let topics = by_topic(version, local, |_| true);
+    produce_walk::push_count(&mut out, topics.len(), version >= 9);
     put_local_topics(&mut out, version, local, &topics, 0);
     if version >= 1 {
         out.extend_from_slice(&0i32.to_be_bytes()); // throttle_time_ms
@@ -916,21 +917,15 @@ pub fn merge_response(
     local: &[LocalPartition],
 ) -> Result<BytesMut, ProduceError> {
     let (correlation_id, mut response) = decode_response(frame, version)?;
-    let key = |name: &TopicName, id: Uuid| match version >= 13 {
-        true => TopicKeyOwned::Id(id),
-        false => TopicKeyOwned::Name(name.clone()),
-    };
+    let key = |name: &TopicName, id: Uuid| TopicKeyOwned::of(version, name, id);
     let answered: std::collections::HashSet<TopicKeyOwned> = response
         .responses
         .iter()
         .map(|t| key(&t.name, t.topic_id))
         .collect();
-    let (joined, own): (Vec<&LocalPartition>, Vec<&LocalPartition>) = local
-        .iter()
-        .partition(|l| answered.contains(&key(&l.topic.name, l.topic.topic_id)));
-    let joined: Vec<LocalPartition> = joined.into_iter().cloned().collect();
-    add_local(&mut response, version, &joined);
-    let own: Vec<LocalPartition> = own.into_iter().cloned().collect();
+    let joins = |l: &LocalPartition| answered.contains(&key(&l.topic.name, l.topic.topic_id));
+    let joined = local.iter().filter(|l| joins(l)).count();
+    add_local(&mut response, version, local.iter().filter(|l| joins(l)));
     let encode_err = |e: anyhow::Error| ProduceError::Encode {
         version,
         reason: e.to_string(),
@@ -949,32 +944,43 @@ pub fn merge_response(
         reason: e.to_string(),
     })?;
     let rest = c.position();
-    let topics = by_topic(version, &own);
-    let mut out = BytesMut::with_capacity(body.len() + 32 * own.len() + 64);
+    let topics = by_topic(version, local, |l| !joins(l));
+    let mut out = BytesMut::with_capacity(body.len() + 32 * (local.len() - joined) + 64);
     encode_header(&mut out, correlation_id, version)?;
-    put_count(&mut out, broker_topics + topics.len(), flexible);
-    put_local_topics(&mut out, version, &own, &topics, joined.len());
+    produce_walk::push_count(&mut out, broker_topics + topics.len(), flexible);
+    put_local_topics(&mut out, version, local, &topics, joined);
     out.extend_from_slice(&body[rest..]);
     Ok(out)
 }
 
-/// A topic as a key, owned.
+/// A topic as a key, owned: its id from v13, its name before.
 #[derive(PartialEq, Eq, Hash)]
 enum TopicKeyOwned {
     Name(TopicName),
     Id(Uuid),
 }
 
-/// The answers of `local` grouped by topic, in the order each topic first
-/// appears: per topic, the places of its answers in `local`.
-fn by_topic(version: i16, local: &[LocalPartition]) -> Vec<Vec<u32>> {
+impl TopicKeyOwned {
+    fn of(version: i16, name: &TopicName, id: Uuid) -> TopicKeyOwned {
+        match version >= 13 {
+            true => TopicKeyOwned::Id(id),
+            false => TopicKeyOwned::Name(name.clone()),
+        }
+    }
+}
+
+/// The answers of `local` that `take` holds for, grouped by topic in the
+/// order each topic first appears: per topic, the places of its answers in
+/// `local`.
+fn by_topic(
+    version: i16,
+    local: &[LocalPartition],
+    take: impl Fn(&LocalPartition) -> bool,
+) -> Vec<Vec<u32>> {
     let mut at: HashMap<TopicKeyOwned, usize> = HashMap::new();
     let mut topics: Vec<Vec<u32>> = Vec::new();
-    for (i, l) in local.iter().enumerate() {
-        let key = match version >= 13 {
-            true => TopicKeyOwned::Id(l.topic.topic_id),
-            false => TopicKeyOwned::Name(l.topic.name.clone()),
-        };
+    for (i, l) in local.iter().enumerate().filter(|(_, l)| take(l)) {
+        let key = TopicKeyOwned::of(version, &l.topic.name, l.topic.topic_id);
         let slot = *at.entry(key).or_insert_with(|| {
             topics.push(Vec::new());
             topics.len() - 1
@@ -998,25 +1004,13 @@ fn encode_header(
         })
 }
 
-/// An array's count: a varint of count + 1 when flexible, an i32 before.
-fn put_count(out: &mut BytesMut, count: usize, flexible: bool) {
-    match flexible {
-        true => {
-            let mut v = Vec::with_capacity(5);
-            crate::wire::walk::push_uvarint(&mut v, (count as u32).saturating_add(1));
-            out.extend_from_slice(&v);
-        }
-        false => out.extend_from_slice(&(count as i32).to_be_bytes()),
-    }
-}
-
 /// A nullable string.
 fn put_string(out: &mut BytesMut, s: Option<&str>, flexible: bool) {
     match (s, flexible) {
         (None, true) => out.extend_from_slice(&[0]),
         (None, false) => out.extend_from_slice(&(-1i16).to_be_bytes()),
         (Some(s), true) => {
-            put_count(out, s.len(), true);
+            produce_walk::push_count(out, s.len(), true);
             out.extend_from_slice(s.as_bytes());
         }
         (Some(s), false) => {
@@ -1047,7 +1041,7 @@ fn put_local_topics(
             true => out.extend_from_slice(first.topic.topic_id.as_bytes()),
             false => put_string(out, Some(first.topic.name.0.as_str()), flexible),
         }
-        put_count(out, places.len(), flexible);
+        produce_walk::push_count(out, places.len(), flexible);
         for l in places.iter().filter_map(|i| local.get(*i as usize)) {
             let (code, base_offset, message) = match &l.outcome {
                 LocalOutcome::Refused { refusal, message } => {
@@ -1066,7 +1060,7 @@ fn put_local_topics(
                 out.extend_from_slice(&(-1i64).to_be_bytes()); // log_start_offset
             }
             if version >= 8 {
-                put_count(out, 0, flexible); // record_errors
+                produce_walk::push_count(out, 0, flexible); // record_errors
                 put_string(out, message.filter(|_| n < MESSAGES_PER_RESPONSE), flexible);
             }
             if flexible {

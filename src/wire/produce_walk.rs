@@ -324,10 +324,10 @@ fn name_bytes(key: &[u8], flexible: bool) -> &[u8] {
 }
 
 /// An array's count: a varint of count + 1 when flexible, an i32 before.
-fn push_count(out: &mut Vec<u8>, count: usize, flexible: bool) {
+pub fn push_count(out: &mut impl Extend<u8>, count: usize, flexible: bool) {
     match flexible {
         true => super::walk::push_uvarint(out, (count as u32).saturating_add(1)),
-        false => out.extend_from_slice(&(count as i32).to_be_bytes()),
+        false => out.extend((count as i32).to_be_bytes()),
     }
 }
 

@@ -531,12 +531,12 @@ fn tagged_header() -> &'static Field {
 }
 
 /// Append an unsigned varint.
-pub fn push_uvarint(out: &mut Vec<u8>, mut v: u32) {
+pub fn push_uvarint(out: &mut impl Extend<u8>, mut v: u32) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.extend([(v as u8) | 0x80]);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.extend([v as u8]);
 }
 
 #[cfg(test)]

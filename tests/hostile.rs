@@ -465,7 +465,7 @@ fn a_request_of_many_entries_costs_in_proportion_to_its_bytes() -> Result<()> {
         ensure!(lines == 1, "{lines} log lines for one request");
         let request_kib = framed.len() as u64 / 1024;
         ensure!(
-            grown_kib <= 48 * request_kib + 16 * 1024,
+            grown_kib <= 24 * request_kib + 16 * 1024,
             "peak RSS grew {grown_kib} KiB for a request of {request_kib} KiB"
         );
     }

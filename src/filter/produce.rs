@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
-use kafka_protocol::protocol::StrBytes;
 
 use futures_util::future::Either;
 use futures_util::FutureExt;
@@ -269,14 +268,13 @@ impl<'a> ProduceFilter<'a> {
             }
             // The last topic's refusal, reused while entries repeat it: a
             // request of many entries to one topic builds one message.
-            let mut last: Option<(String, Refusal, StrBytes)> = None;
+            let mut last: Option<(String, Refusal, Arc<str>)> = None;
             let plan = produce::refuse_where(&frame, &index, |t, partitions| {
                 let Some(name) = topic_name(ctx, t) else {
                     return Some((
                         Refusal::UnknownTopicId,
-                        StrBytes::from_static_str(
-                            "the topic id is not known to the proxy yet; refresh metadata and retry",
-                        ),
+                        "the topic id is not known to the proxy yet; refresh metadata and retry"
+                            .into(),
                     ));
                 };
                 let refusal = match &last {
@@ -286,7 +284,7 @@ impl<'a> ProduceFilter<'a> {
                     }
                     _ => {
                         let (refusal, message) = control.read_only(&name, version)?;
-                        (refusal, StrBytes::from_string(message))
+                        (refusal, message.into())
                     }
                 };
                 last = Some((name.to_string(), refusal.0, refusal.1.clone()));

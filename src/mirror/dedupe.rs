@@ -97,7 +97,7 @@ pub struct Tracked {
 }
 
 struct BegunPartition {
-    topic: TopicRef,
+    topic: Arc<TopicRef>,
     partition: PartitionId,
     batches: TrackedBatches,
 }
@@ -126,7 +126,7 @@ pub enum Begin {
 pub struct RebuildClaim {
     dedupe: Arc<Dedupe>,
     partition: PartitionId,
-    topic: TopicRef,
+    topic: Arc<TopicRef>,
 }
 
 impl RebuildClaim {
@@ -477,7 +477,7 @@ impl Tracked {
         Answers::new(
             self.partitions
                 .iter()
-                .map(|bp| (&bp.topic, bp.partition.partition)),
+                .map(|bp| (&*bp.topic, bp.partition.partition)),
         )
     }
 

@@ -189,7 +189,7 @@ pub enum LocalOutcome {
         refusal: Refusal,
         /// Shared by every partition refused for the same reason: a
         /// request of many entries costs one message, not one per entry.
-        message: StrBytes,
+        message: Arc<str>,
     },
     /// Control batches acknowledged without writing (`drop` policy).
     DroppedControl { batches: usize },
@@ -200,7 +200,9 @@ pub enum LocalOutcome {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LocalPartition {
-    pub topic: TopicRef,
+    /// Shared by the answers to one topic entry: a request of many entries
+    /// costs a few words an entry here, not a copy of the name.
+    pub topic: Arc<TopicRef>,
     pub partition: i32,
     /// Its entry's place in the request's [`Index`].
     pub entry: u32,
@@ -224,7 +226,9 @@ impl LocalPartition {
             LocalOutcome::Refused { refusal, message } => {
                 r = r
                     .with_error_code(refusal.error().code())
-                    .with_error_message(with_message.then(|| message.clone()));
+                    .with_error_message(
+                        with_message.then(|| StrBytes::from_string(message.to_string())),
+                    );
             }
             LocalOutcome::Duplicate { base_offset, .. } => r = r.with_base_offset(*base_offset),
             LocalOutcome::DroppedControl { .. } => {}
@@ -262,7 +266,7 @@ pub type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
 /// A forwarded partition whose batches the mirrored producer state checks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrackedPartition {
-    pub topic: TopicRef,
+    pub topic: Arc<TopicRef>,
     pub partition: PartitionId,
     /// Its entry's place in the request's [`Index`].
     pub entry: u32,
@@ -490,12 +494,41 @@ pub fn plan_with(
     for t in index.topics() {
         let topic =
             RequestTopic::resolve(topic_ref(frame, index, t), version, topic_name, topic_id);
+        // A topic refused whole costs one message, shared by its entries.
+        if let Some((refusal, message)) = topic.refused(version, link) {
+            refuse_entries(&mut plan, index, t, &topic.topic, refusal, message);
+            continue;
+        }
         for entry in t.partitions() {
             let p = &index.partitions()[entry];
             plan_entry(&mut plan, frame, &topic, entry, p, version, link, origins);
         }
     }
     plan
+}
+
+/// Answer every partition entry of topic entry `t` with `refusal`.
+fn refuse_entries(
+    plan: &mut ProducePlan,
+    index: &Index,
+    t: &IndexedTopic,
+    topic: &Arc<TopicRef>,
+    refusal: Refusal,
+    message: Arc<str>,
+) {
+    let entries = t.partitions();
+    plan.local.reserve_exact(entries.len());
+    for entry in entries {
+        plan.local.push(LocalPartition {
+            topic: topic.clone(),
+            partition: index.partitions()[entry].index,
+            entry: entry as u32,
+            outcome: LocalOutcome::Refused {
+                refusal,
+                message: message.clone(),
+            },
+        });
+    }
 }
 
 /// Plan one partition entry of a link request into `plan`.
@@ -521,27 +554,9 @@ fn plan_entry(
         },
     };
     let Some(name) = topic.name(version) else {
-        plan.local.push(refuse(
-            Refusal::UnknownTopicId,
-            format!(
-                "mirror link '{}': topic id {} is not known to the proxy yet; refresh metadata and retry",
-                link.name(),
-                topic.topic.topic_id
-            ),
-        ));
+        // `plan_with` refuses a topic it cannot name before its entries.
         return;
     };
-    if !link.mirrors_topic(name) {
-        plan.local.push(refuse(
-            Refusal::TopicNotMirrored,
-            format!(
-                "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
-                link.name(),
-                crate::mirror::link::link_env_name(link.name())
-            ),
-        ));
-        return;
-    }
     let Some(records) = p.records() else {
         plan.forwarded_partitions += 1;
         return;
@@ -607,8 +622,8 @@ fn plan_entry(
 
 /// A topic of a link request, resolved once per request.
 struct RequestTopic {
-    /// As the request names it.
-    topic: TopicRef,
+    /// As the request names it; shared by every answer to its entries.
+    topic: Arc<TopicRef>,
     /// A v13 topic id's name (`None`: not known to the proxy yet).
     looked_up: Option<Arc<str>>,
     /// The topic's id (nil: not known yet).
@@ -630,10 +645,37 @@ impl RequestTopic {
             ),
         };
         RequestTopic {
-            topic,
+            topic: Arc::new(topic),
             looked_up,
             id,
         }
+    }
+
+    /// Why every entry of this topic is refused, if it is: its id is not
+    /// known yet, or the link does not mirror it.
+    fn refused(&self, version: i16, link: &Link) -> Option<(Refusal, Arc<str>)> {
+        let Some(name) = self.name(version) else {
+            return Some((
+                Refusal::UnknownTopicId,
+                format!(
+                    "mirror link '{}': topic id {} is not known to the proxy yet; refresh metadata and retry",
+                    link.name(),
+                    self.topic.topic_id
+                )
+                .into(),
+            ));
+        };
+        (!link.mirrors_topic(name)).then(|| {
+            (
+                Refusal::TopicNotMirrored,
+                format!(
+                    "mirror link '{}' does not mirror topic '{name}' (not in MIRROR_PROXY_LINK_{}_TOPICS)",
+                    link.name(),
+                    crate::mirror::link::link_env_name(link.name())
+                )
+                .into(),
+            )
+        })
     }
 
     /// The topic's name: the request's own before v13.
@@ -761,7 +803,7 @@ fn plan_partition(
 
 /// Plan that answers every partition of the request with `refusal`.
 pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str) -> ProducePlan {
-    let message = StrBytes::from_string(message.to_string());
+    let message: Arc<str> = message.into();
     refuse_where(frame, index, |_, _| Some((refusal, message.clone())))
 }
 
@@ -772,26 +814,17 @@ pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str)
 pub fn refuse_where(
     frame: &Bytes,
     index: &Index,
-    mut decide: impl FnMut(TopicKey<'_>, usize) -> Option<(Refusal, StrBytes)>,
+    mut decide: impl FnMut(TopicKey<'_>, usize) -> Option<(Refusal, Arc<str>)>,
 ) -> ProducePlan {
     let mut plan = ProducePlan::default();
     for t in index.topics() {
-        let entries = t.partitions();
-        let Some((refusal, message)) = decide(topic_key(frame, index, t), entries.len()) else {
-            plan.forwarded_partitions += entries.len();
-            continue;
-        };
-        let topic = topic_ref(frame, index, t);
-        for entry in entries {
-            plan.local.push(LocalPartition {
-                topic: topic.clone(),
-                partition: index.partitions()[entry].index,
-                entry: entry as u32,
-                outcome: LocalOutcome::Refused {
-                    refusal,
-                    message: message.clone(),
-                },
-            });
+        let entries = t.partitions().len();
+        match decide(topic_key(frame, index, t), entries) {
+            None => plan.forwarded_partitions += entries,
+            Some((refusal, message)) => {
+                let topic = Arc::new(topic_ref(frame, index, t));
+                refuse_entries(&mut plan, index, t, &topic, refusal, message);
+            }
         }
     }
     plan
@@ -1045,7 +1078,7 @@ fn put_local_topics(
         for l in places.iter().filter_map(|i| local.get(*i as usize)) {
             let (code, base_offset, message) = match &l.outcome {
                 LocalOutcome::Refused { refusal, message } => {
-                    (refusal.error().code(), -1, Some(message.as_str()))
+                    (refusal.error().code(), -1, Some(&**message))
                 }
                 LocalOutcome::Duplicate { base_offset, .. } => (0, *base_offset, None),
                 LocalOutcome::DroppedControl { .. } => (0, -1, None),

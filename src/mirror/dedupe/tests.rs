@@ -56,7 +56,7 @@ fn plan_from(partition: i32, from: OriginId, batches: &[(BatchId, i64)]) -> Prod
     let mut plan = ProducePlan::default();
     plan.forwarded_partitions = 1;
     plan.tracked.push(crate::mirror::produce::TrackedPartition {
-        topic: topic(),
+        topic: topic().into(),
         partition: at(partition),
         entry: 0,
         batch_count: batches.len(),
@@ -139,7 +139,7 @@ fn an_acknowledged_batch_sent_again_is_answered_with_its_offset() {
     assert_eq!(
         again.local,
         vec![LocalPartition {
-            topic: topic(),
+            topic: topic().into(),
             partition: 0,
             entry: 0,
             outcome: LocalOutcome::Duplicate {
@@ -366,7 +366,7 @@ fn a_waiting_retry_begins_nothing_until_the_first_attempt_settles() {
     retry
         .tracked
         .push(crate::mirror::produce::TrackedPartition {
-            topic: topic(),
+            topic: topic().into(),
             partition: at(1),
             entry: 1,
             batch_count: 1,

@@ -66,7 +66,7 @@ fn refuse_where(
 ) -> Result<ProducePlan, ProduceError> {
     let index = index(frame, offset, version)?;
     Ok(super::refuse_where(frame, &index, |t, _| {
-        decide(t).map(|(r, m)| (r, StrBytes::from_string(m)))
+        decide(t).map(|(r, m)| (r, m.into()))
     }))
 }
 
@@ -264,6 +264,36 @@ fn already_mapped_pids_are_left_alone() {
     let (plan, out) = rewrite(frame.clone(), 9, &link);
     assert_eq!(plan.patches(), 0);
     assert_eq!(out, frame);
+}
+
+/// A topic the link does not mirror is refused once, whatever its number
+/// of entries: its answers share one name and one message, so a request of
+/// many entries costs a few words an entry, not a formatted message each.
+#[test]
+fn the_entries_of_a_refused_topic_share_one_name_and_one_message() {
+    let link = link(ControlBatchPolicy::Drop);
+    let parts: Vec<_> = (0..50)
+        .map(|i| ("payments", i, batch(5, false, &["b"])))
+        .collect();
+    let frame = request(9, "mirror-east", &parts);
+    let offset = body_offset(&frame, 9);
+    let p = plan(&frame, offset, 9, &link, &names).expect("plan");
+    assert_eq!(p.local.len(), 50);
+    let message = |l: &LocalPartition| match &l.outcome {
+        LocalOutcome::Refused { message, .. } => message.clone(),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let (first, first_message) = (&p.local[0], message(&p.local[0]));
+    for l in &p.local[1..] {
+        assert!(
+            Arc::ptr_eq(&l.topic, &first.topic),
+            "topic copied per entry"
+        );
+        assert!(
+            Arc::ptr_eq(&message(l), &first_message),
+            "message built per entry"
+        );
+    }
 }
 
 #[test]
@@ -820,14 +850,15 @@ fn local_answers_are_encoded_as_kafka_protocol_encodes_them() {
         topic: TopicRef {
             name: TopicName(StrBytes::from_string(topic.to_string())),
             topic_id: Uuid::from_u128(topic.len() as u128),
-        },
+        }
+        .into(),
         partition,
         entry: 0,
         outcome,
     };
     let refused = |m: &str| LocalOutcome::Refused {
         refusal: Refusal::ReadOnly,
-        message: StrBytes::from_string(m.to_string()),
+        message: m.into(),
     };
     let local = vec![
         answer("m", 0, refused("read-only")),
@@ -898,12 +929,13 @@ fn only_the_first_answers_carry_their_message() {
             topic: TopicRef {
                 name: TopicName(StrBytes::from_static_str("m")),
                 topic_id: Uuid::nil(),
-            },
+            }
+            .into(),
             partition: i,
             entry: i as u32,
             outcome: LocalOutcome::Refused {
                 refusal: Refusal::ReadOnly,
-                message: StrBytes::from_string("x".repeat(200)),
+                message: "x".repeat(200).into(),
             },
         })
         .collect();

@@ -100,21 +100,26 @@ fn compacted_topic_raw_batches_and_offsets() -> Result<()> {
             created
                 == CompactedTopic {
                     created: true,
-                    cleanup_policy: "compact".into()
+                    cleanup_policy: "compact".into(),
+                    compression: "producer".into(),
                 },
             "{created:?}"
         );
         let found = client.ensure_compacted_topic(state, 1).await?;
         ensure!(
-            !found.created && found.cleanup_policy == "compact",
+            !found.created && found.cleanup_policy == "compact" && found.compression == "producer",
             "{found:?}"
         );
         let configs = client
-            .describe_topic_config(state, &["cleanup.policy", "min.insync.replicas"])
+            .describe_topic_config(
+                state,
+                &["cleanup.policy", "min.insync.replicas", "compression.type"],
+            )
             .await?;
         ensure!(
             configs.get("cleanup.policy") == Some(&Some("compact".into()))
-                && configs.get("min.insync.replicas") == Some(&Some("1".into())),
+                && configs.get("min.insync.replicas") == Some(&Some("1".into()))
+                && configs.get("compression.type") == Some(&Some("producer".into())),
             "{configs:?}"
         );
         // An existing topic that is not compacted is reported, not used.

@@ -119,6 +119,9 @@ pub struct CompactedTopic {
     /// Created now (else it existed and its policy was checked).
     pub created: bool,
     pub cleanup_policy: String,
+    /// Its effective `compression.type` (`producer`: batches kept as
+    /// written).
+    pub compression: String,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -221,9 +224,11 @@ impl Client {
     }
 
     /// Make sure `name` exists and is compacted: create it with
-    /// `cleanup.policy=compact`, replication factor min(3, brokers) and
-    /// `min.insync.replicas` min(2, replication factor); if it exists,
-    /// check that its cleanup policy includes `compact`.
+    /// `cleanup.policy=compact`, `compression.type=producer` (a broker-wide
+    /// `compression.type` would otherwise recompress every batch),
+    /// replication factor min(3, brokers) and `min.insync.replicas` min(2,
+    /// replication factor); if it exists, check that its cleanup policy
+    /// includes `compact` and report its effective compression.
     pub async fn ensure_compacted_topic(
         &self,
         name: &str,
@@ -237,6 +242,7 @@ impl Client {
             replication_factor,
             configs: vec![
                 ("cleanup.policy".into(), "compact".into()),
+                ("compression.type".into(), "producer".into()),
                 ("min.insync.replicas".into(), min_isr.to_string()),
             ],
         };
@@ -251,16 +257,14 @@ impl Client {
             return Ok(CompactedTopic {
                 created: true,
                 cleanup_policy: "compact".into(),
+                compression: "producer".into(),
             });
         }
         let configs = self
-            .describe_topic_config(name, &["cleanup.policy"])
+            .describe_topic_config(name, &["cleanup.policy", "compression.type"])
             .await?;
-        let policy = configs
-            .get("cleanup.policy")
-            .cloned()
-            .flatten()
-            .unwrap_or_default();
+        let config = |key: &str| configs.get(key).cloned().flatten().unwrap_or_default();
+        let policy = config("cleanup.policy");
         if !protocol::is_compacted(&policy) {
             return Err(ClientError::NotCompacted {
                 topic: name.to_string(),
@@ -270,6 +274,7 @@ impl Client {
         Ok(CompactedTopic {
             created: false,
             cleanup_policy: policy,
+            compression: config("compression.type"),
         })
     }
 

@@ -508,7 +508,14 @@ impl StateStore {
 
     /// Create the topic if needed and read it whole; returns the next offset.
     async fn load(&self) -> Result<i64, ClientError> {
-        self.client.ensure_compacted_topic(&self.topic, 1).await?;
+        let topic = self.client.ensure_compacted_topic(&self.topic, 1).await?;
+        if !matches!(topic.compression.as_str(), "producer" | "uncompressed") {
+            tracing::warn!(
+                topic = %self.topic,
+                compression = %topic.compression,
+                "the state topic's compression.type (set on the topic or inherited from the brokers) makes the brokers recompress every state batch; the proxy reads them, but set compression.type=producer on the topic to keep them as written"
+            );
+        }
         let start = self
             .client
             .list_offset(&self.topic, 0, OffsetSpec::Earliest)

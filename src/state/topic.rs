@@ -1,20 +1,29 @@
 //! State records in and out of record batches. Pure: the batch the store
 //! produces, and the records of the batches a fetch returned, each with its
-//! offset. Only uncompressed batches are read (the proxy writes nothing
-//! else); anything else is reported and skipped, never guessed at.
+//! offset. The proxy writes uncompressed batches, but reads every codec: a
+//! broker recompresses them when the topic's or its own `compression.type`
+//! says so. What cannot be read is reported and skipped, never guessed at.
+
+use std::borrow::Cow;
 
 use crate::mirror::state_records::{RecordError, StateRecord};
 use crate::wire::batch::{build, BuildError, NewBatch, NewRecord};
 use crate::wire::batch::{BatchHeader, Batches, HEADER_LEN};
+use crate::wire::compression::{self, DecompressError};
 use crate::wire::records::Records;
+
+/// The most a state batch's records may decompress to. The proxy writes
+/// batches of a few records, which a broker recompresses as they are; this
+/// bounds what a batch written around the proxy can cost.
+pub const MAX_DECOMPRESSED: usize = 64 * 1024 * 1024;
 
 /// Why a record (or a whole batch, reported at its base offset) was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SkipReason {
     #[error(transparent)]
     Record(#[from] RecordError),
-    #[error("compressed batch (codec {0}): the proxy writes uncompressed state records")]
-    Compressed(u8),
+    #[error("compressed batch: {0}")]
+    Compressed(#[from] DecompressError),
     #[error("malformed record: {0}")]
     Malformed(&'static str),
 }
@@ -64,28 +73,34 @@ pub fn read_batches(
             next = last + 1;
             continue;
         }
-        if header.compression() != 0 {
-            on(base, Err(SkipReason::Compressed(header.compression())));
-            next = last + 1;
-            continue;
-        }
-        read_records(bytes, base, header.record_count(), next, &mut on);
+        let section = bytes.get(HEADER_LEN..).unwrap_or_default();
+        let section = match header.compression() {
+            0 => Cow::Borrowed(section),
+            codec => match compression::decompress(codec, section, MAX_DECOMPRESSED) {
+                Ok(plain) => Cow::Owned(plain),
+                Err(e) => {
+                    on(base, Err(SkipReason::Compressed(e)));
+                    next = last + 1;
+                    continue;
+                }
+            },
+        };
+        read_records(&section, base, header.record_count(), next, &mut on);
         next = last + 1;
     }
     next
 }
 
-/// The records of one uncompressed batch (`batch`, whole) at or past
-/// `from`. A malformed record is reported at its place in the batch
+/// The records of one batch (`section`, its records uncompressed) at or
+/// past `from`. A malformed record is reported at its place in the batch
 /// (`base` + its index), its offset delta being unreadable.
 fn read_records(
-    batch: &[u8],
+    section: &[u8],
     base: i64,
     count: i32,
     from: i64,
     on: &mut impl FnMut(i64, Result<StateRecord, SkipReason>),
 ) {
-    let section = batch.get(HEADER_LEN..).unwrap_or_default();
     for (i, record) in (0i64..).zip(Records::new(section, count)) {
         match record {
             Ok(r) => {
@@ -157,6 +172,52 @@ mod tests {
         assert_eq!(seen, vec![(12, Ok(written[2].clone()))]);
     }
 
+    /// `batch` as a broker recompressing it with `codec` stores it: the
+    /// records section compressed, the codec in the attributes, the length
+    /// fixed (the reader does not check CRCs: the broker did).
+    fn recompressed(batch: &[u8], codec: u8) -> Vec<u8> {
+        use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
+        let mut section = bytes::BytesMut::new();
+        let put = |b: &mut bytes::BytesMut| {
+            b.extend_from_slice(&batch[HEADER_LEN..]);
+            Ok(())
+        };
+        match codec {
+            1 => Gzip::compress(&mut section, put),
+            2 => Snappy::compress(&mut section, put),
+            3 => Lz4::compress(&mut section, put),
+            _ => Zstd::compress(&mut section, put),
+        }
+        .unwrap();
+        let mut out = batch[..HEADER_LEN].to_vec();
+        out[22] |= codec;
+        out.extend_from_slice(&section);
+        let len = (out.len() - 12) as i32;
+        out[8..12].copy_from_slice(&len.to_be_bytes());
+        out
+    }
+
+    #[test]
+    fn batches_a_broker_recompressed_are_read_with_every_codec() {
+        let written = [origin(1, true), origin(2, false), origin(3, true)];
+        let plain = with_base(encode_batch(&written, 5).unwrap(), 10);
+        for codec in 1..=4 {
+            let mut log = recompressed(&plain, codec);
+            log.extend(with_base(encode_batch(&written[..1], 5).unwrap(), 13));
+            let mut seen = Vec::new();
+            assert_eq!(read_batches(&log, 11, |o, r| seen.push((o, r))), 14);
+            assert_eq!(
+                seen,
+                vec![
+                    (11, Ok(written[1].clone())),
+                    (12, Ok(written[2].clone())),
+                    (13, Ok(written[0].clone()))
+                ],
+                "codec {codec}"
+            );
+        }
+    }
+
     #[test]
     fn bad_records_are_skipped_with_their_offset() {
         let batch = build(
@@ -186,13 +247,26 @@ mod tests {
                 (1, Ok(origin(1, true)))
             ]
         );
-        // Compressed: skipped whole (the attributes are inside the CRC, but
-        // the reader does not check CRCs: the broker did).
+        // Marked compressed but not: skipped whole (the attributes are
+        // inside the CRC, but the reader does not check CRCs: the broker
+        // did).
         let mut gz = batch.clone();
         gz[22] |= 1;
         seen.clear();
         assert_eq!(read_batches(&gz, 0, |o, r| seen.push((o, r))), 2);
-        assert_eq!(seen, vec![(0, Err(SkipReason::Compressed(1)))]);
+        assert!(
+            matches!(
+                &seen[..],
+                [(
+                    0,
+                    Err(SkipReason::Compressed(DecompressError::Corrupt {
+                        codec: "gzip",
+                        ..
+                    }))
+                )]
+            ),
+            "{seen:?}"
+        );
         // Garbage never panics.
         for n in 0..batch.len() {
             let mut b = batch.clone();

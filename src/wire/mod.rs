@@ -9,6 +9,7 @@
 
 pub mod aborted;
 pub mod batch;
+pub mod compression;
 pub mod crc32c;
 pub mod cursor;
 pub mod header;

@@ -150,6 +150,14 @@ impl Client {
         &self.inner.config
     }
 
+    /// A client with the same settings and connections of its own. A
+    /// connection carries one request at a time: a long poll (a tailer's
+    /// Fetch) on a shared one would hold every other request to that broker
+    /// for its whole wait.
+    pub fn sibling(&self) -> Client {
+        Client::new(self.inner.config.clone())
+    }
+
     /// Metadata for `topics` (`None`: every topic), fresh from a broker.
     /// Topics the broker answers with an error are listed in
     /// `topic_errors`, not failed.

@@ -95,6 +95,9 @@ pub enum ResolveError {
 /// The state store.
 pub struct StateStore {
     client: Client,
+    /// The tailer's own connections: its long-poll Fetch never holds the
+    /// writes, rebuilds and barriers of `client` behind it.
+    tail: Client,
     topic: String,
     metrics: Arc<Metrics>,
     view: RwLock<Origins>,
@@ -189,6 +192,7 @@ impl StateStore {
         expiration_ms: i64,
     ) -> Arc<StateStore> {
         Arc::new(StateStore {
+            tail: client.sibling(),
             client,
             not_ready: Mutex::new(format!("state topic {topic} not loaded yet")),
             topic,
@@ -490,7 +494,7 @@ impl StateStore {
         backoff.reset();
         loop {
             match self
-                .client
+                .tail
                 .fetch(&self.topic, 0, next, FETCH_BYTES, TAIL_WAIT)
                 .await
             {

@@ -139,8 +139,8 @@ pub struct Config {
     /// (`MIRROR_PROXY_STATE_KEY`); `None`: records are neither signed nor
     /// checked.
     pub state_key: Option<StateKey>,
-    /// Records without a MAC at offsets below this one are still applied
-    /// (written before the key was rolled out); 0 by default.
+    /// Records at offsets below this one are applied without checking
+    /// their MAC (written before the key was rolled out); 0 by default.
     pub state_key_unsigned_before: i64,
     /// Bound on the mirrored producer state (SPEC §6).
     pub producer_state_max_entries: usize,
@@ -243,7 +243,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
     ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy."),
     ("STATE_KEY", "(none)", "Shared secret (at least 32 bytes, e.g. `openssl rand -base64 32`) with which every instance signs the records it writes to the state topic (HMAC-SHA256 in a `kmp-mac` header) and without which it applies none: records written around the proxy, without the key, are skipped (logged, `state_records_skipped_total`). Every instance sharing the state topic needs the same key. Never logged. Enabling it on a topic written without it: see STATE_KEY_UNSIGNED_BEFORE."),
-    ("STATE_KEY_UNSIGNED_BEFORE", "0", "With STATE_KEY: records without a MAC at offsets below this one are still applied (records with a MAC must verify at any offset). To enable the key on a running deployment: roll every instance with the key and 9223372036854775807 (they sign, and still accept the unsigned records of instances not yet rolled), then roll them again with the state topic's end offset read after the first roll (docs/state-topic.md)."),
+    ("STATE_KEY_UNSIGNED_BEFORE", "0", "With STATE_KEY: records at offsets below this one are applied without checking their MAC (written before every instance signed with the key). To enable or change the key on a running deployment: roll every instance with the key and 9223372036854775807 (they sign, and still accept the records of instances not yet rolled), then roll them again with the state topic's end offset read after the first roll (docs/state-topic.md)."),
     ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it."),
     ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used is evicted first (counted). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
     ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),

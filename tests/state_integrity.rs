@@ -393,3 +393,48 @@ fn instances_sharing_the_key_mirror_and_fail_over_together() -> Result<()> {
     );
     Ok(())
 }
+
+/// A key enabled on a topic written without one: with
+/// `STATE_KEY_UNSIGNED_BEFORE` at the topic's end offset, the records
+/// written before (a failover's) still apply; without it every one of them
+/// is skipped and the link falls back to its initial state, which is why
+/// the rollout needs the offset.
+#[test]
+fn enabling_the_key_keeps_the_records_before_the_offset() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1)])?;
+    let a = proxy(&broker, &[])?;
+    let (status, body) = a.admin_post("/links/x/failover?wait=90", "")?;
+    ensure!(
+        status.contains("200") && body.contains("\"STOPPED\""),
+        "failover on A: {status} {body}"
+    );
+    let rt = support::crate_client::runtime()?;
+    let client = support::crate_client::client(&broker.bootstrap());
+    let end = rt
+        .block_on(client.list_offset(STATE, 0, OffsetSpec::Latest))?
+        .offset;
+    ensure!(end >= 3, "the failover wrote {end} records");
+
+    let end_setting = end.to_string();
+    let b = proxy(
+        &broker,
+        &[
+            ("STATE_KEY", KEY),
+            ("STATE_KEY_UNSIGNED_BEFORE", end_setting.as_str()),
+        ],
+    )?;
+    wait_state(&b, "STOPPED")?;
+    ensure!(b.metric(SKIPPED)? == 0, "B skipped {}", b.metric(SKIPPED)?);
+    ensure!(local_produce(&b, "m")?.0 == NONE, "B: local after failover");
+
+    let c = proxy(&broker, &[("STATE_KEY", KEY)])?;
+    let x = link(&c)?;
+    ensure!(x["state"] == "MIRRORING", "{x:#}");
+    ensure!(
+        c.metric(SKIPPED)? == end,
+        "C skipped {} of {end}",
+        c.metric(SKIPPED)?
+    );
+    Ok(())
+}

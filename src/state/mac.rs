@@ -38,8 +38,9 @@ pub enum MacError {
 pub struct StateAuth {
     key: hmac::Key,
     topic: String,
-    /// Records without a MAC below this offset are applied (written before
-    /// every instance had the key: `MIRROR_PROXY_STATE_KEY_UNSIGNED_BEFORE`).
+    /// Records below this offset are applied unchecked: written before
+    /// every instance signed with this key
+    /// (`MIRROR_PROXY_STATE_KEY_UNSIGNED_BEFORE`).
     unsigned_before: i64,
 }
 
@@ -91,9 +92,10 @@ impl StateAuth {
         out
     }
 
-    /// Whether the record at `offset` may be applied: its `kmp-mac` header
-    /// (`mac`; the first one if several) verifies, or it has none and lies
-    /// below `unsigned_before`.
+    /// Whether the record at `offset` may be applied: it lies below
+    /// `unsigned_before` (written before the key was rolled out, unsigned
+    /// or signed with a previous key), or its `kmp-mac` header (`mac`; the
+    /// first one if several) verifies.
     pub fn verify(
         &self,
         offset: i64,
@@ -102,7 +104,7 @@ impl StateAuth {
         mac: Option<&[u8]>,
     ) -> Result<(), MacError> {
         match mac {
-            None if offset < self.unsigned_before => Ok(()),
+            _ if offset < self.unsigned_before => Ok(()),
             None => Err(MacError::Missing),
             Some(mac) => {
                 hmac::verify(&self.key, &self.input(key, value), mac).map_err(|_| MacError::Wrong)
@@ -186,14 +188,18 @@ mod tests {
             auth.verify(0, b"\x00\x05key", Some(b"value"), None),
             Err(MacError::Missing)
         );
-        // Unsigned records written before the key was rolled out.
+        // Records written before the key was rolled out (unsigned, or
+        // signed with the previous key) are applied; from the offset on,
+        // none.
         let rollout = StateAuth::new(SECRET, "__mirror_state", 100);
+        let old = other_key.sign(b"\x00\x05key", None);
         assert_eq!(rollout.verify(99, b"\x00\x05key", None, None), Ok(()));
+        assert_eq!(rollout.verify(99, b"\x00\x05key", None, Some(&old)), Ok(()));
         assert_eq!(
             rollout.verify(100, b"\x00\x05key", None, None),
             Err(MacError::Missing)
         );
-        assert_eq!(rollout.verify(3, b"\x00\x05key", None, Some(&mac)), wrong);
+        assert_eq!(rollout.verify(100, b"\x00\x05key", None, Some(&old)), wrong);
         assert!(!format!("{rollout:?}").contains("0123"), "never printed");
     }
 

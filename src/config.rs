@@ -85,6 +85,25 @@ pub struct UpstreamTls {
     pub server_name: Option<String>,
 }
 
+/// The state key's bytes; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StateKey(Vec<u8>);
+
+impl StateKey {
+    /// Shortest key accepted: as long as the HMAC-SHA256 output.
+    pub const MIN_LEN: usize = 32;
+
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for StateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StateKey(..)")
+    }
+}
+
 /// The validated configuration.
 #[derive(Clone)]
 pub struct Config {
@@ -116,6 +135,13 @@ pub struct Config {
     pub state_topic: String,
     /// Mirrored producers idle this long are forgotten (tombstoned).
     pub producer_expiration_ms: u64,
+    /// The shared secret every instance signs its state records with
+    /// (`MIRROR_PROXY_STATE_KEY`); `None`: records are neither signed nor
+    /// checked.
+    pub state_key: Option<StateKey>,
+    /// Records at offsets below this one are applied without checking
+    /// their MAC (written before the key was rolled out); 0 by default.
+    pub state_key_unsigned_before: i64,
     /// Bound on the mirrored producer state (SPEC §6).
     pub producer_state_max_entries: usize,
     /// How a local write to a read-only mirrored topic is refused.
@@ -164,6 +190,8 @@ impl fmt::Debug for Config {
             .field("links", &self.links.names())
             .field("state_topic", &self.state_topic)
             .field("producer_expiration_ms", &self.producer_expiration_ms)
+            .field("state_key", &self.state_key.is_some())
+            .field("state_key_unsigned_before", &self.state_key_unsigned_before)
             .field("instance_id", &self.instance_id)
             .field(
                 "instance_session_timeout_ms",
@@ -214,6 +242,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("UPSTREAM_SASL_USERNAME", "(required with UPSTREAM_SASL_MECHANISM)", "User name for UPSTREAM_SASL_MECHANISM."),
     ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
     ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, compression.type=producer, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy; one whose batches the brokers recompress is read (every codec), with a WARN."),
+    ("STATE_KEY", "(none)", "Shared secret (at least 32 bytes, e.g. `openssl rand -base64 32`) with which every instance signs the records it writes to the state topic (HMAC-SHA256 in a `kmp-mac` header) and without which it applies none: records written around the proxy, without the key, are skipped (logged, `state_records_skipped_total`). Every instance sharing the state topic needs the same key. Never logged. Enabling it on a topic written without it: see STATE_KEY_UNSIGNED_BEFORE."),
+    ("STATE_KEY_UNSIGNED_BEFORE", "0", "With STATE_KEY: records at offsets below this one are applied without checking their MAC (written before every instance signed with the key). To enable or change the key on a running deployment: roll every instance with the key and 9223372036854775807 (they sign, and still accept the records of instances not yet rolled), then roll them again with the state topic's end offset read after the first roll (docs/state-topic.md)."),
     ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it."),
     ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used is evicted first (counted). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
     ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),
@@ -558,6 +588,27 @@ impl Config {
             )
             .unwrap_or_else(|| "__mirror_state".to_string());
 
+        // The key is never echoed, not even in a configuration error.
+        let state_key = match env.raw("STATE_KEY") {
+            Some(k) if k.len() >= StateKey::MIN_LEN => Some(StateKey(k.into_bytes())),
+            Some(_) => {
+                env.problem(
+                    "STATE_KEY",
+                    None,
+                    "a secret of at least 32 bytes (the value given is shorter; it is not shown)",
+                );
+                None
+            }
+            None => None,
+        };
+        let state_key_unsigned_before = env
+            .parse(
+                "STATE_KEY_UNSIGNED_BEFORE",
+                "an offset from 0 to 9223372036854775807",
+                |s| s.parse::<i64>().ok().filter(|n| *n >= 0),
+            )
+            .unwrap_or(0);
+
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
                 "text" => Some(LogFormat::Text),
@@ -609,6 +660,8 @@ impl Config {
                 links,
                 state_topic,
                 producer_expiration_ms,
+                state_key,
+                state_key_unsigned_before,
                 producer_state_max_entries,
                 read_only_error,
                 failover_drain_timeout_ms,
@@ -1224,6 +1277,37 @@ mod tests {
         assert_eq!(c.state_topic, "mirror.state-2");
         assert_eq!(c.producer_expiration_ms, 5000);
         assert_eq!(c.producer_state_max_entries, 7);
+        assert_eq!(c.state_key, None);
+        assert_eq!(c.state_key_unsigned_before, 0);
+        let key = "k".repeat(32);
+        let mut keyed = base.to_vec();
+        keyed.extend([
+            ("STATE_KEY", key.as_str()),
+            ("STATE_KEY_UNSIGNED_BEFORE", "120"),
+        ]);
+        let c = Config::from_vars(&vars(&keyed)).expect("valid");
+        assert_eq!(
+            c.state_key.as_ref().map(StateKey::expose),
+            Some(key.as_bytes())
+        );
+        assert_eq!(c.state_key_unsigned_before, 120);
+        assert!(
+            !format!("{c:?} {:?}", c.state_key).contains(&key),
+            "never printed"
+        );
+        let short = "s3cret-but-only-31-bytes-long!!";
+        assert_eq!(short.len(), 31);
+        let mut set = base.to_vec();
+        set.push(("STATE_KEY", short));
+        let p = problems(&set);
+        assert_eq!(p[0].variable, "MIRROR_PROXY_STATE_KEY");
+        assert!(!p[0].to_string().contains(short), "{}", p[0]);
+        let mut set = base.to_vec();
+        set.push(("STATE_KEY_UNSIGNED_BEFORE", "-1"));
+        assert_eq!(
+            problems(&set)[0].variable,
+            "MIRROR_PROXY_STATE_KEY_UNSIGNED_BEFORE"
+        );
         let mut zero = base.to_vec();
         zero.push(("PRODUCER_STATE_MAX_ENTRIES", "0"));
         let p = problems(&zero);

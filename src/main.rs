@@ -208,6 +208,17 @@ fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()
         vars.insert("MIRROR_PROXY_BOOTSTRAP_SERVERS".into(), bootstrap.join(","));
         Config::from_vars(&vars).ok()
     };
+    // With the state key, only records signed with it are read, as the
+    // proxy reads them.
+    let auth = config.as_ref().and_then(|c| {
+        c.state_key.as_ref().map(|k| {
+            kafka_mirror_proxy::state::mac::StateAuth::new(
+                k.expose(),
+                topic,
+                c.state_key_unsigned_before,
+            )
+        })
+    });
     let client_config = match config {
         Some(c) => ClientConfig::from_config(&c).context("upstream TLS settings")?,
         None => ClientConfig::new(
@@ -226,7 +237,7 @@ fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> anyhow::Result<()
         .context("starting the tokio runtime")?;
     let (view, names) = runtime
         .block_on(async {
-            let view = kafka_mirror_proxy::state::read_view(&client, topic).await?;
+            let view = kafka_mirror_proxy::state::read_view(&client, topic, auth.as_ref()).await?;
             let names: std::collections::HashMap<_, _> = client
                 .metadata(None)
                 .await

@@ -800,7 +800,7 @@ impl StateMetrics {
         );
         registry.register(
             "state_records_skipped",
-            "State-topic origin records skipped because their mapping is not one the proxy could have written (forged or corrupt)",
+            "State-topic records skipped because the proxy could not have written them there (an origin's mapping, a salt, a link state, barrier or drained record out of the link's history, or with MIRROR_PROXY_STATE_KEY a missing or wrong MAC): forged or corrupt",
             m.records_skipped.clone(),
         );
         registry.register(

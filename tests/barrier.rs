@@ -15,6 +15,7 @@ use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::control::barriers::{place, BarrierResult};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::barrier::{barrier_batch, parse_barrier};
+use kafka_mirror_proxy::mirror::link_state::{LinkState, LinkStatus};
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use kafka_mirror_proxy::state::StateStore;
@@ -150,6 +151,9 @@ fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once(
             store.not_ready_reason()
         );
 
+        // A barrier record applies only while its link is STOPPING under
+        // its failover, as when the proxy runs one.
+        link_state(&store, &source, LinkState::Stopping, 7).await?;
         let mut outcomes = Vec::new();
         for p in 0..3 {
             outcomes.push(place(&store, "east", &source, 7, "orders", p).await);
@@ -200,6 +204,9 @@ fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once(
 
         // Placed once per failover: again for failover 7 sends and records
         // nothing; failover 8 places a new one.
+        link_state(&store, &source, LinkState::Stopped, 7).await?;
+        link_state(&store, &source, LinkState::Mirroring, 7).await?;
+        link_state(&store, &source, LinkState::Stopping, 8).await?;
         let end = client
             .list_offset(STATE, 0, OffsetSpec::Latest)
             .await?
@@ -231,4 +238,28 @@ fn every_partition_gets_its_barrier_refused_by_a_stock_broker_and_recorded_once(
         );
         Ok(())
     })
+}
+
+/// Persist link `east` in `state` under failover `id`, as the failover and
+/// `start` write it.
+async fn link_state(
+    store: &StateStore,
+    source: &ClusterId,
+    state: LinkState,
+    id: i64,
+) -> Result<()> {
+    let status = LinkStatus {
+        state,
+        since_ms: id,
+        source: *source,
+        failover_id: id,
+        failover_started_ms: id,
+        failover_finished_ms: if state == LinkState::Stopping { -1 } else { id },
+    };
+    ensure!(
+        store.write_link_state("east", status).await?,
+        "{status:?} not applied over {:?}",
+        store.link_status("east")
+    );
+    Ok(())
 }

@@ -139,19 +139,42 @@ pub fn next_failover_id(current: &LinkStatus, now_ms: i64) -> i64 {
     now_ms.max(current.failover_id.saturating_add(1))
 }
 
+/// Whether a persisted status is one the proxy could have written, on its
+/// own: every persisted record has a time, a STOPPING or STOPPED one the
+/// failover (id and start time) it belongs to, only a STOPPED one (or a
+/// MIRRORING one after it) a finish time, and no failover id is below -1.
+pub fn consistent(s: &LinkStatus) -> bool {
+    use LinkState::*;
+    let failover = s.failover_id >= 0 && s.failover_started_ms >= 0;
+    let none = s.failover_id == -1 && s.failover_started_ms == -1 && s.failover_finished_ms == -1;
+    s.since_ms >= 0
+        && match s.state {
+            Mirroring => none || (failover && s.failover_finished_ms >= 0),
+            Stopping => failover && s.failover_finished_ms == -1,
+            Stopped => failover && s.failover_finished_ms >= 0,
+        }
+}
+
 /// Whether a persisted `next` applies on top of `current` (every instance
-/// decides the same, in log order). The first `STOPPING` of a failover wins
-/// a race: a second one with another id, or a `STOPPED` of another
-/// failover, is ignored; so is anything out of the MIRRORING → STOPPING →
-/// STOPPED → MIRRORING order.
+/// decides the same, in log order): MIRRORING → STOPPING under a higher
+/// failover id, STOPPING → STOPPED under the same one, STOPPED → MIRRORING
+/// keeping it; a rewrite of the same state under the same id (two
+/// operators acting at once) is harmless. A STOPPING that was never
+/// persisted (`INITIAL_STATE`, id -1) takes its failover's id. The first
+/// STOPPING of a failover wins a race: a second one with another id, or a
+/// STOPPED of another failover, is ignored; so is any `next` that is not
+/// [`consistent`].
 pub fn follows(current: &LinkStatus, next: &LinkStatus) -> bool {
     use LinkState::*;
+    if !consistent(next) {
+        return false;
+    }
+    let same = next.failover_id == current.failover_id;
     match (current.state, next.state) {
         (Mirroring, Stopping) => next.failover_id > current.failover_id,
-        (Stopping, Stopping) | (Stopping, Stopped) => next.failover_id == current.failover_id,
-        (Stopped, Mirroring) => true,
-        // Rewrites of the same state (e.g. a repeated start) are harmless.
-        (Mirroring, Mirroring) | (Stopped, Stopped) => true,
+        (Stopping, Stopping) if current.failover_id == -1 => true,
+        (Stopping, Stopping) | (Stopping, Stopped) => same,
+        (Stopped, Mirroring) | (Mirroring, Mirroring) | (Stopped, Stopped) => same,
         _ => false,
     }
 }
@@ -160,9 +183,18 @@ pub fn follows(current: &LinkStatus, next: &LinkStatus) -> bool {
 mod tests {
     use super::*;
 
+    /// A status as the proxy persists it: a failover's id is its start.
     fn status(state: LinkState, failover_id: i64) -> LinkStatus {
+        let finished = match state {
+            LinkState::Stopping => -1,
+            _ if failover_id < 0 => -1,
+            _ => failover_id + 5,
+        };
         LinkStatus {
             failover_id,
+            since_ms: 1,
+            failover_started_ms: failover_id,
+            failover_finished_ms: finished,
             ..LinkStatus::initial(state, ClusterId::parse("AAAAAAAAAAAAAAAAAAAAAA").unwrap())
         }
     }
@@ -187,14 +219,81 @@ mod tests {
         use LinkState::*;
         assert!(follows(&status(Mirroring, -1), &status(Stopping, 10)));
         assert!(!follows(&status(Mirroring, 10), &status(Stopping, 10)));
+        assert!(!follows(&status(Mirroring, 10), &status(Stopping, 9)));
         assert!(follows(&status(Stopping, 10), &status(Stopping, 10)));
         assert!(!follows(&status(Stopping, 10), &status(Stopping, 11)));
         assert!(follows(&status(Stopping, 10), &status(Stopped, 10)));
         assert!(!follows(&status(Stopping, 10), &status(Stopped, 11)));
         assert!(!follows(&status(Stopping, 10), &status(Mirroring, 10)));
         assert!(follows(&status(Stopped, 10), &status(Mirroring, 10)));
+        assert!(!follows(&status(Stopped, 10), &status(Mirroring, 11)));
         assert!(!follows(&status(Stopped, 10), &status(Stopping, 11)));
+        assert!(follows(&status(Stopped, 10), &status(Stopped, 10)));
+        assert!(!follows(&status(Stopped, 10), &status(Stopped, 12)));
+        assert!(follows(&status(Mirroring, 10), &status(Mirroring, 10)));
+        assert!(!follows(&status(Mirroring, 10), &status(Mirroring, 12)));
+        // Straight to STOPPED, whatever the id.
         assert!(!follows(&status(Mirroring, -1), &status(Stopped, 10)));
+        assert!(!follows(&status(Mirroring, -1), &status(Stopped, -1)));
+        // INITIAL_STATE=STOPPING: the failover gives it an id; STOPPED
+        // needs it first.
+        let initial = LinkStatus::initial(Stopping, status(Stopping, 1).source);
+        assert!(follows(&initial, &status(Stopping, 10)));
+        assert!(!follows(&initial, &status(Stopped, 10)));
+        // INITIAL_STATE=STOPPED: `start` keeps the id -1.
+        let stopped = LinkStatus::initial(Stopped, initial.source);
+        assert!(follows(
+            &stopped,
+            &LinkStatus {
+                since_ms: 5,
+                state: Mirroring,
+                ..stopped
+            }
+        ));
+    }
+
+    /// Each field a forger could get wrong, one at a time.
+    #[test]
+    fn a_status_must_be_consistent_on_its_own() {
+        use LinkState::*;
+        for s in [Mirroring, Stopping, Stopped] {
+            assert!(consistent(&status(s, 10)), "{s:?}");
+        }
+        assert!(consistent(&status(Mirroring, -1)));
+        assert!(!consistent(&status(Stopping, -1)));
+        assert!(!consistent(&status(Stopped, -1)));
+        let unset = |s: LinkStatus| LinkStatus { since_ms: -1, ..s };
+        assert!(
+            !consistent(&unset(status(Mirroring, -1))),
+            "never persisted"
+        );
+        let stopped = status(Stopped, 10);
+        assert!(!consistent(&LinkStatus {
+            failover_started_ms: -1,
+            ..stopped
+        }));
+        assert!(!consistent(&LinkStatus {
+            failover_finished_ms: -1,
+            ..stopped
+        }));
+        assert!(!consistent(&LinkStatus {
+            failover_id: -2,
+            ..stopped
+        }));
+        let stopping = status(Stopping, 10);
+        assert!(!consistent(&LinkStatus {
+            failover_finished_ms: 20,
+            ..stopping
+        }));
+        let mirroring = status(Mirroring, 10);
+        assert!(!consistent(&LinkStatus {
+            failover_finished_ms: -1,
+            ..mirroring
+        }));
+        assert!(!consistent(&LinkStatus {
+            failover_started_ms: 3,
+            ..status(Mirroring, -1)
+        }));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The mirror's rules, pure: the producer-id mapping (`pid`), mirror links
-//! and their states (`link`, `link_state`), the records of the state topic
+//! and their states (`link`, `link_state`, and which link-control records
+//! apply: `control_records`), the records of the state topic
 //! (`state_records`) and the origins view built from them (`origins`), the
 //! plan of a Produce request (`produce`), the reading of the broker's
 //! answer (`produce_response`), mirrored producer state (`producer_state`,
@@ -8,6 +9,7 @@
 //! connection's requests, `state` and `control` persist their outcomes.
 
 pub mod barrier;
+pub mod control_records;
 pub mod dedupe;
 pub mod link;
 pub mod link_state;

@@ -206,10 +206,13 @@ impl Origins {
 
     /// Apply one state record found at `offset`.
     /// Returns `false` for a record it skipped: an origin whose mapped PID
-    /// is not one the proxy could have written (see [`is_valid_mapping`]).
+    /// is not one the proxy could have written (see [`is_valid_mapping`]),
+    /// or a salt that leaves the region unchanged (the proxy draws salts
+    /// whose `fold32` is not 0).
     pub fn apply(&mut self, offset: i64, record: &StateRecord) -> bool {
         match *record {
             StateRecord::Origin(ref k, Some(ref v)) if !is_valid_mapping(k, v) => return false,
+            StateRecord::Collision(_, Some(ref v)) if fold32(v.salt) == 0 => return false,
             StateRecord::Collision(k, Some(v)) => {
                 self.know_cluster(k.source);
                 self.know_cluster(v.colliding);

@@ -8,6 +8,7 @@
 //! - `topic`: records in and out of record batches (pure).
 //! - `resolve`: writing records and resolving new origins, over the
 //!   [`resolve::Log`] trait this store implements.
+//! - `mac`: the optional state key's MACs (`MIRROR_PROXY_STATE_KEY`).
 //! - this module: the I/O, on the proxy's own [`Client`].
 //!
 //! The topic has ONE partition: the order of its log decides which of two
@@ -28,8 +29,16 @@
 //! wait until the tailer has applied past the write, and check that the
 //! claim owns the slot; a loser proposes again (bounded).
 //!
+//! Every record is checked before it is applied, and skipped (one WARN
+//! line, `state_records_skipped_total`) when the proxy could not have
+//! written it there: an origin's mapping (`mirror::origins`), a link
+//! state, barrier or drained record out of the link's history
+//! (`mirror::control_records`), or, with the state key, a record whose MAC
+//! does not verify.
+//!
 //! The view is behind a std `RwLock`, never held across an await.
 
+pub mod mac;
 pub mod resolve;
 pub mod topic;
 
@@ -46,8 +55,9 @@ use crate::client::protocol::{OffsetSpec, Produced};
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::mirror::control_records::{check_failover_record, check_link_state, Prior, Skip};
 use crate::mirror::dedupe::Dedupe;
-use crate::mirror::link_state::{follows, LinkStatus};
+use crate::mirror::link_state::{LinkState, LinkStatus};
 use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::produce::Unresolved;
 use crate::mirror::state_records::{
@@ -56,6 +66,7 @@ use crate::mirror::state_records::{
 use crate::net::backoff::Backoff;
 use crate::net::tasks::Tasks;
 use crate::net::tls::TlsSetupError;
+use mac::StateAuth;
 
 /// Bytes asked for per Fetch of the state topic.
 const FETCH_BYTES: i32 = 1024 * 1024;
@@ -125,6 +136,12 @@ pub struct StateStore {
     drained: RwLock<HashMap<DrainedKey, DrainedValue>>,
     /// Bumped whenever a link state or drained record is applied.
     control_changed: watch::Sender<u64>,
+    /// The configured links' initial statuses: what a link's first record
+    /// must follow once the topic is loaded.
+    initial: HashMap<String, LinkStatus>,
+    /// The state key, if set: what is written is signed, what is read must
+    /// verify.
+    auth: Option<StateAuth>,
 }
 
 /// A barrier record as this instance applied it.
@@ -175,21 +192,59 @@ impl StateStore {
             .iter()
             .map(|l| *l.source_cluster_id())
             .collect::<Vec<_>>();
-        Ok(Self::with_client(
+        let initial = config
+            .links
+            .iter()
+            .map(|l| {
+                let status = LinkStatus::initial(l.initial_state(), *l.source_cluster_id());
+                (l.name().to_string(), status)
+            })
+            .collect();
+        let auth = config.state_key.as_ref().map(|key| {
+            StateAuth::new(
+                key.expose(),
+                &config.state_topic,
+                config.state_key_unsigned_before,
+            )
+        });
+        Ok(Self::build(
             Client::new(client),
             config.state_topic.clone(),
             clusters,
             metrics,
             i64::try_from(config.producer_expiration_ms).unwrap_or(i64::MAX),
+            initial,
+            auth,
         ))
     }
 
+    /// A store without configured links or a state key (tests).
     pub fn with_client(
         client: Client,
         topic: String,
         clusters: Vec<crate::mirror::pid::ClusterId>,
         metrics: Arc<Metrics>,
         expiration_ms: i64,
+    ) -> Arc<StateStore> {
+        Self::build(
+            client,
+            topic,
+            clusters,
+            metrics,
+            expiration_ms,
+            HashMap::new(),
+            None,
+        )
+    }
+
+    fn build(
+        client: Client,
+        topic: String,
+        clusters: Vec<crate::mirror::pid::ClusterId>,
+        metrics: Arc<Metrics>,
+        expiration_ms: i64,
+        initial: HashMap<String, LinkStatus>,
+        auth: Option<StateAuth>,
     ) -> Arc<StateStore> {
         Arc::new(StateStore {
             tail: client.sibling(),
@@ -209,6 +264,8 @@ impl StateStore {
             links: RwLock::new(HashMap::new()),
             drained: RwLock::new(HashMap::new()),
             control_changed: watch::Sender::new(0),
+            initial,
+            auth,
         })
     }
 
@@ -325,31 +382,86 @@ impl StateStore {
             .map(|_| ())
     }
 
-    /// Apply link state and drained records in log order.
-    fn apply_control(&self, applied: Vec<StateRecord>) {
+    /// What this instance knows of `link` before its next record: its
+    /// latest applied status; once loaded, its configured initial status
+    /// (a link not configured here starts MIRRORING, never failed over);
+    /// while loading, nothing (earlier records may be compacted away).
+    fn prior<'a>(
+        &'a self,
+        links: &'a HashMap<String, LinkStatus>,
+        link: &str,
+        never: &'a LinkStatus,
+    ) -> Prior<'a> {
+        match links.get(link) {
+            Some(s) => Prior::Known(s),
+            None if !self.is_loaded() => Prior::Unknown,
+            None => Prior::Known(self.initial.get(link).unwrap_or(never)),
+        }
+    }
+
+    /// One line and one count for a record skipped.
+    fn skipped(&self, offset: i64, record: &str, link: &str, why: &dyn std::fmt::Display) {
+        tracing::warn!(topic = %self.topic, offset, record, link = ?link, reason = %why, "skipped a state record the proxy could not have written there");
+        self.metrics.state.record_skipped();
+    }
+
+    /// Apply link state, barrier and drained records in log order, each
+    /// only if it fits the link's history (`mirror::control_records`).
+    fn apply_control(&self, applied: Vec<(i64, StateRecord)>) {
         if applied.is_empty() {
             return;
         }
-        for record in applied {
+        let never = LinkStatus::initial(
+            LinkState::Mirroring,
+            crate::mirror::pid::ClusterId::from_bytes([0; 16]),
+        );
+        for (offset, record) in applied {
             match record {
-                StateRecord::LinkState(link, Some(next)) => {
+                StateRecord::LinkState(link, next) => {
                     let mut links = write(&self.links);
-                    let current = links.get(&link).copied();
-                    if current.is_none_or(|c| follows(&c, &next)) {
-                        tracing::info!(link = %link, state = next.state.as_str(), failover_id = next.failover_id, "link state applied");
-                        links.insert(link, next);
-                    } else if let Some(c) = current {
-                        tracing::info!(link = %link, current = c.state.as_str(), current_failover = c.failover_id, ignored = next.state.as_str(), ignored_failover = next.failover_id, "link state record ignored: it does not follow the current state (a lost race)");
+                    let checked =
+                        check_link_state(self.prior(&links, &link, &never), next.as_ref());
+                    match (checked, next) {
+                        (Ok(()), Some(next)) => {
+                            tracing::info!(link = ?link, state = next.state.as_str(), failover_id = next.failover_id, "link state applied");
+                            links.insert(link, next);
+                        }
+                        (Err(Skip::LostRace), Some(next)) => {
+                            tracing::info!(link = ?link, offset, ignored_failover = next.failover_id, "link state record ignored: a STOPPING of another failover than the one in progress (a lost race)");
+                        }
+                        (Err(why), next) => {
+                            drop(links);
+                            let state = next.map_or("tombstone", |n| n.state.as_str());
+                            self.skipped(offset, state, &link, &why);
+                        }
+                        (Ok(()), None) => {}
                     }
                 }
-                StateRecord::LinkState(link, None) => {
-                    write(&self.links).remove(&link);
+                StateRecord::Drained(k, v) => {
+                    let links = read(&self.links);
+                    let id = v.map_or(-1, |v| v.failover_id);
+                    let checked =
+                        check_failover_record(self.prior(&links, &k.link, &never), id, v.is_none());
+                    drop(links);
+                    match (checked, v) {
+                        (Ok(()), Some(v)) => {
+                            write(&self.drained).insert(k, v);
+                        }
+                        (Err(why), _) => self.skipped(offset, "drained", &k.link, &why),
+                        (Ok(()), None) => {}
+                    }
                 }
-                StateRecord::Drained(k, Some(v)) => {
-                    write(&self.drained).insert(k, v);
-                }
-                StateRecord::Drained(k, None) => {
-                    write(&self.drained).remove(&k);
+                StateRecord::Barrier(k, v) => {
+                    let links = read(&self.links);
+                    let id = v.as_ref().map_or(-1, |v| v.failover_id);
+                    let checked =
+                        check_failover_record(self.prior(&links, &k.link, &never), id, v.is_none());
+                    drop(links);
+                    match (checked, v) {
+                        (Ok(()), Some(v)) => self.apply_barrier(k, v),
+                        (Err(why), _) => self.skipped(offset, "barrier", &k.link, &why),
+                        (Ok(()), None) => {}
+                    }
                 }
                 _ => {}
             }
@@ -357,40 +469,34 @@ impl StateStore {
         self.control_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Apply barrier records read from the topic: remember them, and expire
-    /// the producer state of their partitions.
-    fn apply_barriers(&self, applied: Vec<(BarrierKey, Option<BarrierValue>)>) {
-        for (key, value) in applied {
-            let Some(value) = value else {
-                write(&self.barriers).remove(&key);
-                continue;
-            };
-            let partition = PartitionId {
-                topic_id: key.topic_id,
-                partition: key.partition,
-            };
-            let expired_here = self
-                .expires
-                .get()
-                .map_or(0, |d| d.expire_partition(partition));
-            tracing::info!(
-                link = %key.link,
-                topic_id = %key.topic_id,
-                partition = key.partition,
-                failover_id = value.failover_id,
-                log_end_offset = value.log_end_offset,
-                accepted = value.accepted,
-                expired = expired_here,
-                "failover barrier applied: mirrored producer state of the partition expired"
-            );
-            write(&self.barriers).insert(
-                key,
-                AppliedBarrier {
-                    value,
-                    expired_here,
-                },
-            );
-        }
+    /// Apply one barrier record read from the topic: remember it, and
+    /// expire the producer state of its partition.
+    fn apply_barrier(&self, key: BarrierKey, value: BarrierValue) {
+        let partition = PartitionId {
+            topic_id: key.topic_id,
+            partition: key.partition,
+        };
+        let expired_here = self
+            .expires
+            .get()
+            .map_or(0, |d| d.expire_partition(partition));
+        tracing::info!(
+            link = ?key.link,
+            topic_id = %key.topic_id,
+            partition = key.partition,
+            failover_id = value.failover_id,
+            log_end_offset = value.log_end_offset,
+            accepted = value.accepted,
+            expired = expired_here,
+            "failover barrier applied: mirrored producer state of the partition expired"
+        );
+        write(&self.barriers).insert(
+            key,
+            AppliedBarrier {
+                value,
+                expired_here,
+            },
+        );
     }
 
     /// Whether the first full load is done.
@@ -551,27 +657,39 @@ impl StateStore {
         if records.is_empty() {
             return from;
         }
-        let mut barriers = Vec::new();
+        // Link control records in log order, applied once the view's lock
+        // is released (a barrier expires producer state).
         let mut control = Vec::new();
         let next = {
             let mut view = write(&self.view);
-            let next = topic::read_batches(records, from, |offset, r| match r {
-                Ok(StateRecord::Barrier(k, v)) => barriers.push((k, v)),
-                Ok(r @ (StateRecord::LinkState(..) | StateRecord::Drained(..))) => control.push(r),
-                Ok(record) => {
-                    if !view.apply(offset, &record) {
-                        tracing::warn!(topic = %self.topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");
+            let next = topic::read_batches(
+                records,
+                from,
+                self.auth.as_ref(),
+                |offset, r| match r {
+                    Ok(
+                        r @ (StateRecord::Barrier(..)
+                        | StateRecord::LinkState(..)
+                        | StateRecord::Drained(..)),
+                    ) => control.push((offset, r)),
+                    Ok(record) => {
+                        if !view.apply(offset, &record) {
+                            tracing::warn!(topic = %self.topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");
+                            self.metrics.state.record_skipped();
+                        }
+                    }
+                    Err(e @ topic::SkipReason::Mac(_)) => {
+                        tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record that is not signed with the state key");
                         self.metrics.state.record_skipped();
                     }
-                }
-                Err(e) => {
-                    tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
-                }
-            });
+                    Err(e) => {
+                        tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
+                    }
+                },
+            );
             self.metrics.state.origins_known(view.len());
             next
         };
-        self.apply_barriers(barriers);
         self.apply_control(control);
         self.applied.send_if_modified(|a| {
             let moved = next > *a;
@@ -693,7 +811,7 @@ impl StateStore {
 
 impl resolve::Log for StateStore {
     async fn append(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
-        let batch = topic::encode_batch(records, now_ms())
+        let batch = topic::encode_batch(records, now_ms(), self.auth.as_ref())
             .map_err(|e| ResolveError::Write(e.to_string()))?;
         let produced = self
             .client
@@ -722,8 +840,13 @@ impl resolve::Log for StateStore {
 }
 
 /// Read a state topic whole into a view (for `kafka-mirror-proxy unmap`):
-/// corrupt or unknown records are skipped, as when the proxy loads it.
-pub async fn read_view(client: &Client, topic: &str) -> Result<Origins, ClientError> {
+/// corrupt or unknown records, and with `auth` unsigned ones, are skipped,
+/// as when the proxy loads it.
+pub async fn read_view(
+    client: &Client,
+    topic: &str,
+    auth: Option<&StateAuth>,
+) -> Result<Origins, ClientError> {
     let mut view = Origins::default();
     let start = client
         .list_offset(topic, 0, OffsetSpec::Earliest)
@@ -738,7 +861,7 @@ pub async fn read_view(client: &Client, topic: &str) -> Result<Origins, ClientEr
         let f = client
             .fetch(topic, 0, next, FETCH_BYTES, Duration::ZERO)
             .await?;
-        let after = topic::read_batches(&f.records, next, |offset, r| {
+        let after = topic::read_batches(&f.records, next, auth, |offset, r| {
             if let Ok(record) = r {
                 if !view.apply(offset, &record) {
                     tracing::warn!(topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");

@@ -3,9 +3,12 @@
 //! offset. The proxy writes uncompressed batches, but reads every codec: a
 //! broker recompresses them when the topic's or its own `compression.type`
 //! says so. What cannot be read is reported and skipped, never guessed at.
+//! With the state key, every record written carries its MAC and every
+//! record read must verify (`super::mac`).
 
 use std::borrow::Cow;
 
+use super::mac::{MacError, StateAuth, MAC_HEADER};
 use crate::mirror::state_records::{RecordError, StateRecord};
 use crate::wire::batch::{build, BuildError, NewBatch, NewRecord};
 use crate::wire::batch::{BatchHeader, Batches, HEADER_LEN};
@@ -26,20 +29,39 @@ pub enum SkipReason {
     Compressed(#[from] DecompressError),
     #[error("malformed record: {0}")]
     Malformed(&'static str),
+    #[error(transparent)]
+    Mac(#[from] MacError),
 }
 
-/// The batch holding `records` (no producer, CreateTime `now_ms`).
-pub fn encode_batch(records: &[StateRecord], now_ms: i64) -> Result<Vec<u8>, BuildError> {
+/// A record header as `wire::batch::build` takes it.
+type Header<'a> = (&'a str, Option<&'a [u8]>);
+
+/// The batch holding `records` (no producer, CreateTime `now_ms`), each
+/// with its MAC in a `kmp-mac` header when `auth` is given.
+pub fn encode_batch(
+    records: &[StateRecord],
+    now_ms: i64,
+    auth: Option<&StateAuth>,
+) -> Result<Vec<u8>, BuildError> {
     let encoded: Vec<(Vec<u8>, Option<Vec<u8>>)> = records
         .iter()
         .map(|r| (r.encode_key(), r.encode_value()))
         .collect();
+    let macs: Vec<Option<[u8; super::mac::MAC_LEN]>> = encoded
+        .iter()
+        .map(|(k, v)| auth.map(|a| a.sign(k, v.as_deref())))
+        .collect();
+    let headers: Vec<Vec<Header<'_>>> = macs
+        .iter()
+        .map(|m| m.iter().map(|m| (MAC_HEADER, Some(&m[..]))).collect())
+        .collect();
     let new: Vec<NewRecord<'_>> = encoded
         .iter()
-        .map(|(k, v)| NewRecord {
+        .zip(&headers)
+        .map(|((k, v), h)| NewRecord {
             key: Some(k),
             value: v.as_deref(),
-            headers: &[],
+            headers: h,
             timestamp: now_ms,
         })
         .collect();
@@ -48,11 +70,14 @@ pub fn encode_batch(records: &[StateRecord], now_ms: i64) -> Result<Vec<u8>, Bui
 
 /// Read the batches of a fetch answer from offset `from` on. `on` gets every
 /// record at or past `from` with its offset, decoded or the reason it is
-/// skipped. Returns the offset to fetch next: past the last whole batch (a
-/// batch cut short by the fetch size bound is read again next time).
+/// skipped. With `auth`, a record whose MAC does not verify is skipped
+/// ([`SkipReason::Mac`]) before it is decoded. Returns the offset to fetch
+/// next: past the last whole batch (a batch cut short by the fetch size
+/// bound is read again next time).
 pub fn read_batches(
     records: &[u8],
     from: i64,
+    auth: Option<&StateAuth>,
     mut on: impl FnMut(i64, Result<StateRecord, SkipReason>),
 ) -> i64 {
     let mut next = from;
@@ -85,7 +110,7 @@ pub fn read_batches(
                 }
             },
         };
-        read_records(&section, base, header.record_count(), next, &mut on);
+        read_records(&section, base, header.record_count(), next, auth, &mut on);
         next = last + 1;
     }
     next
@@ -99,18 +124,32 @@ fn read_records(
     base: i64,
     count: i32,
     from: i64,
+    auth: Option<&StateAuth>,
     on: &mut impl FnMut(i64, Result<StateRecord, SkipReason>),
 ) {
     for (i, record) in (0i64..).zip(Records::new(section, count)) {
         match record {
             Ok(r) => {
                 let offset = base + i64::from(r.offset_delta);
-                if offset >= from {
-                    on(
-                        offset,
-                        StateRecord::decode(r.key, r.value).map_err(SkipReason::from),
-                    );
+                if offset < from {
+                    continue;
                 }
+                if let Some(auth) = auth {
+                    let mac = r
+                        .headers
+                        .into_iter()
+                        .find(|(k, _)| *k == MAC_HEADER.as_bytes())
+                        .map(|(_, v)| v.unwrap_or_default());
+                    let key = r.key.unwrap_or_default();
+                    if let Err(e) = auth.verify(offset, key, r.value, mac) {
+                        on(offset, Err(e.into()));
+                        continue;
+                    }
+                }
+                on(
+                    offset,
+                    StateRecord::decode(r.key, r.value).map_err(SkipReason::from),
+                );
             }
             Err(e) => on(base + i, Err(SkipReason::Malformed(e.field()))),
         }
@@ -150,10 +189,10 @@ mod tests {
     #[test]
     fn records_come_back_with_their_offsets() {
         let written = [origin(1, true), origin(2, false), origin(3, true)];
-        let mut log = with_base(encode_batch(&written, 5).unwrap(), 10);
-        log.extend(with_base(encode_batch(&written[..1], 5).unwrap(), 13));
+        let mut log = with_base(encode_batch(&written, 5, None).unwrap(), 10);
+        log.extend(with_base(encode_batch(&written[..1], 5, None).unwrap(), 13));
         let mut seen = Vec::new();
-        let next = read_batches(&log, 0, |o, r| seen.push((o, r)));
+        let next = read_batches(&log, 0, None, |o, r| seen.push((o, r)));
         assert_eq!(next, 14);
         assert_eq!(
             seen,
@@ -168,7 +207,7 @@ mod tests {
         // the next fetch.
         seen.clear();
         let cut = &log[..log.len() - 3];
-        assert_eq!(read_batches(cut, 12, |o, r| seen.push((o, r))), 13);
+        assert_eq!(read_batches(cut, 12, None, |o, r| seen.push((o, r))), 13);
         assert_eq!(seen, vec![(12, Ok(written[2].clone()))]);
     }
 
@@ -199,13 +238,21 @@ mod tests {
 
     #[test]
     fn batches_a_broker_recompressed_are_read_with_every_codec() {
+        // Signed: the MACs hold over the records, whatever the codec.
+        let auth = StateAuth::new(b"0123456789abcdef0123456789abcdef", "__mirror_state", 0);
         let written = [origin(1, true), origin(2, false), origin(3, true)];
-        let plain = with_base(encode_batch(&written, 5).unwrap(), 10);
+        let plain = with_base(encode_batch(&written, 5, Some(&auth)).unwrap(), 10);
         for codec in 1..=4 {
             let mut log = recompressed(&plain, codec);
-            log.extend(with_base(encode_batch(&written[..1], 5).unwrap(), 13));
+            log.extend(with_base(
+                encode_batch(&written[..1], 5, Some(&auth)).unwrap(),
+                13,
+            ));
             let mut seen = Vec::new();
-            assert_eq!(read_batches(&log, 11, |o, r| seen.push((o, r))), 14);
+            assert_eq!(
+                read_batches(&log, 11, Some(&auth), |o, r| seen.push((o, r))),
+                14
+            );
             assert_eq!(
                 seen,
                 vec![
@@ -239,7 +286,7 @@ mod tests {
         )
         .unwrap();
         let mut seen = Vec::new();
-        assert_eq!(read_batches(&batch, 0, |o, r| seen.push((o, r))), 2);
+        assert_eq!(read_batches(&batch, 0, None, |o, r| seen.push((o, r))), 2);
         assert_eq!(
             seen,
             vec![
@@ -253,7 +300,7 @@ mod tests {
         let mut gz = batch.clone();
         gz[22] |= 1;
         seen.clear();
-        assert_eq!(read_batches(&gz, 0, |o, r| seen.push((o, r))), 2);
+        assert_eq!(read_batches(&gz, 0, None, |o, r| seen.push((o, r))), 2);
         assert!(
             matches!(
                 &seen[..],
@@ -271,7 +318,52 @@ mod tests {
         for n in 0..batch.len() {
             let mut b = batch.clone();
             b[n] ^= 0xff;
-            let _ = read_batches(&b, 0, |_, _| {});
+            let _ = read_batches(&b, 0, None, |_, _| {});
+        }
+    }
+
+    /// With the key, what is written carries a MAC and reads back; a record
+    /// without one, with another key's, or with its value changed after
+    /// signing is skipped as such.
+    #[test]
+    fn signed_records_read_back_and_others_are_skipped() {
+        let auth = StateAuth::new(b"0123456789abcdef0123456789abcdef", "__mirror_state", 0);
+        let written = [origin(1, true), origin(2, false)];
+        let signed = encode_batch(&written, 5, Some(&auth)).unwrap();
+        let mut seen = Vec::new();
+        assert_eq!(
+            read_batches(&signed, 0, Some(&auth), |o, r| seen.push((o, r))),
+            2
+        );
+        assert_eq!(
+            seen,
+            vec![(0, Ok(written[0].clone())), (1, Ok(written[1].clone()))]
+        );
+        // Without a key, the header is not looked at.
+        seen.clear();
+        read_batches(&signed, 0, None, |o, r| seen.push((o, r)));
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|(_, r)| r.is_ok()));
+
+        let unsigned = encode_batch(&written[..1], 5, None).unwrap();
+        let other = StateAuth::new(b"another secret of 32 bytes......", "__mirror_state", 0);
+        let forged = encode_batch(&written[..1], 5, Some(&other)).unwrap();
+        // The same record signed, then its mapped PID (the value's last
+        // bytes before the timestamp) changed.
+        let mut altered = encode_batch(&written[..1], 5, Some(&auth)).unwrap();
+        let at = altered
+            .windows(8)
+            .position(|w| w == (-2i64).to_be_bytes())
+            .expect("mapped pid");
+        altered[at + 7] = 0xfd;
+        for (batch, why) in [
+            (unsigned, MacError::Missing),
+            (forged, MacError::Wrong),
+            (altered, MacError::Wrong),
+        ] {
+            seen.clear();
+            read_batches(&batch, 0, Some(&auth), |o, r| seen.push((o, r)));
+            assert_eq!(seen, vec![(0, Err(SkipReason::Mac(why)))]);
         }
     }
 }

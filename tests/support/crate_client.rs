@@ -80,7 +80,7 @@ pub async fn state_records(c: &Client, topic: &str) -> Result<Vec<(i64, StateRec
         let f = c
             .fetch(topic, 0, next, 1 << 20, Duration::from_millis(100))
             .await?;
-        let after = read_batches(&f.records, next, |o, r| {
+        let after = read_batches(&f.records, next, None, |o, r| {
             if let Ok(r) = r {
                 out.push((o, r));
             }

@@ -260,14 +260,20 @@ fn source() -> ClusterId {
     ClusterId::parse("MkU3OEVBNTcwNTJENDM2Qk").unwrap()
 }
 
+/// A status as the proxy persists it (`link_state::consistent`).
 fn status(state: LinkState, failover_id: i64) -> LinkStatus {
+    let none = failover_id < 0;
     LinkStatus {
         state,
         since_ms: 1,
         source: source(),
         failover_id,
-        failover_started_ms: 1,
-        failover_finished_ms: -1,
+        failover_started_ms: if none { -1 } else { 1 },
+        failover_finished_ms: if none || state == LinkState::Stopping {
+            -1
+        } else {
+            2
+        },
     }
 }
 

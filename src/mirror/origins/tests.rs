@@ -334,3 +334,36 @@ fn only_a_mapping_the_proxy_could_write_is_applied() {
     assert!(view.apply(11, &StateRecord::Origin(key(7), Some(value(natural, 0)))));
     assert_eq!(view.claim_of(at, origin).map(|c| c.mapped), Some(natural));
 }
+
+/// A salt the proxy never draws (its fold is 0: the natural region) is
+/// skipped; any other is remembered.
+#[test]
+fn a_salt_that_changes_nothing_is_skipped() {
+    use crate::mirror::state_records::CollisionValue;
+    let key = OriginKey {
+        topic_id: Uuid::nil(),
+        partition: 0,
+        source: a(),
+        original_pid: 7,
+    };
+    let salt = |salt| {
+        StateRecord::Collision(
+            key,
+            Some(CollisionValue {
+                salt,
+                colliding: a(),
+                timestamp_ms: 0,
+            }),
+        )
+    };
+    let mut view = Origins::new([a()]);
+    for s in [0, 0x0000_0001_0000_0001, -1] {
+        assert_eq!(fold32(s), 0, "{s:#x}");
+        assert!(!view.apply(1, &salt(s)), "{s:#x}");
+    }
+    assert!(view.apply(2, &salt(99)));
+    assert!(
+        view.apply(3, &StateRecord::Collision(key, None)),
+        "a tombstone"
+    );
+}

@@ -14,6 +14,11 @@
 //!   The instance may not report the link drained, and the barrier may not
 //!   be placed, before that batch's response is in: the batch is in the log
 //!   before the barrier's log end offset, never past it.
+//! - `a_link_produce_that_waited_across_stopping_is_refused`: a link
+//!   Produce that waits in the proxy (a retry of the held batch waits for
+//!   that attempt's outcome) while the failover starts is refused
+//!   PRODUCER_FENCED on every partition when its wait ends, like any
+//!   request of a fenced link, and nothing of it is appended.
 
 mod support;
 
@@ -44,6 +49,7 @@ use support::wire::{record_batch_at, RawClient};
 const LINK_CLIENT: &str = "mirror-x";
 const TOPIC: &str = "m";
 const NONE: i16 = 0;
+const PRODUCER_FENCED: i16 = 90;
 const PRODUCE_VERSION: i16 = 9;
 /// The link's produce quota in bytes per second: a Produce of
 /// [`THROTTLING_BYTES`] is throttled for about
@@ -260,6 +266,20 @@ fn log(broker: &KafkaCluster, partition: i32) -> Result<Vec<DumpedBatch>> {
     Ok(out)
 }
 
+/// Until the proxy has taken `n` Produce requests in all (each one counted
+/// before its link is checked for fencing).
+fn wait_for_produce_requests(proxy: &ProxyProcess, n: i64) -> Result<()> {
+    let deadline = Instant::now() + WAIT;
+    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < n {
+        ensure!(
+            Instant::now() < deadline,
+            "the proxy did not take Produce request {n} within {WAIT:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 #[test]
 fn drained_waits_for_a_forwarded_batch_held_at_the_broker() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
@@ -297,5 +317,77 @@ fn drained_waits_for_a_forwarded_batch_held_at_the_broker() -> Result<()> {
         late.is_empty(),
         "mirrored batches past the barrier at {barrier}: {late:?}"
     );
+    Ok(())
+}
+
+#[test]
+fn a_link_produce_that_waited_across_stopping_is_refused() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[(TOPIC, 2)])?;
+    let p = proxy(&broker)?;
+    // Partition 1 holds one mirrored batch before the quota (its producer
+    // state is read from the log then, not during the test's wait).
+    let mut first = RawClient::connect(&p.bootstrap)?;
+    let c = link_produce(&mut first, &[(1, batch(9, 0, "before"))])?;
+    let (code, _, message) = result_of(&produce_response(&mut first, c)?, 1)?;
+    ensure!(
+        code == NONE,
+        "the first batch of partition 1: {code} {message}"
+    );
+    set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
+
+    // A batch held at the broker on one link connection ...
+    let (mut holding, throttle_ms) = throttled_link_connection(&p, 7)?;
+    let held_batch = batch(7, 1, "held at the broker");
+    let held = link_produce(&mut holding, &[(0, held_batch.clone())])?;
+    // ... and, on another, a request retrying it with a new batch for
+    // partition 1: it waits in the proxy for the held attempt's outcome.
+    let before = p.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")?;
+    let mut waiting = RawClient::connect(&p.bootstrap)?;
+    let retry = link_produce(
+        &mut waiting,
+        &[(0, held_batch), (1, batch(9, 1, "waited across STOPPING"))],
+    )?;
+    // Past the fence when it arrived (the link was MIRRORING).
+    wait_for_produce_requests(&p, before + 1)?;
+    let failover = start_failover(&p);
+
+    // Its wait ends after the link became STOPPING: refused, every partition.
+    let r = produce_response(&mut waiting, retry)?;
+    let answers = [result_of(&r, 0)?, result_of(&r, 1)?];
+    ensure!(
+        answers
+            .iter()
+            .all(|(code, _, message)| *code == PRODUCER_FENCED && message.contains("STOPPING")),
+        "a link request that waited across the failover's start was answered (code, offset, message) {answers:?}, not PRODUCER_FENCED on every partition\n{}",
+        tools::tail_str(&p.logs(), 40)
+    );
+    ensure!(
+        waiting.closed_by_peer(),
+        "the refused link connection stayed open"
+    );
+    let (code, _, message) = result_of(&produce_response(&mut holding, held)?, 0)?;
+    ensure!(code == NONE, "the held batch: {code} {message}");
+    let report = finished_failover(failover, &p)?;
+    eprintln!("throttled for {throttle_ms} ms");
+
+    // Nothing of the refused request is in the log; nothing mirrored is past
+    // a barrier.
+    let p1 = log(&broker, 1)?;
+    ensure!(
+        p1.iter().filter(|b| b.producer_id < -1).count() == 1,
+        "partition 1 holds a mirrored batch besides the first: {p1:?}"
+    );
+    for partition in [0, 1] {
+        let barrier = barrier_offset(&report, partition)?;
+        let late: Vec<_> = log(&broker, partition)?
+            .into_iter()
+            .filter(|b| b.base_offset >= barrier && b.producer_id < -1)
+            .collect();
+        ensure!(
+            late.is_empty(),
+            "partition {partition}: mirrored batches past the barrier at {barrier}: {late:?}"
+        );
+    }
     Ok(())
 }

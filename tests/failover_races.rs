@@ -19,6 +19,11 @@
 //!   that attempt's outcome) while the failover starts is refused
 //!   PRODUCER_FENCED on every partition when its wait ends, like any
 //!   request of a fenced link, and nothing of it is appended.
+//! - `a_link_produce_that_waited_past_the_drain_timeout_is_refused`: the
+//!   same with a drain timeout shorter than the wait, so the barriers are
+//!   placed while the request still waits (a barrier, expiring the
+//!   partition's producer state, ends the wait): it is refused all the
+//!   same, not appended past the barrier.
 
 mod support;
 
@@ -60,9 +65,9 @@ const THROTTLING_BYTES: usize = 25 * 1024;
 /// Generous: the broker, its tools and the proxy share 2 cores.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A proxy with link `x` mirroring topic `m`; the failover waits long for
-/// the link to drain, so that only draining decides when the barrier goes.
-fn proxy(broker: &KafkaCluster) -> Result<ProxyProcess> {
+/// A proxy with link `x` mirroring topic `m`, whose failovers wait up to
+/// `drain_timeout_ms` for the link to drain.
+fn proxy(broker: &KafkaCluster, drain_timeout_ms: &str) -> Result<ProxyProcess> {
     let source = ClusterId::from_bytes(*b"failover-source!").to_string();
     ProxyProcess::start(
         &broker.bootstrap(),
@@ -70,10 +75,13 @@ fn proxy(broker: &KafkaCluster) -> Result<ProxyProcess> {
             ("LINKS", "x"),
             ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
             ("LINK_X_TOPICS", TOPIC),
-            ("FAILOVER_DRAIN_TIMEOUT_MS", "120000"),
+            ("FAILOVER_DRAIN_TIMEOUT_MS", drain_timeout_ms),
         ],
     )
 }
+
+/// Long enough that only draining decides when the barrier goes.
+const LONG_DRAIN: &str = "120000";
 
 /// Sets `producer_byte_rate` for client id `client` at the broker and waits
 /// until the broker describes it (bounded).
@@ -284,7 +292,7 @@ fn wait_for_produce_requests(proxy: &ProxyProcess, n: i64) -> Result<()> {
 fn drained_waits_for_a_forwarded_batch_held_at_the_broker() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     create_topics(&broker.bootstrap(), &[(TOPIC, 1)])?;
-    let p = proxy(&broker)?;
+    let p = proxy(&broker, LONG_DRAIN)?;
     set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
 
     // The link's connection is throttled; its next batch waits, unread, at
@@ -320,13 +328,25 @@ fn drained_waits_for_a_forwarded_batch_held_at_the_broker() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn a_link_produce_that_waited_across_stopping_is_refused() -> Result<()> {
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    create_topics(&broker.bootstrap(), &[(TOPIC, 2)])?;
-    let p = proxy(&broker)?;
-    // Partition 1 holds one mirrored batch before the quota (its producer
-    // state is read from the log then, not during the test's wait).
+/// A link request waiting in the proxy: `waiting` sent `retry`, a retry of
+/// the batch `holding` has at the broker (request `held`) with a new batch
+/// for partition 1.
+struct Waiting {
+    holding: RawClient,
+    held: i32,
+    waiting: RawClient,
+    retry: i32,
+    throttle_ms: i32,
+}
+
+/// Topic `m` with 2 partitions, partition 1 holding one mirrored batch; a
+/// batch held at the broker on one link connection and, on another, a
+/// request retrying it with a new batch for partition 1, which waits in the
+/// proxy for the held attempt's outcome. Returns once that request is past
+/// the fence (the link MIRRORING).
+fn a_waiting_link_request(broker: &KafkaCluster, p: &ProxyProcess) -> Result<Waiting> {
+    // Partition 1's producer state is read from its log now, before the
+    // quota, not during the wait.
     let mut first = RawClient::connect(&p.bootstrap)?;
     let c = link_produce(&mut first, &[(1, batch(9, 0, "before"))])?;
     let (code, _, message) = result_of(&produce_response(&mut first, c)?, 1)?;
@@ -334,42 +354,79 @@ fn a_link_produce_that_waited_across_stopping_is_refused() -> Result<()> {
         code == NONE,
         "the first batch of partition 1: {code} {message}"
     );
-    set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
-
-    // A batch held at the broker on one link connection ...
-    let (mut holding, throttle_ms) = throttled_link_connection(&p, 7)?;
+    set_produce_quota(broker, LINK_CLIENT, QUOTA)?;
+    let (mut holding, throttle_ms) = throttled_link_connection(p, 7)?;
     let held_batch = batch(7, 1, "held at the broker");
     let held = link_produce(&mut holding, &[(0, held_batch.clone())])?;
-    // ... and, on another, a request retrying it with a new batch for
-    // partition 1: it waits in the proxy for the held attempt's outcome.
     let before = p.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")?;
     let mut waiting = RawClient::connect(&p.bootstrap)?;
     let retry = link_produce(
         &mut waiting,
-        &[(0, held_batch), (1, batch(9, 1, "waited across STOPPING"))],
+        &[(0, held_batch), (1, batch(9, 1, "waited across the fence"))],
     )?;
-    // Past the fence when it arrived (the link was MIRRORING).
-    wait_for_produce_requests(&p, before + 1)?;
-    let failover = start_failover(&p);
+    wait_for_produce_requests(p, before + 1)?;
+    Ok(Waiting {
+        holding,
+        held,
+        waiting,
+        retry,
+        throttle_ms,
+    })
+}
 
-    // Its wait ends after the link became STOPPING: refused, every partition.
-    let r = produce_response(&mut waiting, retry)?;
+/// The waiting request's answers for partitions 0 and 1: (code, base
+/// offset, message).
+fn answers_to_the_waiting(w: &mut Waiting) -> Result<[(i16, i64, String); 2]> {
+    let r = produce_response(&mut w.waiting, w.retry)?;
     let answers = [result_of(&r, 0)?, result_of(&r, 1)?];
+    eprintln!("the waiting request's answers (code, offset, message): {answers:?}");
+    Ok(answers)
+}
+
+/// PRODUCER_FENCED on every partition, then the connection closed.
+fn refused(answers: &[(i16, i64, String)], w: &mut Waiting, p: &ProxyProcess) -> Result<()> {
     ensure!(
-        answers
-            .iter()
-            .all(|(code, _, message)| *code == PRODUCER_FENCED && message.contains("STOPPING")),
+        answers.iter().all(|(code, ..)| *code == PRODUCER_FENCED),
         "a link request that waited across the failover's start was answered (code, offset, message) {answers:?}, not PRODUCER_FENCED on every partition\n{}",
         tools::tail_str(&p.logs(), 40)
     );
     ensure!(
-        waiting.closed_by_peer(),
+        w.waiting.closed_by_peer(),
         "the refused link connection stayed open"
     );
-    let (code, _, message) = result_of(&produce_response(&mut holding, held)?, 0)?;
+    Ok(())
+}
+
+/// Mirrored batches of `partition` at or past its barrier in `report`.
+fn past_the_barrier(
+    broker: &KafkaCluster,
+    report: &Value,
+    partition: i32,
+) -> Result<Vec<DumpedBatch>> {
+    let barrier = barrier_offset(report, partition)?;
+    Ok(log(broker, partition)?
+        .into_iter()
+        .filter(|b| b.base_offset >= barrier && b.producer_id < -1)
+        .collect())
+}
+
+#[test]
+fn a_link_produce_that_waited_across_stopping_is_refused() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[(TOPIC, 2)])?;
+    let p = proxy(&broker, LONG_DRAIN)?;
+    let mut w = a_waiting_link_request(&broker, &p)?;
+    let failover = start_failover(&p);
+
+    // Its wait ends (the held attempt's outcome, or the in-flight wait's
+    // bound) after the link became STOPPING, and before the failover can
+    // finish: the held batch is still at the broker.
+    let answers = answers_to_the_waiting(&mut w)?;
+    refused(&answers, &mut w, &p)?;
+    let (code, _, message) = result_of(&produce_response(&mut w.holding, w.held)?, 0)?;
     ensure!(code == NONE, "the held batch: {code} {message}");
     let report = finished_failover(failover, &p)?;
-    eprintln!("throttled for {throttle_ms} ms");
+    eprintln!("throttled for {} ms", w.throttle_ms);
 
     // Nothing of the refused request is in the log; nothing mirrored is past
     // a barrier.
@@ -379,15 +436,40 @@ fn a_link_produce_that_waited_across_stopping_is_refused() -> Result<()> {
         "partition 1 holds a mirrored batch besides the first: {p1:?}"
     );
     for partition in [0, 1] {
-        let barrier = barrier_offset(&report, partition)?;
-        let late: Vec<_> = log(&broker, partition)?
-            .into_iter()
-            .filter(|b| b.base_offset >= barrier && b.producer_id < -1)
-            .collect();
+        let late = past_the_barrier(&broker, &report, partition)?;
         ensure!(
             late.is_empty(),
-            "partition {partition}: mirrored batches past the barrier at {barrier}: {late:?}"
+            "partition {partition}: mirrored batches past the barrier: {late:?}"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn a_link_produce_that_waited_past_the_drain_timeout_is_refused() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[(TOPIC, 2)])?;
+    let p = proxy(&broker, "1000")?;
+    let mut w = a_waiting_link_request(&broker, &p)?;
+
+    // The instance cannot confirm the drain (both link connections are
+    // busy): the failover places the barriers after the drain timeout and
+    // says which instance did not confirm.
+    let report = finished_failover(start_failover(&p), &p)?;
+    let unconfirmed = &report["failover"]["unconfirmed_instances"];
+    ensure!(
+        unconfirmed.as_array().is_some_and(|u| !u.is_empty()),
+        "the failover does not name the instance that did not drain: {report:#}"
+    );
+
+    // The waiting request is not appended past the barrier: it is refused.
+    let answers = answers_to_the_waiting(&mut w)?;
+    let late = past_the_barrier(&broker, &report, 1)?;
+    ensure!(
+        late.is_empty(),
+        "partition 1: mirrored batches past the barrier: {late:?}; the waiting request was answered {answers:?}"
+    );
+    refused(&answers, &mut w, &p)?;
+    eprintln!("throttled for {} ms", w.throttle_ms);
     Ok(())
 }

@@ -195,16 +195,21 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
         "and the command that ends it: {message}"
     );
 
-    // Copying for a while, and a local producer that keeps trying.
+    // Copying for a while, into every partition (the first batch of each
+    // waits for its partition's producer state to be read from the log; one
+    // still waiting at the failover is refused), and a local producer that
+    // keeps trying.
     let deadline = Instant::now() + WAIT;
-    while rt
-        .block_on(cb.list_offset("orders", 0, OffsetSpec::Latest))?
-        .offset
-        < 200
-    {
+    let copied = |partition: i32, records: i64| -> Result<bool> {
+        Ok(rt
+            .block_on(cb.list_offset("orders", partition, OffsetSpec::Latest))?
+            .offset
+            >= records)
+    };
+    while !(copied(0, 200)? && copied(1, 1)? && copied(2, 1)?) {
         ensure!(
             Instant::now() < deadline,
-            "the replicator copied nothing: {}",
+            "the replicator did not copy into every partition: {}",
             tools::tail_str(&pb.logs(), 30)
         );
         thread::sleep(Duration::from_millis(100));

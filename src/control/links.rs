@@ -327,6 +327,11 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// Count a connection as one of `link`'s until the guard is dropped.
+    /// A session takes it before its first request of the link is checked
+    /// against the fence and drops it once its last response is in: the
+    /// count and the link state sit behind locks, so a request that found
+    /// the link not fenced is one the drain loop (which reads the state,
+    /// then the count) waits for.
     pub fn link_session(&self, link: &str) -> LinkSession {
         self.sessions
             .send_modify(|m| *m.entry(link.to_string()).or_insert(0) += 1);

@@ -1,7 +1,8 @@
 //! Fencing (SPEC §7): once a link is STOPPING or STOPPED, a request of its
 //! replicator is refused (a Produce is answered with the fenced error for
 //! every partition; anything else gets no answer) and its connection
-//! closes after answering what is in flight.
+//! closes after answering what is in flight. A link Produce that waits in
+//! the Produce filter is checked again there before it is forwarded.
 
 use std::future::{ready, Future};
 use std::sync::Arc;

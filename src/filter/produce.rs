@@ -41,6 +41,13 @@ pub enum ProduceAction {
         frame: BytesMut,
         state: Option<ProduceState>,
     },
+    /// The link was fenced while the request waited: every partition is
+    /// refused (the answer, unless `acks=0`) and the connection closes, as
+    /// for any request of a fenced link.
+    Fenced {
+        answer: Option<BytesMut>,
+        link: String,
+    },
 }
 
 /// The per-request state between the two halves: the partitions the proxy
@@ -220,6 +227,34 @@ impl<'a> ProduceFilter<'a> {
                 _ = ctx.shutting_down() => shutting_down = true,
             }
         };
+        // The link may have been fenced while the request waited above
+        // (learning topic ids, a resolve, a rebuild, a batch in flight): it
+        // is looked at again here, after the last wait and with nothing
+        // awaited before the frame is written to the broker. The connection
+        // counts among the link's (for draining) since before the fence
+        // layer's check and until its last response is in, so either this
+        // sees the fence, or the drain waits for this request's response.
+        if let Some(message) = ctx.control.fenced(link) {
+            // Never sent: the batches' flight ends unrecorded, as with acks=0.
+            tracked.unanswered();
+            ctx.control.link_request_refused(link.name());
+            let answer = refuse_every_partition(
+                ctx,
+                link.name(),
+                h,
+                frame.clone(),
+                Refusal::LinkFenced,
+                &message,
+            )?;
+            tracing::debug!(
+                link = link.name(),
+                "refused a link Produce whose link was fenced while it waited; closing its connection"
+            );
+            return Ok(ProduceAction::Fenced {
+                answer,
+                link: link.name().to_string(),
+            });
+        }
         ctx.metrics
             .batches_remapped(link.name(), plan.remapped_batches as u64);
         count_local(ctx, link.name(), &plan.local);
@@ -558,6 +593,12 @@ impl<'a, S: Service> Produce<'a, S> {
                 return Either::Left(ready(Ok(Outcome::Owed(Reply::Local(answer)))))
             }
             ProduceAction::Answered(None) => return Either::Left(ready(Ok(Outcome::NotOwed))),
+            ProduceAction::Fenced { answer, link } => {
+                return Either::Left(ready(Ok(Outcome::Fenced {
+                    owed: answer.map(Reply::Local),
+                    link,
+                })))
+            }
             ProduceAction::Forward { frame, state } => (frame, state),
         };
         let forwarded = Request {

@@ -260,8 +260,19 @@ async fn run(
         .with_budget(Arc::clone(&shared.budget))
         .with_frame_timeout(Duration::from_millis(shared.config.request_read_timeout_ms));
     let activity = Activity::new();
+    // Declared before the loops, so dropped after both: the connection
+    // counts as its link's until every response it owes is in.
+    let mut link_session = None;
     let stack = filter::stack(&shared.ctx, subject.as_ref(), up_w);
-    let requests = requests(shared, subject.as_ref(), client_r, stack, &owed, &activity);
+    let requests = requests(
+        shared,
+        subject.as_ref(),
+        client_r,
+        stack,
+        &owed,
+        &activity,
+        &mut link_session,
+    );
     let responses = responses(
         shared,
         FrameReader::new(up_r, max),
@@ -348,6 +359,13 @@ async fn connect(
     Ok((client, subject, upstream))
 }
 
+/// A connection's link, once a request spoke as it, and its place among
+/// the link's connections.
+type LinkSessionSlot = Option<(
+    Arc<crate::mirror::link::Link>,
+    crate::control::links::LinkSession,
+)>;
+
 async fn requests<S: Service>(
     shared: &Arc<Shared>,
     subject: Option<&CertSubject>,
@@ -355,6 +373,7 @@ async fn requests<S: Service>(
     mut stack: S,
     owed: &Queue<S::Pending>,
     activity: &Activity,
+    link_session: &mut LinkSessionSlot,
 ) -> Result<End, SessionError> {
     // However this loop ends, the response loop delivers what is queued
     // and then ends too.
@@ -362,11 +381,10 @@ async fn requests<S: Service>(
     let idle_ms = shared.config.connections_max_idle_ms;
     let idle = Duration::from_millis(idle_ms);
     // Set once a request speaks as a link: the connection counts as the
-    // link's (for draining) and closes when the link is fenced.
-    let mut link_session: Option<(
-        Arc<crate::mirror::link::Link>,
-        crate::control::links::LinkSession,
-    )> = None;
+    // link's (for draining) and closes when the link is fenced. The slot
+    // outlives this loop: a link's forwarded request is at the broker
+    // until its response is in, so the connection is drained only once the
+    // response loop has ended too.
     let mut changes = shared.ctx.control.changes();
     // What the loop waits on besides the client lives across frames: each
     // of these registers with a timer or a waiter list shared by every
@@ -392,7 +410,7 @@ async fn requests<S: Service>(
             // is in flight is still answered.
             rx = next_link_change(&mut link_changed) => {
                 link_changed = rx.map(watch_link_state);
-                if let Some((link, _)) = &link_session {
+                if let Some((link, _)) = &*link_session {
                     if shared.ctx.control.fenced(link).is_some() {
                         return Ok(End::Fenced(link.name().to_string()));
                     }
@@ -418,10 +436,13 @@ async fn requests<S: Service>(
         let header = RequestHeaderPeek::parse(&frame)?;
         let origin = shared.ctx.links.classify(header.client_id(&frame), subject);
         // A connection that speaks as a link counts as the link's, for
-        // draining and fencing, from its first such request on.
-        if let (Origin::Link(link), None) = (&origin, &link_session) {
+        // draining and fencing, from its first such request on: before the
+        // request is checked against the fence, so a request that passes
+        // the check (at the fence layer, or again after it waited) is
+        // always one the drain waits for.
+        if let (Origin::Link(link), None) = (&origin, &*link_session) {
             let guard = shared.ctx.control.link_session(link.name());
-            link_session = Some((Arc::clone(link), guard));
+            *link_session = Some((Arc::clone(link), guard));
         }
         let request = Request {
             api: ApiKey::try_from(header.api_key).ok(),

@@ -293,6 +293,72 @@ fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
     Ok(())
 }
 
+/// A frame that was written whole (into the socket buffers) while the
+/// connection's queue of responses owed is full (512 requests behind a
+/// long poll) must not keep its memory until the queue has room, which
+/// here is when the long poll ends: its write made progress, so the write
+/// timeout does not see it.
+#[test]
+fn a_frame_written_behind_a_full_queue_does_not_keep_its_memory() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("empty", 1)])?;
+    let p = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[("MAX_FRAME_BYTES", "4096"), ("MAX_BUFFERED_BYTES", "8192")],
+    )?;
+    let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, 1024))?;
+    let mut attackers = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(&p.bootstrap)?;
+        s.write_all(&long_poll)?;
+        std::thread::sleep(Duration::from_millis(200));
+        // While the response loop waits for the Fetch's answer, 512 small
+        // requests fill the queue of responses owed (they fit in the socket
+        // buffers); the next, a frame of the whole per-connection share, is
+        // written and then waits for room.
+        let mut pipelined = Vec::new();
+        for c in 2..514 {
+            pipelined.extend(framed(
+                ApiKey::ApiVersions,
+                0,
+                c,
+                &ApiVersionsRequest::default(),
+            )?);
+        }
+        pipelined.extend(padded_frame(514, 4096)?);
+        s.write_all(&pipelined)?;
+        attackers.push(s);
+    }
+    // Let the proxy read what it will.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let started = Instant::now();
+    let bound = started + Duration::from_secs(20);
+    let mut fresh = TcpStream::connect(&p.bootstrap)?;
+    fresh.write_all(&framed(
+        ApiKey::Metadata,
+        12,
+        1,
+        &MetadataRequest::default(),
+    )?)?;
+    let metadata = recv_by(&mut fresh, bound).with_context(|| {
+        format!(
+            "no Metadata answer within {:?} while four connections had full queues; request budget held: {:?}",
+            started.elapsed(),
+            p.metric("kafka_mirror_proxy_buffered_request_bytes")
+        )
+    })?;
+    ensure!(correlation_of(metadata, ApiKey::Metadata, 12)? == 1);
+    eprintln!(
+        "a new client was answered {:?} into the attack",
+        started.elapsed()
+    );
+    for s in attackers {
+        reset(s)?;
+    }
+    Ok(())
+}
+
 /// Broker responses are held under their own budget: forty clients that
 /// send Fetches for 8 MiB each and never read their sockets make the proxy
 /// hold at most the response budget (16 MiB here) plus one frame on the

@@ -80,8 +80,9 @@ pub enum FrameError {
 /// Memory for frames, in bytes, shared by every reader that holds it.
 ///
 /// A reader charges a frame's buffer before allocating it and gives the
-/// charge back once the frame has been handed on (at its next `read_frame`
-/// call) or when the reader is dropped (the connection closed). A reader
+/// charge back once the frame has been handed on (`release`, or at the
+/// reader's next `read_frame` call) or when the reader is dropped (the
+/// connection closed). A reader
 /// reads its next frame only after the caller has handed the last one on,
 /// so one connection holds at most one frame of a budget at a time: the
 /// per-connection share is one frame, never more than
@@ -348,6 +349,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.body
             .take()
             .map(|body| BytesMut::from(bytes::Bytes::from(body)))
+    }
+
+    /// The caller is done with the frame returned last (it has been
+    /// written on): give its budget back now rather than at the next
+    /// `read_frame`, which may be a long way off (a full queue of
+    /// responses owed, a broker sitting on a long poll).
+    pub fn release(&mut self) {
+        self.release_returned();
     }
 
     fn release_returned(&mut self) {
@@ -1098,6 +1107,27 @@ mod tests {
         drop((f, f2));
         assert_eq!(budget.in_use(), 0, "everything given back on close");
         assert_eq!(held.get(), 0, "the gauge back to 0");
+    }
+
+    #[tokio::test]
+    async fn a_released_frame_gives_its_budget_back_before_the_next_read() {
+        let budget = budget_of(1 << 20);
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
+        tx.write_all(&frame(&[1; 100_000])).await.expect("write");
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(budget.in_use(), 100_000);
+        drop(f);
+        r.release();
+        assert_eq!(budget.in_use(), 0, "given back without another read");
+        r.release();
+        assert_eq!(budget.in_use(), 0, "and only once");
+        tx.write_all(&frame(&[2; 10])).await.expect("write");
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&f[..], &[2; 10]);
+        assert_eq!(budget.in_use(), 10);
+        drop((f, r));
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[tokio::test]

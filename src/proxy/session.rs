@@ -440,7 +440,10 @@ async fn requests<S: Service>(
             origin,
             frame,
         };
-        match stack.call(request).await? {
+        let outcome = stack.call(request).await?;
+        // Written on: its memory must not wait for room in the queue.
+        client.release();
+        match outcome {
             Outcome::Owed(pending) => owed.push(pending).await,
             Outcome::NotOwed => {}
             Outcome::Fenced {

@@ -534,6 +534,7 @@ async fn responses<P: Pending>(
             shared.learn(learnt)?;
         }
         write_to(&mut client, &out).await?;
+        upstream.release();
         activity.answered();
     }
 }

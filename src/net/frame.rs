@@ -408,6 +408,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             p.forget();
             budget.taken(n);
             self.charged += n;
+            // A wait cancelled earlier is over.
+            self.waiting_since = None;
             return Ok(());
         }
         let paused = Instant::now();
@@ -1067,6 +1069,51 @@ mod tests {
             err.to_string()
                 .contains("MIRROR_PROXY_MAX_BUFFERED_RESPONSE_BYTES"),
             "{err}"
+        );
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_was_cancelled_and_then_served_does_not_count_against_the_next() {
+        let budget = Budget::new(
+            32 * 1024,
+            Duration::from_secs(3),
+            "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+            Gauge::default(),
+        );
+        let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
+        let (mut tx_c, rx_c) = tokio::io::duplex(1 << 16);
+        let mut a = FrameReader::new(rx_a, 1 << 20).with_budget(Arc::clone(&budget));
+        let mut c = FrameReader::new(rx_c, 1 << 20).with_budget(Arc::clone(&budget));
+        tx_a.write_all(&frame(&[7; 32 * 1024]))
+            .await
+            .expect("write");
+        let held = a.read_frame().await.expect("read").expect("frame");
+        // C waits 2 s (cancelled every 100 ms), then memory comes back.
+        tx_c.write_all(&frame(b"one")).await.expect("write");
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            assert!(try_read(&mut c).await.is_none(), "C must wait");
+        }
+        drop(held);
+        a.release();
+        let one = c.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&one[..], b"one");
+        drop(one);
+        c.release();
+        // A takes everything again; C's next wait has its own 3 s.
+        tx_a.write_all(&frame(&[8; 32 * 1024]))
+            .await
+            .expect("write");
+        let held = a.read_frame().await.expect("read").expect("frame");
+        tx_c.write_all(&frame(b"two")).await.expect("write");
+        let again = Instant::now();
+        let err = c.read_frame().await.expect_err("no memory");
+        assert!(matches!(err, FrameError::BudgetWait { .. }), "{err:?}");
+        assert!(
+            again.elapsed() >= Duration::from_secs(3),
+            "the second wait was cut short: {:?}",
+            again.elapsed()
         );
         drop(held);
     }

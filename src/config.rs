@@ -116,6 +116,14 @@ pub struct Config {
     pub max_frame_bytes: usize,
     /// Bytes of client request frames held at once, over all connections.
     pub max_buffered_bytes: usize,
+    /// Bytes of broker response frames held at once, over all connections.
+    pub max_buffered_response_bytes: usize,
+    /// How long a frame may wait for buffer memory before its connection
+    /// is closed.
+    pub buffer_wait_timeout_ms: u64,
+    /// How long a write to a broker or a client may make no progress
+    /// before the connection is closed.
+    pub write_timeout_ms: u64,
     pub max_connections: usize,
     /// Worker threads of the runtime; `None`: one per core.
     pub worker_threads: Option<usize>,
@@ -178,6 +186,12 @@ impl fmt::Debug for Config {
             .field("admin_listen", &self.admin_listen)
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field(
+                "max_buffered_response_bytes",
+                &self.max_buffered_response_bytes,
+            )
+            .field("buffer_wait_timeout_ms", &self.buffer_wait_timeout_ms)
+            .field("write_timeout_ms", &self.write_timeout_ms)
             .field("max_connections", &self.max_connections)
             .field("worker_threads", &self.worker_threads)
             .field("connections_max_idle_ms", &self.connections_max_idle_ms)
@@ -221,7 +235,10 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
     ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
     ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
-    ("MAX_BUFFERED_BYTES", "536870912", "Memory for client request frames, in bytes, shared by all connections (frames are allocated as their bytes arrive). When it is used up, the proxy stops reading requests until forwarded frames free some. At least MAX_FRAME_BYTES."),
+    ("MAX_BUFFERED_BYTES", "536870912", "Memory for client request frames, in bytes, shared by all connections (frames are allocated as their bytes arrive). When it is used up, the proxy stops reading requests until forwarded frames free some. A connection holds at most one request frame of it at a time. At least MAX_FRAME_BYTES."),
+    ("MAX_BUFFERED_RESPONSE_BYTES", "536870912", "Memory for broker response frames, in bytes, shared by all connections. When it is used up, the proxy stops reading responses from the brokers until responses written to their clients free some. A connection holds at most one response frame of it at a time. At least MAX_FRAME_BYTES."),
+    ("BUFFER_WAIT_TIMEOUT_MS", "60000", "A request or response frame that cannot get memory under MAX_BUFFERED_BYTES or MAX_BUFFERED_RESPONSE_BYTES within this time closes its connection (WARN; counted as `buffer_wait_timeout`); the client retries on a new connection. Longer than WRITE_TIMEOUT_MS, so that connections whose writes are stuck are closed, and give their memory back, before the ones waiting for it."),
+    ("WRITE_TIMEOUT_MS", "30000", "A write of a request to its broker, or of a response to its client, that makes no progress for this long closes the connection (WARN; counted as `upstream_write_timeout` or `client_write_timeout`), giving back the memory its frame holds. A broker reads nothing more from a connection while it holds a request there (a Fetch long poll, a Produce waiting for acks), and a client may stop reading: without this bound such a connection would hold its frame's memory for as long as it liked. Clients that pipeline more than the socket buffers hold behind a request the broker may keep longer than this (a Produce timeout_ms, a Fetch max_wait_ms above 30 s) need it raised."),
     ("MAX_CONNECTIONS", "4096", "Client connections open at once; a connection over it is accepted and closed at once (WARN, at most one line per 10 s; counted). Each client connection also holds one broker connection, so the process needs about twice as many file descriptors."),
     ("CONNECTIONS_MAX_IDLE_MS", "600000", "A client connection with no request in flight that sends nothing for this long is closed (like the broker's connections.max.idle.ms)."),
     ("REQUEST_READ_TIMEOUT_MS", "30000", "Once the first byte of a request frame has arrived, the whole frame must arrive within this time, or the connection is closed."),
@@ -510,6 +527,20 @@ impl Config {
                 format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): a frame larger than the buffer budget could never be read"),
             );
         }
+        let max_buffered_response_bytes = env
+            .parse(
+                "MAX_BUFFERED_RESPONSE_BYTES",
+                "a whole number of bytes from 1024 up",
+                |s| s.parse::<usize>().ok().filter(|n| *n >= 1024),
+            )
+            .unwrap_or(512 * 1024 * 1024);
+        if max_buffered_response_bytes < max_frame_bytes {
+            env.problem(
+                "MAX_BUFFERED_RESPONSE_BYTES",
+                Some(max_buffered_response_bytes.to_string()),
+                format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): a response larger than the buffer budget could never be read"),
+            );
+        }
         let max_connections = env
             .parse(
                 "MAX_CONNECTIONS",
@@ -545,6 +576,8 @@ impl Config {
         let connect_timeout_ms = ms("CONNECT_TIMEOUT_MS", 10_000);
         let connections_max_idle_ms = ms("CONNECTIONS_MAX_IDLE_MS", 600_000);
         let request_read_timeout_ms = ms("REQUEST_READ_TIMEOUT_MS", 30_000);
+        let buffer_wait_timeout_ms = ms("BUFFER_WAIT_TIMEOUT_MS", 60_000);
+        let write_timeout_ms = ms("WRITE_TIMEOUT_MS", 30_000);
         let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
         let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
         let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
@@ -646,6 +679,9 @@ impl Config {
                 admin_token,
                 max_frame_bytes,
                 max_buffered_bytes,
+                max_buffered_response_bytes,
+                buffer_wait_timeout_ms,
+                write_timeout_ms,
                 max_connections,
                 worker_threads,
                 connections_max_idle_ms,
@@ -955,6 +991,27 @@ mod tests {
     }
 
     #[test]
+    fn a_response_budget_below_the_largest_frame_is_refused() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:19092"),
+            ("MAX_FRAME_BYTES", "2000000"),
+            ("MAX_BUFFERED_BYTES", "2000000"),
+            ("MAX_BUFFERED_RESPONSE_BYTES", "1000000"),
+            ("WRITE_TIMEOUT_MS", "0"),
+        ]);
+        let names: Vec<&str> = p.iter().map(|p| p.variable.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "MIRROR_PROXY_MAX_BUFFERED_RESPONSE_BYTES",
+                "MIRROR_PROXY_WRITE_TIMEOUT_MS"
+            ]
+        );
+        assert!(p[0].expected.contains("MAX_FRAME_BYTES (2000000)"), "{p:?}");
+    }
+
+    #[test]
     fn minimal_configuration_has_documented_defaults() {
         let c = Config::from_vars(&vars(&[
             ("BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
@@ -968,6 +1025,13 @@ mod tests {
         assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
         assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
         assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
+        assert_eq!(c.max_buffered_response_bytes, 512 * 1024 * 1024);
+        assert_eq!(c.buffer_wait_timeout_ms, 60_000);
+        assert_eq!(c.write_timeout_ms, 30_000);
+        assert!(
+            c.buffer_wait_timeout_ms > c.write_timeout_ms,
+            "stuck writers must be closed before the frames waiting for their memory"
+        );
         assert_eq!(c.max_connections, 4096);
         assert_eq!(c.connections_max_idle_ms, 600_000);
         assert_eq!(c.worker_threads, None);

@@ -139,6 +139,8 @@ pub struct Metrics {
     partitions_refused: Family<RefusedLabels, Counter>,
     duplicates_answered: Family<LinkLabels, Counter>,
     producer_state_evictions: Counter,
+    buffered_request_bytes: Gauge,
+    buffered_response_bytes: Gauge,
     producer_state_rebuilds: Family<ResultLabels, Counter>,
     producer_state_rebuild_marks: Family<FixedLabels, Counter>,
     producer_state_offsets_beyond_bound: Counter,
@@ -321,6 +323,18 @@ impl Metrics {
             "Link batches already appended, answered with their original offset and not forwarded, by link",
             Family::clone(&duplicates_answered),
         );
+        let buffered_request_bytes = Gauge::default();
+        registry.register(
+            "buffered_request_bytes",
+            "Bytes of client request frames held now, under MAX_BUFFERED_BYTES (a frame finishing on the overdraft not included)",
+            Gauge::clone(&buffered_request_bytes),
+        );
+        let buffered_response_bytes = Gauge::default();
+        registry.register(
+            "buffered_response_bytes",
+            "Bytes of broker response frames held now, under MAX_BUFFERED_RESPONSE_BYTES (a frame finishing on the overdraft not included)",
+            Gauge::clone(&buffered_response_bytes),
+        );
         let producer_state_evictions = Counter::default();
         registry.register(
             "mirror_producer_state_evictions",
@@ -381,6 +395,8 @@ impl Metrics {
             partitions_refused,
             duplicates_answered,
             producer_state_evictions,
+            buffered_request_bytes,
+            buffered_response_bytes,
             producer_state_rebuilds,
             producer_state_rebuild_marks,
             producer_state_offsets_beyond_bound,
@@ -394,6 +410,16 @@ impl Metrics {
             listener: Listener::Bootstrap,
         });
         metrics
+    }
+
+    /// The gauge of request frame memory held (kept by `net::frame::Budget`).
+    pub fn buffered_request_bytes(&self) -> Gauge {
+        Gauge::clone(&self.buffered_request_bytes)
+    }
+
+    /// The gauge of response frame memory held (kept by `net::frame::Budget`).
+    pub fn buffered_response_bytes(&self) -> Gauge {
+        Gauge::clone(&self.buffered_response_bytes)
     }
 
     /// A client connection was accepted on `target`'s listener.
@@ -657,6 +683,9 @@ mod tests {
             "kafka_mirror_proxy_client_connections_total{listener=\"node-1\"} 1\n",
             "# TYPE kafka_mirror_proxy_client_connections_active gauge\n",
             "kafka_mirror_proxy_client_connections_active{listener=\"node-1\"} 1\n",
+            "# TYPE kafka_mirror_proxy_buffered_request_bytes gauge\n",
+            "kafka_mirror_proxy_buffered_request_bytes 0\n",
+            "kafka_mirror_proxy_buffered_response_bytes 0\n",
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }

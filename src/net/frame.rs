@@ -17,16 +17,19 @@
 //! freed as soon as it is empty. Idle connections are the common case, and
 //! they cost only their sockets.
 //!
-//! Client readers also draw on a [`Budget`] shared by every connection: a
-//! frame's memory is charged before it is allocated, and when the budget is
-//! used up reading pauses (backpressure) until forwarded frames give theirs
-//! back.
+//! Readers also draw on a [`Budget`] shared by every connection (one for
+//! client requests, one for broker responses): a frame's memory is charged
+//! before it is allocated, and when the budget is used up reading pauses
+//! (backpressure) until forwarded frames give theirs back. That pause is
+//! bounded: a frame that gets no memory within the budget's wait closes its
+//! connection, so no request waits for memory forever.
 
 use std::io::IoSlice;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 use tokio::time::Instant;
@@ -51,8 +54,19 @@ pub enum FrameError {
         "frame of {size} bytes exceeds the maximum of {max} bytes (MIRROR_PROXY_MAX_FRAME_BYTES)"
     )]
     TooLarge { size: usize, max: usize },
-    #[error("frame of {size} bytes can never fit the buffer budget of {budget} bytes (MIRROR_PROXY_MAX_BUFFERED_BYTES)")]
-    OverBudget { size: usize, budget: usize },
+    #[error("frame of {size} bytes can never fit the buffer budget of {budget} bytes ({setting})")]
+    OverBudget {
+        size: usize,
+        budget: usize,
+        setting: &'static str,
+    },
+    #[error("no memory for a frame of {size} bytes within {ms} ms: the {budget} bytes of {setting} are held by other frames (MIRROR_PROXY_BUFFER_WAIT_TIMEOUT_MS)")]
+    BudgetWait {
+        size: usize,
+        budget: usize,
+        ms: u128,
+        setting: &'static str,
+    },
     #[error("frame size {0} is negative")]
     NegativeSize(i32),
     #[error("connection closed in the middle of a frame ({buffered} bytes read)")]
@@ -66,25 +80,46 @@ pub enum FrameError {
 /// Memory for frames, in bytes, shared by every reader that holds it.
 ///
 /// A reader charges a frame's buffer before allocating it and gives the
-/// charge back once the frame has been handed on (at its next `read_frame`
-/// call). A new frame waits while the budget is used up; it holds nothing
-/// yet, so that wait is plain backpressure. A frame already partly read
-/// that needs more than is left could wait forever if every holder were in
-/// the same position, so one such frame at a time may finish on an
-/// overdraft: memory stays below the budget plus one maximal frame.
+/// charge back once the frame has been handed on (`release`, or at the
+/// reader's next `read_frame` call) or when the reader is dropped (the
+/// connection closed). A reader
+/// reads its next frame only after the caller has handed the last one on,
+/// so one connection holds at most one frame of a budget at a time: the
+/// per-connection share is one frame, never more than
+/// `MIRROR_PROXY_MAX_FRAME_BYTES`.
+///
+/// A new frame waits while the budget is used up; it holds nothing yet, so
+/// that wait is plain backpressure. A frame already partly read that needs
+/// more than is left could wait forever if every holder were in the same
+/// position, so one such frame at a time may finish on an overdraft:
+/// memory stays below the budget plus one maximal frame. Either wait is
+/// bounded by `wait`: a frame still without memory then fails with
+/// [`FrameError::BudgetWait`] and its connection closes. What makes the
+/// memory come back is that every holder is bounded in time too: reading a
+/// frame by the request read timeout, handing it on by the write timeout.
 pub struct Budget {
     total: usize,
     free: Semaphore,
     overdraft: Arc<Mutex<()>>,
+    wait: Duration,
+    /// The variable that sets `total`, for messages.
+    setting: &'static str,
+    /// Bytes charged now, for the metrics.
+    held: Gauge,
 }
 
 impl Budget {
-    pub fn new(total: usize) -> Arc<Budget> {
+    /// `total` bytes, set by the variable `setting`; a frame waits at most
+    /// `wait` for memory; `held` follows what is charged.
+    pub fn new(total: usize, wait: Duration, setting: &'static str, held: Gauge) -> Arc<Budget> {
         let total = total.min(Semaphore::MAX_PERMITS);
         Arc::new(Budget {
             total,
             free: Semaphore::new(total),
             overdraft: Arc::new(Mutex::new(())),
+            wait,
+            setting,
+            held,
         })
     }
 
@@ -95,6 +130,17 @@ impl Budget {
     /// Bytes charged now (frames on the overdraft not included).
     pub fn in_use(&self) -> usize {
         self.total.saturating_sub(self.free.available_permits())
+    }
+
+    fn taken(&self, n: usize) {
+        self.held.inc_by(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn give_back(&self, n: usize) {
+        if n > 0 {
+            self.free.add_permits(n);
+            self.held.dec_by(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 }
 
@@ -121,6 +167,10 @@ pub struct FrameReader<R> {
     last_read: Instant,
     /// Budget charged for the frame being read.
     charged: usize,
+    /// Since when the frame being read has waited for budget (kept across
+    /// cancelled calls, so a `select!` that drops the wait does not restart
+    /// its bound).
+    waiting_since: Option<Instant>,
     overdraft: Option<OwnedMutexGuard<()>>,
     /// Budget of the frame returned last, held until the caller asks for
     /// the next one (by then it has been forwarded).
@@ -143,6 +193,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             deadline: None,
             last_read: Instant::now(),
             charged: 0,
+            waiting_since: None,
             overdraft: None,
             returned: 0,
             returned_overdraft: None,
@@ -197,6 +248,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     return Err(FrameError::OverBudget {
                         size,
                         budget: budget.total,
+                        setting: budget.setting,
                     });
                 }
                 self.size = size;
@@ -299,10 +351,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             .map(|body| BytesMut::from(bytes::Bytes::from(body)))
     }
 
+    /// The caller is done with the frame returned last (it has been
+    /// written on): give its budget back now rather than at the next
+    /// `read_frame`, which may be a long way off (a full queue of
+    /// responses owed, a broker sitting on a long poll).
+    pub fn release(&mut self) {
+        self.release_returned();
+    }
+
     fn release_returned(&mut self) {
         let returned = std::mem::take(&mut self.returned);
         if let Some(budget) = &self.budget {
-            budget.free.add_permits(returned);
+            budget.give_back(returned);
         }
         self.returned_overdraft = None;
     }
@@ -341,36 +401,59 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         let over = || FrameError::OverBudget {
             size: self.size,
             budget: budget.total,
+            setting: budget.setting,
         };
         let permits = u32::try_from(n).map_err(|_| over())?;
         if let Ok(p) = budget.free.try_acquire_many(permits) {
             p.forget();
+            budget.taken(n);
             self.charged += n;
+            // A wait cancelled earlier is over.
+            self.waiting_since = None;
             return Ok(());
         }
         let paused = Instant::now();
+        let since = *self.waiting_since.get_or_insert(paused);
         let closed = |_| FrameError::Io(std::io::Error::other("frame budget closed"));
-        if self.charged == 0 {
-            // A new frame holds nothing: waiting is plain backpressure.
-            budget
-                .free
-                .acquire_many(permits)
-                .await
-                .map_err(closed)?
-                .forget();
-            self.charged += n;
-        } else {
-            tokio::select! {
-                biased;
-                p = budget.free.acquire_many(permits) => {
-                    p.map_err(closed)?.forget();
-                    self.charged += n;
-                }
-                guard = Arc::clone(&budget.overdraft).lock_owned() => {
-                    self.overdraft = Some(guard);
+        let waited = tokio::time::timeout_at(since + budget.wait, async {
+            if self.charged == 0 {
+                // A new frame holds nothing: waiting is plain backpressure.
+                budget
+                    .free
+                    .acquire_many(permits)
+                    .await
+                    .map_err(closed)?
+                    .forget();
+                budget.taken(n);
+                self.charged += n;
+            } else {
+                tokio::select! {
+                    biased;
+                    p = budget.free.acquire_many(permits) => {
+                        p.map_err(closed)?.forget();
+                        budget.taken(n);
+                        self.charged += n;
+                    }
+                    guard = Arc::clone(&budget.overdraft).lock_owned() => {
+                        self.overdraft = Some(guard);
+                    }
                 }
             }
+            Ok::<(), FrameError>(())
+        })
+        .await;
+        match waited {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(FrameError::BudgetWait {
+                    size: self.size,
+                    budget: budget.total,
+                    ms: budget.wait.as_millis(),
+                    setting: budget.setting,
+                })
+            }
         }
+        self.waiting_since = None;
         // The pause is the proxy's doing, not the client's.
         if let Some(deadline) = self.deadline.as_mut() {
             *deadline += paused.elapsed();
@@ -382,7 +465,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 impl<R> Drop for FrameReader<R> {
     fn drop(&mut self) {
         if let Some(budget) = &self.budget {
-            budget.free.add_permits(self.charged + self.returned);
+            budget.give_back(self.charged + self.returned);
         }
     }
 }
@@ -506,6 +589,16 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> std:
 mod tests {
     use super::*;
 
+    /// A budget of `total` bytes with a wait longer than any test.
+    fn budget_of(total: usize) -> Arc<Budget> {
+        Budget::new(
+            total,
+            Duration::from_secs(600),
+            "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+            Gauge::default(),
+        )
+    }
+
     async fn read_all(input: &[u8], max: usize) -> (Vec<Vec<u8>>, Option<FrameError>) {
         let mut r = FrameReader::new(input, max);
         let mut frames = Vec::new();
@@ -624,7 +717,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_announced_size_allocates_at_most_a_first_chunk() {
-        let budget = Budget::new(1 << 30);
+        let budget = budget_of(1 << 30);
         let (mut tx, rx) = tokio::io::duplex(1 << 20);
         let mut r = FrameReader::new(rx, 100 * 1024 * 1024).with_budget(Arc::clone(&budget));
         // 90 MB announced, nothing more.
@@ -855,7 +948,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_new_frame_waits_for_the_budget_and_goes_on_when_it_is_freed() {
-        let budget = Budget::new(32 * 1024);
+        let budget = budget_of(32 * 1024);
         let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
         let (mut tx_c, rx_c) = tokio::io::duplex(1 << 16);
         let mut a = FrameReader::new(rx_a, 1 << 20).with_budget(Arc::clone(&budget));
@@ -882,7 +975,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_partly_read_frame_finishes_on_the_overdraft_one_at_a_time() {
-        let budget = Budget::new(64 * 1024);
+        let budget = budget_of(64 * 1024);
         let reader = |rx| FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
         let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
         let (mut tx_b, rx_b) = tokio::io::duplex(1 << 16);
@@ -923,9 +1016,190 @@ mod tests {
         assert_eq!(budget.in_use(), 0, "everything given back");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_without_memory_within_the_wait_closes_and_cancelling_does_not_restart_the_wait(
+    ) {
+        let budget = Budget::new(
+            32 * 1024,
+            Duration::from_secs(3),
+            "MIRROR_PROXY_MAX_BUFFERED_RESPONSE_BYTES",
+            Gauge::default(),
+        );
+        let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
+        let (mut tx_c, rx_c) = tokio::io::duplex(1 << 16);
+        let mut a = FrameReader::new(rx_a, 1 << 20).with_budget(Arc::clone(&budget));
+        let mut c = FrameReader::new(rx_c, 1 << 20).with_budget(Arc::clone(&budget));
+        // A holds the whole budget with a frame it never hands on (a write
+        // that does not progress).
+        tx_a.write_all(&frame(&[7; 32 * 1024]))
+            .await
+            .expect("write");
+        let held = a.read_frame().await.expect("read").expect("frame");
+        tx_c.write_all(&frame(b"small")).await.expect("write");
+        let started = Instant::now();
+        // A select! that drops the wait now and then (every 100 ms) must not
+        // restart its bound.
+        let err = loop {
+            if let Some(done) = try_read(&mut c).await {
+                break done.expect_err("no memory: the frame must fail");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the wait was restarted by each cancellation"
+            );
+        };
+        assert!(
+            matches!(
+                err,
+                FrameError::BudgetWait {
+                    size: 5,
+                    budget: 32768,
+                    ms: 3000,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let waited = started.elapsed();
+        assert!(
+            (Duration::from_secs(3)..Duration::from_millis(3200)).contains(&waited),
+            "waited {waited:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("MIRROR_PROXY_MAX_BUFFERED_RESPONSE_BYTES"),
+            "{err}"
+        );
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_was_cancelled_and_then_served_does_not_count_against_the_next() {
+        let budget = Budget::new(
+            32 * 1024,
+            Duration::from_secs(3),
+            "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+            Gauge::default(),
+        );
+        let (mut tx_a, rx_a) = tokio::io::duplex(1 << 16);
+        let (mut tx_c, rx_c) = tokio::io::duplex(1 << 16);
+        let mut a = FrameReader::new(rx_a, 1 << 20).with_budget(Arc::clone(&budget));
+        let mut c = FrameReader::new(rx_c, 1 << 20).with_budget(Arc::clone(&budget));
+        tx_a.write_all(&frame(&[7; 32 * 1024]))
+            .await
+            .expect("write");
+        let held = a.read_frame().await.expect("read").expect("frame");
+        // C waits 2 s (cancelled every 100 ms), then memory comes back.
+        tx_c.write_all(&frame(b"one")).await.expect("write");
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            assert!(try_read(&mut c).await.is_none(), "C must wait");
+        }
+        drop(held);
+        a.release();
+        let one = c.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&one[..], b"one");
+        drop(one);
+        c.release();
+        // A takes everything again; C's next wait has its own 3 s.
+        tx_a.write_all(&frame(&[8; 32 * 1024]))
+            .await
+            .expect("write");
+        let held = a.read_frame().await.expect("read").expect("frame");
+        tx_c.write_all(&frame(b"two")).await.expect("write");
+        let again = Instant::now();
+        let err = c.read_frame().await.expect_err("no memory");
+        assert!(matches!(err, FrameError::BudgetWait { .. }), "{err:?}");
+        assert!(
+            again.elapsed() >= Duration::from_secs(3),
+            "the second wait was cut short: {:?}",
+            again.elapsed()
+        );
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_reader_gives_back_the_frame_it_handed_out_and_the_one_it_was_reading() {
+        let held = Gauge::default();
+        let budget = Budget::new(
+            1 << 20,
+            Duration::from_secs(60),
+            "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+            Gauge::clone(&held),
+        );
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
+        tx.write_all(&frame(&[1; 100_000])).await.expect("write");
+        let f = r.read_frame().await.expect("read").expect("frame");
+        // Half of the next frame: the first is released, the second charged.
+        tx.write_all(&frame(&[2; 200_000])[..50_004])
+            .await
+            .expect("write");
+        assert!(try_read(&mut r).await.is_none());
+        assert!(budget.in_use() >= 50_000, "{}", budget.in_use());
+        assert_eq!(held.get(), budget.in_use() as i64, "the gauge follows");
+        // Another connection is reset while its frame is handed out (being
+        // written), the first while its second frame is part-read.
+        let (mut tx2, rx2) = tokio::io::duplex(1 << 20);
+        let mut r2 = FrameReader::new(rx2, 1 << 20).with_budget(Arc::clone(&budget));
+        tx2.write_all(&frame(&[3; 300_000])).await.expect("write");
+        let f2 = r2.read_frame().await.expect("read").expect("frame");
+        assert!(budget.in_use() >= 350_000, "{}", budget.in_use());
+        drop((r2, tx2, r, tx));
+        assert_eq!(
+            budget.in_use(),
+            0,
+            "the handed-out frames are still alive, but their readers are gone"
+        );
+        drop((f, f2));
+        assert_eq!(budget.in_use(), 0, "everything given back on close");
+        assert_eq!(held.get(), 0, "the gauge back to 0");
+    }
+
+    #[tokio::test]
+    async fn a_released_frame_gives_its_budget_back_before_the_next_read() {
+        let budget = budget_of(1 << 20);
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
+        tx.write_all(&frame(&[1; 100_000])).await.expect("write");
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(budget.in_use(), 100_000);
+        drop(f);
+        r.release();
+        assert_eq!(budget.in_use(), 0, "given back without another read");
+        r.release();
+        assert_eq!(budget.in_use(), 0, "and only once");
+        tx.write_all(&frame(&[2; 10])).await.expect("write");
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&f[..], &[2; 10]);
+        assert_eq!(budget.in_use(), 10);
+        drop((f, r));
+        assert_eq!(budget.in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_connection_holds_one_frame_of_the_budget_however_many_it_pipelines() {
+        let budget = budget_of(1 << 20);
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 1 << 20).with_budget(Arc::clone(&budget));
+        let mut input = Vec::new();
+        for i in 0..5u8 {
+            input.extend(frame(&vec![i; 100_000]));
+        }
+        tx.write_all(&input).await.expect("write");
+        for i in 0..5u8 {
+            let f = r.read_frame().await.expect("read").expect("frame");
+            assert_eq!(f[0], i);
+            // The others wait in the socket, not in charged memory.
+            assert_eq!(budget.in_use(), 100_000, "frame {i}");
+        }
+        assert!(try_read(&mut r).await.is_none());
+        assert_eq!(budget.in_use(), 0);
+    }
+
     #[tokio::test]
     async fn a_frame_larger_than_the_budget_is_refused() {
-        let budget = Budget::new(4096);
+        let budget = budget_of(4096);
         let input = [0, 0, 0x10, 0x01];
         let mut r = FrameReader::new(&input[..], 1 << 20).with_budget(budget);
         let err = r.read_frame().await;
@@ -934,7 +1208,8 @@ mod tests {
                 err,
                 Err(FrameError::OverBudget {
                     size: 4097,
-                    budget: 4096
+                    budget: 4096,
+                    ..
                 })
             ),
             "{err:?}"

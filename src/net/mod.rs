@@ -2,8 +2,9 @@
 //! budget and written (`frame`), connections to the brokers over TCP or TLS
 //! (`upstream`), TLS on both sides (`tls`), and whether a broker is
 //! reachable (`health`),
-//! the backoff of every retry loop (`backoff`) and the background tasks,
-//! owned and joined at shutdown (`tasks`).
+//! the backoff of every retry loop (`backoff`), the background tasks,
+//! owned and joined at shutdown (`tasks`), and the bound on writes that
+//! make no progress (`write_timeout`).
 
 pub mod backoff;
 pub mod frame;
@@ -11,3 +12,4 @@ pub mod health;
 pub mod tasks;
 pub mod tls;
 pub mod upstream;
+pub mod write_timeout;

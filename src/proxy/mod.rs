@@ -99,6 +99,8 @@ pub struct Shared {
     pub acceptor: Option<TlsAcceptor>,
     /// Memory for client request frames, shared by every connection.
     pub budget: Arc<Budget>,
+    /// Memory for broker response frames, shared by every connection.
+    pub response_budget: Arc<Budget>,
     listen_ip: IpAddr,
     nodes: Mutex<HashMap<i32, NodeEntry>>,
     /// Whether any bootstrap broker is reachable.
@@ -456,7 +458,19 @@ impl Proxy {
             addr: config.listen,
             source,
         })?;
-        let budget = Budget::new(config.max_buffered_bytes);
+        let buffer_wait = Duration::from_millis(config.buffer_wait_timeout_ms);
+        let budget = Budget::new(
+            config.max_buffered_bytes,
+            buffer_wait,
+            "MIRROR_PROXY_MAX_BUFFERED_BYTES",
+            metrics.buffered_request_bytes(),
+        );
+        let response_budget = Budget::new(
+            config.max_buffered_response_bytes,
+            buffer_wait,
+            "MIRROR_PROXY_MAX_BUFFERED_RESPONSE_BYTES",
+            metrics.buffered_response_bytes(),
+        );
         let dedupe = crate::mirror::dedupe::Dedupe::new(
             config.producer_state_max_entries,
             config.producer_state_rebuild_bytes,
@@ -490,6 +504,7 @@ impl Proxy {
         };
         let shared = Arc::new(Shared {
             budget,
+            response_budget,
             ctx,
             connections: watch::Sender::new(0),
             shutdown,

@@ -38,6 +38,7 @@ use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::ProduceError;
 use crate::net::frame::{write_frame, FrameError, FrameReader};
 use crate::net::upstream::{BoxStream, ConnectError};
+use crate::net::write_timeout::{is_stalled, WriteTimeout};
 use crate::wire::header::{HeaderError, RequestHeaderPeek};
 
 /// Requests in flight per connection before the proxy stops reading from
@@ -114,6 +115,8 @@ impl SessionError {
             SessionError::ClientFrame(FrameError::TooLarge { .. })
             | SessionError::ClientFrame(FrameError::OverBudget { .. }) => "frame_too_large",
             SessionError::ClientFrame(FrameError::Timeout { .. }) => "request_timeout",
+            SessionError::ClientFrame(FrameError::BudgetWait { .. })
+            | SessionError::UpstreamFrame(FrameError::BudgetWait { .. }) => "buffer_wait_timeout",
             SessionError::ClientFrame(_) => "bad_client_frame",
             SessionError::Header(_) => "malformed_header",
             SessionError::Produce(_) => "malformed_produce",
@@ -127,7 +130,9 @@ impl SessionError {
                 "upstream_protocol"
             }
             SessionError::Listener(_) => "listener",
+            SessionError::UpstreamWrite(e) if is_stalled(e) => "upstream_write_timeout",
             SessionError::UpstreamWrite(_) => "upstream_write",
+            SessionError::ClientWrite(e) if is_stalled(e) => "client_write_timeout",
             SessionError::ClientWrite(_) => "client_write",
         }
     }
@@ -214,12 +219,13 @@ pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target
             "client_closed"
         }
         Err(e) => {
+            // A write that timed out found the broker there, just not reading.
             if matches!(
-                e,
+                &e,
                 SessionError::UpstreamClosed { .. }
                     | SessionError::UpstreamFrame(FrameError::Io(_))
-                    | SessionError::UpstreamWrite(_)
-            ) {
+            ) || matches!(&e, SessionError::UpstreamWrite(w) if !is_stalled(w))
+            {
                 shared.upstream_lost(target);
             }
             tracing::warn!(%peer, listener = %target.label(), reason = %e, "closing client connection");
@@ -255,6 +261,11 @@ async fn run(
     let max = shared.config.max_frame_bytes;
     let (client_r, client_w) = split(client);
     let (up_r, up_w) = split(upstream);
+    // A frame being written holds budget: no write may stall for ever.
+    let stall = Duration::from_millis(shared.config.write_timeout_ms);
+    let setting = "MIRROR_PROXY_WRITE_TIMEOUT_MS";
+    let client_w = WriteTimeout::new(client_w, stall, "client", setting);
+    let up_w = WriteTimeout::new(up_w, stall, "broker", setting);
     let owed = Queue::new(MAX_IN_FLIGHT);
     let client_r = FrameReader::new(client_r, max)
         .with_budget(Arc::clone(&shared.budget))
@@ -275,7 +286,7 @@ async fn run(
     );
     let responses = responses(
         shared,
-        FrameReader::new(up_r, max),
+        FrameReader::new(up_r, max).with_budget(Arc::clone(&shared.response_budget)),
         client_w,
         &owed,
         &activity,
@@ -450,7 +461,10 @@ async fn requests<S: Service>(
             origin,
             frame,
         };
-        match stack.call(request).await? {
+        let outcome = stack.call(request).await?;
+        // Written on: its memory must not wait for room in the queue.
+        client.release();
+        match outcome {
             Outcome::Owed(pending) => owed.push(pending).await,
             Outcome::NotOwed => {}
             Outcome::Fenced {
@@ -488,7 +502,7 @@ async fn next_link_change<F: Future + Unpin>(changed: &mut Option<F>) -> F::Outp
 async fn responses<P: Pending>(
     shared: &Arc<Shared>,
     mut upstream: FrameReader<ReadHalf<BoxStream>>,
-    mut client: WriteHalf<BoxStream>,
+    mut client: WriteTimeout<WriteHalf<BoxStream>>,
     owed: &Queue<P>,
     activity: &Activity,
 ) -> Result<(), SessionError> {
@@ -541,6 +555,7 @@ async fn responses<P: Pending>(
             shared.learn(learnt)?;
         }
         write_to(&mut client, &out).await?;
+        upstream.release();
         activity.answered();
     }
 }

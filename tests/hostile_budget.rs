@@ -1,0 +1,451 @@
+//! The proxy's memory budgets tried as a hostile or careless client would
+//! try them, against a real broker, through the proxy binary: connections
+//! whose frames cannot be written (a broker sitting on a long poll, a
+//! client that never reads) must not freeze the others, nor grow the
+//! proxy's memory past its bounds, and closing them gives the memory back.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, BrokerId, FetchRequest, MetadataRequest, RequestHeader,
+    ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+
+use support::crate_client::create_topics;
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+use support::wire::{partition_result, record_batch, RawClient};
+
+const MIB: usize = 1024 * 1024;
+
+/// One request, framed: size, header, body.
+fn framed<T: Encodable>(api: ApiKey, version: i16, correlation: i32, body: &T) -> Result<Vec<u8>> {
+    let header = RequestHeader::default()
+        .with_request_api_key(api as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(correlation)
+        .with_client_id(Some(StrBytes::from_static_str("hostile-budget")));
+    let mut buf = BytesMut::new();
+    header.encode(&mut buf, api.request_header_version(version))?;
+    body.encode(&mut buf, version)?;
+    let mut out = u32::try_from(buf.len())?.to_be_bytes().to_vec();
+    out.extend_from_slice(&buf);
+    Ok(out)
+}
+
+/// A request frame of exactly `size` bytes after the size prefix: an
+/// ApiVersions header followed by padding (the broker would refuse it, but
+/// it never gets that far).
+fn padded_frame(correlation: i32, size: usize) -> Result<Vec<u8>> {
+    let mut f = framed(
+        ApiKey::ApiVersions,
+        0,
+        correlation,
+        &ApiVersionsRequest::default(),
+    )?;
+    f.resize(4 + size, 0);
+    f[..4].copy_from_slice(&u32::try_from(size)?.to_be_bytes());
+    Ok(f)
+}
+
+/// A Fetch v12 of partition 0 of `topic` from offset 0.
+fn fetch(topic: &str, max_wait_ms: i32, max_bytes: i32) -> FetchRequest {
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(max_wait_ms)
+        .with_min_bytes(1)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(0)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(0)
+                .with_fetch_offset(0)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(max_bytes)])])
+}
+
+/// Close `s` with a reset (SO_LINGER 0), as a killed client would.
+fn reset(s: TcpStream) -> Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a correctly sized option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    // Wakes a thread blocked writing on a clone of the socket.
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    drop(s);
+    Ok(())
+}
+
+/// Shrink the receive buffer of `s`, so that what it does not read stays
+/// with the sender.
+fn small_receive_buffer(s: &TcpStream) -> Result<()> {
+    let size: libc::c_int = 4096;
+    // SAFETY: a valid socket fd and a correctly sized option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            std::ptr::addr_of!(size).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    ensure!(rc == 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+/// Read one response frame on `s` before `deadline`.
+fn recv_by(s: &mut TcpStream, deadline: Instant) -> Result<Bytes> {
+    let left = deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .context("deadline passed")?;
+    s.set_read_timeout(Some(left))?;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size)?;
+    let mut body = vec![0u8; u32::from_be_bytes(size) as usize];
+    s.read_exact(&mut body)?;
+    Ok(Bytes::from(body))
+}
+
+/// The correlation id of a response frame with a header of `version`.
+fn correlation_of(mut frame: Bytes, api: ApiKey, version: i16) -> Result<i32> {
+    Ok(ResponseHeader::decode(&mut frame, api.response_header_version(version))?.correlation_id)
+}
+
+/// Wait (up to `timeout`) until the metric `sample` is `want`.
+fn wait_for_metric(p: &ProxyProcess, sample: &str, want: i64, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = p.metric(sample)?;
+        if got == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{sample} is {got}, not {want}, after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 25, item 4: with a budget of two 4 MiB frames, four connections
+/// each park a Fetch long poll at the broker (which then reads nothing
+/// more from them) and pipeline 4 MiB frames behind it. Their frames hold
+/// the whole budget and cannot be written. A new client's ApiVersions and
+/// Metadata must still be answered (the stuck writes time out and their
+/// connections close), and once the attackers are gone every byte of the
+/// budget is back.
+#[test]
+fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("empty", 1)])?;
+    let mut p = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("MAX_FRAME_BYTES", "4194304"),
+            ("MAX_BUFFERED_BYTES", "8388608"),
+            ("WRITE_TIMEOUT_MS", "3000"),
+        ],
+    )?;
+    let hwm_before = p.status_kb("VmHWM")?;
+
+    let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, MIB as i32))?;
+    let mut attackers = Vec::new();
+    let mut writers = Vec::new();
+    for _ in 0..4 {
+        let s = TcpStream::connect(&p.bootstrap)?;
+        let mut w = s.try_clone()?;
+        w.write_all(&long_poll)?;
+        attackers.push(s);
+        writers.push(std::thread::spawn(move || -> Result<()> {
+            // Let the broker take the Fetch (it then reads nothing more
+            // from this connection until it answers, in 120 s).
+            std::thread::sleep(Duration::from_millis(500));
+            for c in 2..5 {
+                w.write_all(&framed(
+                    ApiKey::ApiVersions,
+                    0,
+                    c,
+                    &ApiVersionsRequest::default(),
+                )?)?;
+            }
+            for c in 5..8 {
+                w.write_all(&padded_frame(c, 4 * MIB)?)?;
+            }
+            Ok(())
+        }));
+    }
+    // The attack holds the budget once the proxy has read 8 MiB of frames.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while p.status_kb("VmHWM")? < hwm_before + 7 * 1024 {
+        ensure!(
+            Instant::now() < deadline,
+            "the attackers' frames were never read (VmHWM {} kB, {} kB before)",
+            p.status_kb("VmHWM")?,
+            hwm_before
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A new client is answered within a bound (on e872c55 it waited until
+    // the long polls ended, 120 s).
+    let started = Instant::now();
+    let bound = started + Duration::from_secs(20);
+    let mut fresh = TcpStream::connect(&p.bootstrap)?;
+    fresh.write_all(&framed(
+        ApiKey::ApiVersions,
+        3,
+        1,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("t"))
+            .with_client_software_version(StrBytes::from_static_str("1")),
+    )?)?;
+    let versions = recv_by(&mut fresh, bound).with_context(|| {
+        format!(
+            "no ApiVersions answer within {:?} while four connections were stuck:\n{}",
+            started.elapsed(),
+            p.logs()
+        )
+    })?;
+    ensure!(correlation_of(versions, ApiKey::ApiVersions, 3)? == 1);
+    fresh.write_all(&framed(
+        ApiKey::Metadata,
+        12,
+        2,
+        &MetadataRequest::default(),
+    )?)?;
+    let metadata = recv_by(&mut fresh, bound).with_context(|| {
+        format!(
+            "no Metadata answer within {:?} while four connections were stuck",
+            started.elapsed()
+        )
+    })?;
+    ensure!(correlation_of(metadata, ApiKey::Metadata, 12)? == 2);
+    eprintln!(
+        "a new client was answered {:?} into the attack",
+        started.elapsed()
+    );
+
+    // The attackers go away with a reset; whatever they held comes back.
+    for s in attackers {
+        reset(s)?;
+    }
+    for w in writers {
+        // Their writes end in an error (the proxy closed, or the reset).
+        let _ = w.join();
+    }
+    let (_, text) = p.admin_get("/metrics")?;
+    ensure!(
+        text.contains("kafka_mirror_proxy_buffered_request_bytes "),
+        "no request budget gauge in:\n{text}"
+    );
+    wait_for_metric(
+        &p,
+        "kafka_mirror_proxy_buffered_request_bytes",
+        0,
+        Duration::from_secs(30),
+    )?;
+    wait_for_metric(
+        &p,
+        "kafka_mirror_proxy_client_connections_active{listener=\"bootstrap\"}",
+        1,
+        Duration::from_secs(30),
+    )?;
+    let timed_out =
+        p.metric("kafka_mirror_proxy_connections_closed_total{reason=\"upstream_write_timeout\"}")?;
+    ensure!(
+        timed_out >= 2,
+        "{timed_out} connection(s) closed for a stuck broker write"
+    );
+    p.wait_for_log("no progress writing to the broker", Duration::from_secs(5))?;
+
+    // A frame of the whole per-connection share goes through again.
+    let mut c = RawClient::connect(&p.bootstrap)?;
+    let value = "x".repeat(4 * MIB - 1024);
+    let r = c.produce("hostile-budget", "empty", 0, record_batch(-1, &[&value]))?;
+    let (code, _) = partition_result(&r);
+    ensure!(
+        code != 0,
+        "a 4 MiB batch over the broker's limit was appended"
+    );
+    drop(fresh);
+    Ok(())
+}
+
+/// A frame that was written whole (into the socket buffers) while the
+/// connection's queue of responses owed is full (512 requests behind a
+/// long poll) must not keep its memory until the queue has room, which
+/// here is when the long poll ends: its write made progress, so the write
+/// timeout does not see it.
+#[test]
+fn a_frame_written_behind_a_full_queue_does_not_keep_its_memory() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("empty", 1)])?;
+    let p = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[("MAX_FRAME_BYTES", "4096"), ("MAX_BUFFERED_BYTES", "8192")],
+    )?;
+    let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, 1024))?;
+    let mut attackers = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(&p.bootstrap)?;
+        s.write_all(&long_poll)?;
+        std::thread::sleep(Duration::from_millis(200));
+        // While the response loop waits for the Fetch's answer, 512 small
+        // requests fill the queue of responses owed (they fit in the socket
+        // buffers); the next, a frame of the whole per-connection share, is
+        // written and then waits for room.
+        let mut pipelined = Vec::new();
+        for c in 2..514 {
+            pipelined.extend(framed(
+                ApiKey::ApiVersions,
+                0,
+                c,
+                &ApiVersionsRequest::default(),
+            )?);
+        }
+        pipelined.extend(padded_frame(514, 4096)?);
+        s.write_all(&pipelined)?;
+        attackers.push(s);
+    }
+    // Let the proxy read what it will.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let started = Instant::now();
+    let bound = started + Duration::from_secs(20);
+    let mut fresh = TcpStream::connect(&p.bootstrap)?;
+    fresh.write_all(&framed(
+        ApiKey::Metadata,
+        12,
+        1,
+        &MetadataRequest::default(),
+    )?)?;
+    let metadata = recv_by(&mut fresh, bound).with_context(|| {
+        format!(
+            "no Metadata answer within {:?} while four connections had full queues; request budget held: {:?}",
+            started.elapsed(),
+            p.metric("kafka_mirror_proxy_buffered_request_bytes")
+        )
+    })?;
+    ensure!(correlation_of(metadata, ApiKey::Metadata, 12)? == 1);
+    eprintln!(
+        "a new client was answered {:?} into the attack",
+        started.elapsed()
+    );
+    for s in attackers {
+        reset(s)?;
+    }
+    Ok(())
+}
+
+/// Broker responses are held under their own budget: forty clients that
+/// send Fetches for 8 MiB each and never read their sockets make the proxy
+/// hold at most the response budget (16 MiB here) plus one frame on the
+/// overdraft, not 40 × 8 MiB; the rest wait at the broker. When the
+/// clients go, the budget is back.
+#[test]
+fn clients_that_never_read_their_fetches_do_not_grow_the_proxy_past_the_response_budget(
+) -> Result<()> {
+    const CLIENTS: usize = 40;
+    const BUDGET: usize = 16 * MIB;
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("big", 1)])?;
+    // About 8 MiB in the partition, written straight to the broker.
+    let value = "v".repeat(900_000);
+    let mut writer = RawClient::connect(&broker.bootstrap())?;
+    for _ in 0..9 {
+        let r = writer.produce("writer", "big", 0, record_batch(-1, &[&value]))?;
+        ensure!(partition_result(&r).0 == 0, "{:?}", partition_result(&r));
+    }
+    let p = ProxyProcess::start(
+        &broker.bootstrap(),
+        &[
+            ("MAX_FRAME_BYTES", "10485760"),
+            ("MAX_BUFFERED_RESPONSE_BYTES", &BUDGET.to_string()),
+            // Long enough that no stuck write is closed while we measure.
+            ("WRITE_TIMEOUT_MS", "300000"),
+            ("BUFFER_WAIT_TIMEOUT_MS", "300000"),
+        ],
+    )?;
+    let request = framed(ApiKey::Fetch, 12, 1, &fetch("big", 0, 16 * MIB as i32))?;
+    // Warm up: one Fetch read whole through the proxy.
+    let mut warm = TcpStream::connect(&p.bootstrap)?;
+    warm.write_all(&request)?;
+    let answer = recv_by(&mut warm, Instant::now() + Duration::from_secs(30))?;
+    ensure!(
+        answer.len() > 8_000_000,
+        "Fetch answered {} bytes",
+        answer.len()
+    );
+    drop(warm);
+    let before = p.status_kb("VmRSS")?;
+
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut s = TcpStream::connect(&p.bootstrap)?;
+        small_receive_buffer(&s)?;
+        s.write_all(&request)?;
+        s.write_all(&request)?;
+        clients.push(s);
+    }
+    // Watch the proxy's memory while the responses come in and stay
+    // unread.
+    let mut peak = before;
+    let mut peak_gauge = 0;
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        peak = peak.max(p.status_kb("VmRSS")?);
+        peak_gauge = peak_gauge.max(p.metric("kafka_mirror_proxy_buffered_response_bytes")?);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let grown_kb = peak.saturating_sub(before);
+    eprintln!(
+        "{CLIENTS} clients not reading: proxy RSS {before} kB -> peak {peak} kB (+{} MiB); response gauge peak {peak_gauge} bytes",
+        grown_kb / 1024
+    );
+    // The budget, one frame on the overdraft (at most MAX_FRAME_BYTES), and
+    // slack for the allocator and the connections themselves.
+    let bound_kb = (BUDGET + 10 * MIB + 32 * MIB) / 1024;
+    ensure!(
+        grown_kb <= bound_kb as u64,
+        "proxy RSS grew by {} MiB with {CLIENTS} clients not reading (bound {} MiB)",
+        grown_kb / 1024,
+        bound_kb / 1024
+    );
+    ensure!(
+        peak_gauge > 0 && peak_gauge <= BUDGET as i64,
+        "response budget gauge peaked at {peak_gauge}"
+    );
+
+    for s in clients {
+        reset(s)?;
+    }
+    wait_for_metric(
+        &p,
+        "kafka_mirror_proxy_buffered_response_bytes",
+        0,
+        Duration::from_secs(60),
+    )?;
+    Ok(())
+}

@@ -20,7 +20,7 @@ if [ "${1:-}" = "--seeds" ]; then
     exit 0
 fi
 
-targets="frame request_header produce_plan responses record_batches schema_walk client_responses"
+targets="frame request_header produce_plan responses record_batches schema_walk client_responses state_batches"
 if [ "${1:-}" = "--target" ]; then
     targets=$2
     shift 2
@@ -42,10 +42,12 @@ for t in $targets; do
     # -max_len: room for real Produce requests from the seeds.
     # fuzz/seeds-manual/<target>: hand-written seeds for what the capture
     # cannot see (kept apart, since --seeds rewrites fuzz/seeds).
-    manual=""
-    if [ -d "fuzz/seeds-manual/$t" ]; then manual="fuzz/seeds-manual/$t"; fi
+    seeds=""
+    for d in "fuzz/seeds/$t" "fuzz/seeds-manual/$t"; do
+        if [ -d "$d" ]; then seeds="$seeds $d"; fi
+    done
     # shellcheck disable=SC2086
-    cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" $manual -- \
+    cargo +nightly fuzz run -O "$t" "fuzz/corpus/$t" $seeds -- \
         -max_total_time="$seconds" -rss_limit_mb=512 -max_len=65536 \
         -print_final_stats=1 2>&1 | grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|==|SUMMARY|artifact_prefix|Test unit written)|panicked|ERROR' || true
     # (Not `ls a* b* c*`: that fails unless every kind is present, which

@@ -2,7 +2,7 @@
 //! any codec or not, signed or not. Input: a records slice. Invariants: no
 //! panic; the next offset never goes back; every record reported is at or
 //! past the offset asked for; memory stays within libFuzzer's RSS limit
-//! (a batch decompresses into at most 64 MiB).
+//! (a batch decompresses into at most 8 MiB).
 #![no_main]
 
 use kafka_mirror_proxy::state::mac::StateAuth;

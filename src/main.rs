@@ -289,11 +289,50 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| OneLine(std::io::stderr()))
         .with_ansi(false);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// A text log event is one line: a newline or other control character in
+/// a field (a topic name or client id a client chose, an error quoting one)
+/// is escaped, so that no client can forge a log line. The fmt layer writes
+/// each event whole, with one `write_all`, ending in its own newline.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let (body, end) = match buf.strip_suffix(b"\n") {
+            Some(body) => (body, &b"\n"[..]),
+            None => (buf, &b""[..]),
+        };
+        let control = |b: &u8| b.is_ascii_control() && *b != b'\t';
+        if !body.iter().any(control) {
+            return self.0.write_all(buf);
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b if control(&b) => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+                b => out.push(b),
+            }
+        }
+        out.extend_from_slice(end);
+        self.0.write_all(&out)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 
@@ -448,5 +487,27 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OneLine;
+    use std::io::Write;
+
+    fn written(event: &[u8]) -> Vec<u8> {
+        let mut out = OneLine(Vec::new());
+        out.write_all(event).expect("write to a Vec");
+        out.0
+    }
+
+    #[test]
+    fn an_event_stays_one_line() {
+        assert_eq!(written(b"plain line\tok\n"), b"plain line\tok\n");
+        assert_eq!(
+            written(b"topic 'a\nFORGED\r\n\x1b[31m'\n"),
+            b"topic 'a\\nFORGED\\r\\n\\x1b[31m'\n"
+        );
+        assert_eq!(written(b"no newline at the end"), b"no newline at the end");
     }
 }

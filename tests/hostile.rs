@@ -544,3 +544,67 @@ fn a_forged_mapping_written_around_the_proxy_claims_nothing() -> Result<()> {
     ensure!(p.logs().contains("skipped a state record"), "logged");
     Ok(())
 }
+
+/// A client chooses its topic names: one with a newline must not forge a
+/// line of the proxy's text log. The link's client id writing a topic the
+/// link does not mirror is refused and logged, with the name.
+#[test]
+fn a_topic_name_with_a_newline_does_not_forge_a_log_line() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1)])?;
+    let p = proxy(&broker)?;
+    let forged = "2026-12-03T00:00:00.000000Z  INFO kafka_mirror_proxy: FORGED";
+    let topic = format!("plain\n{forged}\r\n{forged}");
+    let mut c = RawClient::connect(&p.bootstrap)?;
+    for client_id in ["mirror-x", LOCAL_CLIENT] {
+        let r = c.produce(client_id, &topic, 0, record_batch(5, &["a"]))?;
+        let (code, _) = support::wire::partition_result(&r);
+        ensure!(
+            code != NONE,
+            "{client_id}: a write to {topic:?} was accepted"
+        );
+    }
+    // The link's refusal is logged once; wait for it, then look at every line.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let logged = |l: &str| {
+        l.contains("refused mirrored partitions") || l.contains("refused a mirrored partition")
+    };
+    while !logged(&p.logs()) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no log line for the refusal:\n{}",
+            tools::tail_str(&p.logs(), 20)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let logs = p.logs();
+    let bad: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("FORGED") && !l.contains("refused"))
+        .collect();
+    ensure!(bad.is_empty(), "forged log lines: {bad:?}\n{logs}");
+    Ok(())
+}
+
+/// A link without TLS_SUBJECT is its client id alone: any client that sets
+/// it acts as the replicator. The proxy says so at start, naming the link.
+#[test]
+fn a_link_without_a_certificate_subject_is_warned_about_at_start() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let p = proxy(&broker)?;
+    let logs = p.logs();
+    let warned = logs
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("without a TLS client subject"));
+    ensure!(
+        warned.is_some_and(|l| l.contains("\"x\"") || l.contains("link=x")),
+        "no WARN naming link x:\n{}",
+        tools::tail_str(&logs, 20)
+    );
+    // With the call to set TLS_SUBJECT in it.
+    ensure!(
+        warned.is_some_and(|l| l.contains("MIRROR_PROXY_LINK_X_TLS_SUBJECT")),
+        "{warned:?}"
+    );
+    Ok(())
+}

@@ -1069,7 +1069,7 @@ fn mirror_end_to_end() -> Result<()> {
 fn the_link_client_id_needs_the_link_certificate() -> Result<()> {
     let [d] = start_clusters([None])?;
     let rt = runtime()?;
-    create_topics(&rt, &d, &[("t", 1)])?;
+    create_topics(&rt, &d, &[("t", 1), ("tb", 1)])?;
     let dir = tempfile::tempdir()?;
     let ca = support::certs::TestCa::new(dir.path())?;
     let server = ca.server("proxy")?;
@@ -1087,10 +1087,16 @@ fn the_link_client_id_needs_the_link_certificate() -> Result<()> {
             ("TLS_CERT", &cert),
             ("TLS_KEY", &key),
             ("TLS_CLIENT_CA", &ca_path),
-            ("LINKS", "a"),
+            ("LINKS", "a,b"),
             ("LINK_A_SOURCE_CLUSTER_ID", ID_A),
             ("LINK_A_TOPICS", "t"),
             ("LINK_A_TLS_SUBJECT", "CN=replicator"),
+            ("LINK_B_SOURCE_CLUSTER_ID", ID_B),
+            ("LINK_B_TOPICS", "tb"),
+            (
+                "LINK_B_TLS_SUBJECT",
+                "CN=replicator,O=acme,O=kafka-mirror-proxy tests",
+            ),
         ],
     )?;
     let produce = |client: Option<(&str, &str)>, client_id: &str, pid: i64, value: &str| {
@@ -1135,6 +1141,22 @@ fn the_link_client_id_needs_the_link_certificate() -> Result<()> {
     assert!(
         message.unwrap_or_default().contains("'a'"),
         "the refusal names the link"
+    );
+
+    // A common name that reads like a subject's attributes is one
+    // attribute: a CN of `replicator, O=acme` is not CN=replicator plus
+    // O=acme, which link b requires.
+    let lookalike = ca.client("lookalike", "replicator, O=acme")?;
+    let mut c = RawClient::connect_tls(
+        &proxy.bootstrap,
+        &ca.cert_pem,
+        Some((&lookalike.cert, &lookalike.key)),
+    )?;
+    let (code, message) =
+        partition_result(&c.produce("mirror-b", "tb", 0, record_batch(5, &["lookalike"]))?);
+    assert_eq!(
+        code, TOPIC_AUTHORIZATION_FAILED,
+        "CN='replicator, O=acme' may not act as link b ({message:?})"
     );
 
     // Other client ids are local traffic, certificate or not: not the

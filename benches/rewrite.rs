@@ -11,6 +11,11 @@
 //! producer (state lookup, then the appended batch recorded), among 10,000
 //! producers in 100 partitions.
 //!
+//! And the same check of a batch from the next of N producers cycling
+//! (N = 1,000 or 1,000,000) under the default bound of 100,000: past the
+//! bound every batch is a new producer, which evicts the least recently
+//! used one.
+//!
 //! `cargo bench --bench rewrite`
 
 use bytes::{Bytes, BytesMut};
@@ -441,11 +446,63 @@ fn local_read_only_check(c: &mut Criterion) {
     group.finish();
 }
 
+/// Producers cycling through the state at the default bound: 1,000 stay
+/// held; 1,000,000 evict one producer per batch.
+fn producer_state_cycling(c: &mut Criterion) {
+    const BOUND: usize = 100_000;
+    let mut group = c.benchmark_group("producer_state_cycling");
+    group.throughput(Throughput::Elements(1));
+    for producers in [1_000i64, 1_000_000] {
+        let mut states: ProducerStates<(u128, i32)> = ProducerStates::new(BOUND);
+        let partition = (0x0102_0304_0506_0708_090a_0b0c_0d0e_0f10u128, 0);
+        // Fill to the bound (or to every producer) first.
+        let warm = producers.min(BOUND as i64);
+        for i in 0..warm {
+            let id = BatchId {
+                producer_id: -2 - i,
+                epoch: 0,
+                first_seq: 0,
+                last_seq: 0,
+            };
+            states.appended(&partition, &id, i, 0);
+        }
+        let mut i = warm;
+        group.bench_function(BenchmarkId::from_parameter(producers), |b| {
+            b.iter(|| {
+                let n = i % producers;
+                // A producer's next batch continues its sequence; one just
+                // evicted (or never seen) starts wherever it is.
+                let seq = i32::try_from((i / producers) % 1_000_000).unwrap_or(0);
+                let id = BatchId {
+                    producer_id: -2 - n,
+                    epoch: 0,
+                    first_seq: seq,
+                    last_seq: seq,
+                };
+                let verdict = states.begin(std::hint::black_box(&partition), &id);
+                if verdict == Check::Append {
+                    states.appended(&partition, &id, i, 0);
+                } else {
+                    states.failed(&partition, &id);
+                }
+                i += 1;
+            })
+        });
+        eprintln!(
+            "producer_state_cycling/{producers}: {} held, {} evicted",
+            states.len(),
+            states.evictions()
+        );
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     bench,
     produce_response,
     producer_state,
+    producer_state_cycling,
     local_read_only_check
 );
 criterion_main!(benches);

@@ -30,14 +30,14 @@
 //! The state is updated only from what the broker really appended
 //! ([`ProducerStates::appended`]), or rebuilt from a partition's log tail
 //! ([`ProducerStates::replay`]). The number of producers kept is bounded; the
-//! least recently used producer is evicted first, and evictions are counted.
+//! least recently used producer is evicted first, in constant time, and
+//! evictions are counted.
 //!
 //! Pure: no I/O, no clock (callers pass times), no async. Checking a batch of
 //! a known producer does not allocate (the retained and in-flight batches are
 //! fixed arrays); only a refusal builds its message.
 
-// foldhash: these maps are looked up for every mirrored batch; SipHash showed in profiles.
-use foldhash::{HashMap, HashMapExt};
+use lru::LruCache;
 use std::hash::Hash;
 
 use crate::wire::batch::{BatchHeader, Batches};
@@ -177,18 +177,15 @@ pub struct ProducerStateEntry {
     batches: [AppendedBatch; RETAINED_BATCHES],
     len: usize,
     in_flight: [Option<InFlightBatch>; MAX_IN_FLIGHT],
-    /// Logical time of the last use, for least-recently-used eviction.
-    last_used: u64,
 }
 
 impl ProducerStateEntry {
-    fn new(last_used: u64) -> ProducerStateEntry {
+    fn new() -> ProducerStateEntry {
         ProducerStateEntry {
             epoch: NO_EPOCH,
             batches: [EMPTY_BATCH; RETAINED_BATCHES],
             len: 0,
             in_flight: [None; MAX_IN_FLIGHT],
-            last_used,
         }
     }
 
@@ -372,23 +369,36 @@ pub struct Replayed {
 ///
 /// `P` names a destination partition: a small `Copy` key (e.g. topic id and
 /// partition index), so that a lookup builds its key without allocating.
-/// One map over (partition, producer id): one hash lookup per access.
-#[derive(Debug)]
+/// One map over (partition, producer id), kept in order of use (the `lru`
+/// crate's map and list): one hash lookup per access, and eviction at the
+/// bound takes the least recently used producer in constant time, however
+/// many are held.
 pub struct ProducerStates<P> {
-    entries: HashMap<(P, i64), ProducerStateEntry>,
+    /// Hashed with foldhash: looked up for every mirrored batch, where
+    /// SipHash showed in profiles.
+    entries: LruCache<(P, i64), ProducerStateEntry, foldhash::fast::RandomState>,
     max_entries: usize,
     evictions: u64,
-    clock: u64,
+}
+
+impl<P: Hash + Eq + Copy + std::fmt::Debug> std::fmt::Debug for ProducerStates<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProducerStates")
+            .field("len", &self.entries.len())
+            .field("max_entries", &self.max_entries)
+            .field("evictions", &self.evictions)
+            .finish()
+    }
 }
 
 impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// At most `max_entries` producers (at least 1) over all partitions.
+    /// Nothing is reserved up front: memory follows the producers held.
     pub fn new(max_entries: usize) -> ProducerStates<P> {
         ProducerStates {
-            entries: HashMap::new(),
+            entries: LruCache::unbounded_with_hasher(foldhash::fast::RandomState::default()),
             max_entries: max_entries.max(1),
             evictions: 0,
-            clock: 0,
         }
     }
 
@@ -408,53 +418,28 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
 
     /// The state of one producer, if held (does not count as a use).
     pub fn entry(&self, partition: &P, producer_id: i64) -> Option<&ProducerStateEntry> {
-        self.entries.get(&(*partition, producer_id))
-    }
-
-    fn tick(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
+        self.entries.peek(&(*partition, producer_id))
     }
 
     fn touch(&mut self, partition: &P, producer_id: i64) -> Option<&mut ProducerStateEntry> {
-        let now = self.tick();
-        let e = self.entries.get_mut(&(*partition, producer_id))?;
-        e.last_used = now;
-        Some(e)
+        self.entries.get_mut(&(*partition, producer_id))
     }
 
     /// The entry, created (evicting the least recently used producer when
     /// full) if new.
     fn entry_mut(&mut self, partition: &P, producer_id: i64) -> &mut ProducerStateEntry {
-        let now = self.tick();
         let key = (*partition, producer_id);
-        if self.entries.len() >= self.max_entries && !self.entries.contains_key(&key) {
-            self.evict_one();
-        }
-        let e = self
-            .entries
-            .entry(key)
-            .or_insert_with(|| ProducerStateEntry::new(now));
-        e.last_used = now;
-        e
-    }
-
-    /// Drops the least recently used producer (a scan: evictions happen only
-    /// when a new producer arrives at the bound).
-    fn evict_one(&mut self) {
-        let oldest = self
-            .entries
-            .iter()
-            .min_by_key(|(_, e)| e.last_used)
-            .map(|(k, _)| *k);
-        if let Some(key) = oldest {
-            self.entries.remove(&key);
+        if !self.entries.contains(&key)
+            && self.entries.len() >= self.max_entries
+            && self.entries.pop_lru().is_some()
+        {
             self.evictions += 1;
         }
+        self.entries.get_or_insert_mut(key, ProducerStateEntry::new)
     }
 
     fn remove(&mut self, partition: &P, producer_id: i64) {
-        self.entries.remove(&(*partition, producer_id));
+        self.entries.pop(&(*partition, producer_id));
     }
 
     /// What to do with `batch` (see [`Check`]). Counts as a use of the
@@ -538,7 +523,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// The attempt to append `batch` failed (or its outcome is unknown):
     /// end its flight, so that a retry is checked afresh.
     pub fn failed(&mut self, partition: &P, batch: &BatchId) {
-        let Some(e) = self.entries.get_mut(&(*partition, batch.producer_id)) else {
+        let Some(e) = self.entries.peek_mut(&(*partition, batch.producer_id)) else {
             return;
         };
         e.clear_in_flight(batch);
@@ -620,9 +605,16 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// partition key that is a partition plus more, like an origin).
     /// Returns how many were dropped.
     pub fn clear_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
-        let before = self.entries.len();
-        self.entries.retain(|(p, _), _| !which(p));
-        before - self.entries.len()
+        let gone: Vec<(P, i64)> = self
+            .entries
+            .iter()
+            .filter(|((p, _), _)| which(p))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            self.entries.pop(k);
+        }
+        gone.len()
     }
 }
 

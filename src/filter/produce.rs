@@ -238,14 +238,9 @@ impl<'a> ProduceFilter<'a> {
             // Never sent: the batches' flight ends unrecorded, as with acks=0.
             tracked.unanswered();
             ctx.control.link_request_refused(link.name());
-            let answer = refuse_every_partition(
-                ctx,
-                link.name(),
-                h,
-                frame.clone(),
-                Refusal::LinkFenced,
-                &message,
-            )?;
+            let refused = produce::refuse_all(&frame, &index, Refusal::LinkFenced, &message);
+            count_local(ctx, link.name(), &refused.local);
+            let answer = replies.answer(&refused.local)?;
             tracing::debug!(
                 link = link.name(),
                 "refused a link Produce whose link was fenced while it waited; closing its connection"
@@ -472,14 +467,20 @@ impl Replies {
 
     /// Every partition answered here.
     fn answered(&self, local: &[LocalPartition]) -> Result<ProduceAction, FilterError> {
-        Ok(ProduceAction::Answered(match self.expects_response {
+        self.answer(local).map(ProduceAction::Answered)
+    }
+
+    /// The response when the proxy answers every partition (`None` with
+    /// acks=0).
+    fn answer(&self, local: &[LocalPartition]) -> Result<Option<BytesMut>, FilterError> {
+        Ok(match self.expects_response {
             true => Some(produce::local_response(
                 self.correlation_id,
                 self.version,
                 local,
             )?),
             false => None,
-        }))
+        })
     }
 }
 

@@ -511,36 +511,26 @@ impl Config {
             )
             .unwrap_or(100 * 1024 * 1024);
 
-        let max_buffered_bytes = env
-            .parse(
-                "MAX_BUFFERED_BYTES",
-                "a whole number of bytes from 1024 up",
-                |s| s.parse::<usize>().ok().filter(|n| *n >= 1024),
-            )
-            .unwrap_or(512 * 1024 * 1024);
-        if max_buffered_bytes < max_frame_bytes {
-            // A frame is held whole before it is forwarded: one larger than
-            // the budget could never be read.
-            env.problem(
-                "MAX_BUFFERED_BYTES",
-                Some(max_buffered_bytes.to_string()),
-                format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): a frame larger than the buffer budget could never be read"),
-            );
-        }
-        let max_buffered_response_bytes = env
-            .parse(
-                "MAX_BUFFERED_RESPONSE_BYTES",
-                "a whole number of bytes from 1024 up",
-                |s| s.parse::<usize>().ok().filter(|n| *n >= 1024),
-            )
-            .unwrap_or(512 * 1024 * 1024);
-        if max_buffered_response_bytes < max_frame_bytes {
-            env.problem(
-                "MAX_BUFFERED_RESPONSE_BYTES",
-                Some(max_buffered_response_bytes.to_string()),
-                format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): a response larger than the buffer budget could never be read"),
-            );
-        }
+        // A frame is held whole before it is passed on: a budget smaller
+        // than the largest frame could never read it.
+        let budget = |env: &mut Env, name: &str, what: &str| {
+            let bytes = env
+                .parse(name, "a whole number of bytes from 1024 up", |s| {
+                    s.parse::<usize>().ok().filter(|n| *n >= 1024)
+                })
+                .unwrap_or(512 * 1024 * 1024);
+            if bytes < max_frame_bytes {
+                env.problem(
+                    name,
+                    Some(bytes.to_string()),
+                    format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): {what} larger than the buffer budget could never be read"),
+                );
+            }
+            bytes
+        };
+        let max_buffered_bytes = budget(&mut env, "MAX_BUFFERED_BYTES", "a frame");
+        let max_buffered_response_bytes =
+            budget(&mut env, "MAX_BUFFERED_RESPONSE_BYTES", "a response");
         let max_connections = env
             .parse(
                 "MAX_CONNECTIONS",

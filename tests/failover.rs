@@ -64,14 +64,8 @@ fn produce(
 }
 
 fn proxy(broker: &KafkaCluster, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
-    let source = ClusterId::from_bytes(*b"failover-source!").to_string();
-    let mut vars = vec![
-        ("LINKS", "x"),
-        ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-        ("LINK_X_TOPICS", "m"),
-    ];
-    vars.extend_from_slice(extra);
-    ProxyProcess::start(&broker.bootstrap(), &vars)
+    let source = ClusterId::from_bytes(*b"failover-source!");
+    ProxyProcess::with_link_x(&broker.bootstrap(), &source, "m", extra)
 }
 
 #[test]

@@ -68,15 +68,12 @@ const WAIT: Duration = Duration::from_secs(60);
 /// A proxy with link `x` mirroring topic `m`, whose failovers wait up to
 /// `drain_timeout_ms` for the link to drain.
 fn proxy(broker: &KafkaCluster, drain_timeout_ms: &str) -> Result<ProxyProcess> {
-    let source = ClusterId::from_bytes(*b"failover-source!").to_string();
-    ProxyProcess::start(
+    let source = ClusterId::from_bytes(*b"failover-source!");
+    ProxyProcess::with_link_x(
         &broker.bootstrap(),
-        &[
-            ("LINKS", "x"),
-            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-            ("LINK_X_TOPICS", TOPIC),
-            ("FAILOVER_DRAIN_TIMEOUT_MS", drain_timeout_ms),
-        ],
+        &source,
+        TOPIC,
+        &[("FAILOVER_DRAIN_TIMEOUT_MS", drain_timeout_ms)],
     )
 }
 

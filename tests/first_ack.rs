@@ -55,15 +55,8 @@ fn summary(times: &mut [Duration]) -> String {
 fn new_partitions_and_producers_are_acknowledged() -> Result<()> {
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     create_topics(&broker.bootstrap(), &[("m", PARTITIONS), ("d", PARTITIONS)])?;
-    let source = ClusterId::from_bytes(*b"first-ack-source").to_string();
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("LINKS", "x"),
-            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-            ("LINK_X_TOPICS", "m"),
-        ],
-    )?;
+    let source = ClusterId::from_bytes(*b"first-ack-source");
+    let p = ProxyProcess::with_link_x(&broker.bootstrap(), &source, "m", &[])?;
     let mut direct = RawClient::connect(&broker.bootstrap())?;
     let mut link = RawClient::connect(&p.bootstrap)?;
     // (what, direct times, link times)

@@ -31,15 +31,8 @@ const UNKNOWN_TOPIC_ID: i16 = 100;
 
 /// A proxy whose link `x` mirrors topic `m`.
 fn proxy(broker: &KafkaCluster) -> Result<ProxyProcess> {
-    let source = ClusterId::from_bytes(*b"hostile-source!!").to_string();
-    ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("LINKS", "x"),
-            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-            ("LINK_X_TOPICS", "m"),
-        ],
-    )
+    let source = ClusterId::from_bytes(*b"hostile-source!!");
+    ProxyProcess::with_link_x(&broker.bootstrap(), &source, "m", &[])
 }
 
 /// Every topic's id, asked of `bootstrap` (the broker itself, so that no

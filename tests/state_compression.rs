@@ -23,15 +23,8 @@ const STATE: &str = "__mirror_state";
 const LINK_CLIENT: &str = "mirror-x";
 
 fn proxy(broker: &KafkaCluster) -> Result<ProxyProcess> {
-    let source = ClusterId::from_bytes(*b"compressed-src!!").to_string();
-    ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("LINKS", "x"),
-            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-            ("LINK_X_TOPICS", "m"),
-        ],
-    )
+    let source = ClusterId::from_bytes(*b"compressed-src!!");
+    ProxyProcess::with_link_x(&broker.bootstrap(), &source, "m", &[])
 }
 
 /// One link batch of `pid` at `sequence` to `m`-0; it must be accepted.

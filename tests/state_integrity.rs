@@ -45,14 +45,7 @@ fn source() -> ClusterId {
 
 /// A proxy whose link `x` mirrors topic `m`, with `extra` settings.
 fn proxy(broker: &KafkaCluster, extra: &[(&str, &str)]) -> Result<ProxyProcess> {
-    let source = source().to_string();
-    let mut vars = vec![
-        ("LINKS", "x"),
-        ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
-        ("LINK_X_TOPICS", "m"),
-    ];
-    vars.extend_from_slice(extra);
-    ProxyProcess::start(&broker.bootstrap(), &vars)
+    ProxyProcess::with_link_x(&broker.bootstrap(), &source(), "m", extra)
 }
 
 /// Link `x` as a failover writes it: `state` under failover `id`.

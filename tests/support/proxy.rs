@@ -95,6 +95,24 @@ impl ProxyProcess {
         ProxyProcess::start_for_nodes(upstream, &[1], extra)
     }
 
+    /// [`ProxyProcess::start`] with one link, `x` (client id `mirror-x`),
+    /// mirroring `topics` from the cluster `source`, and `extra` settings.
+    pub fn with_link_x(
+        upstream: &str,
+        source: &kafka_mirror_proxy::mirror::pid::ClusterId,
+        topics: &str,
+        extra: &[(&str, &str)],
+    ) -> Result<ProxyProcess> {
+        let source = source.to_string();
+        let mut vars = vec![
+            ("LINKS", "x"),
+            ("LINK_X_SOURCE_CLUSTER_ID", source.as_str()),
+            ("LINK_X_TOPICS", topics),
+        ];
+        vars.extend_from_slice(extra);
+        ProxyProcess::start(upstream, &vars)
+    }
+
     /// [`ProxyProcess::start`] for brokers with the node ids `nodes`: the
     /// port base is chosen so that every one of them gets a free proxy port
     /// (`upstream` may list several brokers, comma-separated).

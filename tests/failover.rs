@@ -380,3 +380,80 @@ fn a_failover_killed_midway_finishes_after_a_restart() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 26 item 7: `start` with a new source cluster id maps that
+/// source's producers into its own region, on every restart too; failing
+/// back to the first source maps its producers as before. The same source
+/// PID (7) from two clusters never shares a mapped PID (mapped with the
+/// configured source, all four batches went out under one mapped PID).
+#[test]
+fn start_with_a_new_source_maps_its_producers_apart_from_the_old_ones() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[("m", 1)])?;
+    let first = ClusterId::from_bytes(*b"failover-source!");
+    let second = ClusterId::from_bytes(*b"another-source!!");
+    let mut p = proxy(&broker, &[])?;
+    let logs = |p: &ProxyProcess| tools::tail_str(&p.logs(), 40);
+    let send = |p: &ProxyProcess, sequence: i32, value: &str| -> Result<()> {
+        let mut link = RawClient::connect(&p.bootstrap)?;
+        let batch = support::wire::record_batch_at(7, sequence, &[value]);
+        let r = partition_result(&link.produce(LINK_CLIENT, "m", 0, batch)?);
+        ensure!(r.0 == NONE, "link produce of {value}: {r:?}\n{}", logs(p));
+        Ok(())
+    };
+    let fail_over = |p: &ProxyProcess| -> Result<()> {
+        let (code, f) = admin(p, "POST", "/links/x/failover?wait=90", "")?;
+        ensure!(code == 200, "failover answered {code}: {f:#}\n{}", logs(p));
+        Ok(())
+    };
+    let start = |p: &ProxyProcess, source: &ClusterId| -> Result<()> {
+        let body = format!("{{\"source_cluster_id\": \"{source}\"}}");
+        let (code, s) = admin(p, "POST", "/links/x/start", &body)?;
+        ensure!(code == 200, "start answered {code}: {s:#}\n{}", logs(p));
+        ensure!(s["source_cluster_id"] == source.to_string(), "{s:#}");
+        Ok(())
+    };
+
+    send(&p, 0, "first-0")?;
+    fail_over(&p)?;
+    start(&p, &second)?;
+    send(&p, 0, "second-0")?;
+    // Persisted with the link state: a restarted instance maps the same.
+    drop(p);
+    p = proxy(&broker, &[])?;
+    send(&p, 1, "second-1")?;
+    // And back to the first source, whose producer goes on where it was.
+    fail_over(&p)?;
+    start(&p, &first)?;
+    send(&p, 1, "first-1")?;
+
+    let mut pids: std::collections::BTreeMap<String, i64> = Default::default();
+    for file in broker.segment_files("m", 0)? {
+        for batch in tools::dump_log_segments(&file, true)? {
+            for r in &batch.records {
+                if let Some(v) = &r.payload {
+                    pids.insert(v.clone(), batch.producer_id);
+                }
+            }
+        }
+    }
+    let pid = |v: &str| {
+        pids.get(v)
+            .copied()
+            .with_context(|| format!("{v} is not in the log: {pids:?}"))
+    };
+    ensure!(pid("first-0")? < 0, "mapped: {pids:?}");
+    ensure!(
+        pid("first-0")? == pid("first-1")?,
+        "the first source keeps its mapping: {pids:?}"
+    );
+    ensure!(
+        pid("second-0")? == pid("second-1")?,
+        "the second source's mapping survives a restart: {pids:?}"
+    );
+    ensure!(
+        pid("first-0")? != pid("second-0")?,
+        "two origins share a mapped PID: {pids:?}"
+    );
+    Ok(())
+}

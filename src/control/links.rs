@@ -697,7 +697,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             .into());
         }
         if next.source != *link.source_cluster_id() {
-            tracing::warn!(link = name, configured = %link.configured_source_cluster_id(), persisted = %next.source, "link started with a source cluster id other than MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID: barriers use the new one; the producer id mapping keeps the configured one until the configuration is changed");
+            tracing::warn!(link = name, configured = %link.configured_source_cluster_id(), persisted = %next.source, "link started with a source cluster id other than MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID: the producer id mapping and barriers use the new one on every instance (it is persisted with the link state)");
         }
         tracing::info!(link = name, source_cluster = %link.show_source_cluster(&next.source), "link started: MIRRORING");
         Ok(self.report(link))

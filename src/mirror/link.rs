@@ -7,7 +7,7 @@
 
 // foldhash: the client id and topic lookups run for every request.
 use foldhash::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use regex::Regex;
 
@@ -38,6 +38,11 @@ pub struct Link {
     /// [`Link::with_source_cluster_spelling`]).
     source_cluster_spelling: String,
     region: u32,
+    /// The source cluster whose producers the link maps now: the configured
+    /// one until a link state record (`start` with another id) says
+    /// otherwise; set by the state store as it applies those records, so
+    /// every instance maps with the same id.
+    current_source: RwLock<ClusterId>,
     client_id: String,
     /// Patterns that are plain names, looked up without running a regex
     /// (every partition of every Produce asks).
@@ -73,6 +78,7 @@ impl Link {
             name,
             region: cluster_hash(&source_cluster_id),
             source_cluster_spelling: source_cluster_id.to_string(),
+            current_source: RwLock::new(source_cluster_id),
             source_cluster_id,
             client_id,
             literal_topics: literals
@@ -129,8 +135,25 @@ impl Link {
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// The configured source cluster (`MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID`).
     pub fn source_cluster_id(&self) -> &ClusterId {
         &self.source_cluster_id
+    }
+    /// The source cluster whose producers the link maps now: origins are
+    /// keyed by it, so the producers of a new source never share a mapped
+    /// PID with the old source's.
+    pub fn current_source(&self) -> ClusterId {
+        *self
+            .current_source
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    /// The source cluster of the link's latest applied state record.
+    pub fn set_current_source(&self, source: ClusterId) {
+        *self
+            .current_source
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = source;
     }
     /// The 32-bit region of the bit-field mapping (the source cluster hash).
     pub fn region(&self) -> u32 {

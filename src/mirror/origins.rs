@@ -184,7 +184,9 @@ impl Origins {
         o
     }
 
-    fn know_cluster(&mut self, c: ClusterId) {
+    /// Count `c` among the known source clusters (its natural region is
+    /// then never a salted origin's).
+    pub fn know_cluster(&mut self, c: ClusterId) {
         if self.clusters.insert(c) {
             self.regions.insert(cluster_hash(&c));
         }

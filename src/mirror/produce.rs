@@ -714,6 +714,7 @@ fn plan_partition(
     let mut offset_delta: i64 = 0;
     let mut batches = 0;
     let mut control = 0;
+    let source = link.current_source();
     for batch in Batches::new(records) {
         let batch = batch.map_err(|e| {
             (
@@ -740,10 +741,7 @@ fn plan_partition(
         }
         // A negative PID arrived mapped (a chain): its origin is the link's
         // source cluster and the PID as received.
-        let origin = OriginId {
-            source: *link.source_cluster_id(),
-            pid,
-        };
+        let origin = OriginId { source, pid };
         let new_pid = match origins.mapped(at, origin) {
             Some(m) => m,
             None => {

@@ -57,6 +57,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::mirror::control_records::{check_failover_record, check_link_state, Prior, Skip};
 use crate::mirror::dedupe::Dedupe;
+use crate::mirror::link::Links;
 use crate::mirror::link_state::{LinkState, LinkStatus};
 use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::produce::Unresolved;
@@ -142,6 +143,9 @@ pub struct StateStore {
     /// The state key, if set: what is written is signed, what is read must
     /// verify.
     auth: Option<StateAuth>,
+    /// The configured links, told their current source cluster as their
+    /// state records are applied.
+    configured: Links,
 }
 
 /// A barrier record as this instance applied it.
@@ -215,6 +219,7 @@ impl StateStore {
             i64::try_from(config.producer_expiration_ms).unwrap_or(i64::MAX),
             initial,
             auth,
+            config.links.clone(),
         ))
     }
 
@@ -234,6 +239,7 @@ impl StateStore {
             expiration_ms,
             HashMap::new(),
             None,
+            Links::default(),
         )
     }
 
@@ -245,6 +251,7 @@ impl StateStore {
         expiration_ms: i64,
         initial: HashMap<String, LinkStatus>,
         auth: Option<StateAuth>,
+        configured: Links,
     ) -> Arc<StateStore> {
         Arc::new(StateStore {
             tail: client.sibling(),
@@ -266,6 +273,7 @@ impl StateStore {
             control_changed: watch::Sender::new(0),
             initial,
             auth,
+            configured,
         })
     }
 
@@ -424,7 +432,15 @@ impl StateStore {
                     match (checked, next) {
                         (Ok(()), Some(next)) => {
                             tracing::info!(link = ?link, state = next.state.as_str(), failover_id = next.failover_id, "link state applied");
+                            if let Some(l) = self.configured.iter().find(|l| l.name() == link) {
+                                l.set_current_source(next.source);
+                            }
                             links.insert(link, next);
+                            drop(links);
+                            // A source given to `start` maps from now on, on
+                            // every instance (the link above), and its natural
+                            // region is no salted origin's to take.
+                            write(&self.view).know_cluster(next.source);
                         }
                         (Err(Skip::LostRace), Some(next)) => {
                             tracing::info!(link = ?link, offset, ignored_failover = next.failover_id, "link state record ignored: a STOPPING of another failover than the one in progress (a lost race)");

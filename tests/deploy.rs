@@ -1130,7 +1130,16 @@ fn readyz_answers_503_while_the_proxy_drains() -> Result<()> {
 
     proxy.signal("TERM")?;
     proxy.wait_for_log("shutting down", Duration::from_secs(10))?;
-    let (status, body) = proxy.admin_get("/readyz")?;
+    // The log line comes just before the drain begins: ask until the
+    // answer changes (the drain lasts until the Fetch is answered, 15 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = proxy.admin_get("/readyz")?;
+        if !status.contains("200") || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     ensure!(
         status.starts_with("HTTP/1.1 503"),
         "/readyz while draining: {status} {body}"

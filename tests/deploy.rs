@@ -448,6 +448,11 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
     for (name, value) in managed {
         expected.insert(format!("{PREFIX}{name}"), value);
     }
+    // Not the proxy's but its CLI's, for `kubectl exec ... -- kafka-mirror-proxy links`.
+    expected.insert(
+        format!("{PREFIX}ADMIN_URL"),
+        json!("http://127.0.0.1:19190"),
+    );
     let values = json!({
         "config": config,
         "links": links,
@@ -798,6 +803,18 @@ fn the_chart_probes_pass_against_the_proxy_started_with_its_environment() -> Res
             stderr.trim()
         );
     }
+    // The CLI in the container reaches the admin API from the environment.
+    let out = Command::new(proxy_bin())
+        .args(["links", "--json"])
+        .env_clear()
+        .envs(&env)
+        .output()?;
+    ensure!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"links\""),
+        "kafka-mirror-proxy links with the container's environment: {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 

@@ -51,6 +51,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     "BROKER_PORT_BASE" "routing.brokerPortBase"
     "ADMIN_LISTEN" "admin.port"
     "ADMIN_TOKEN" "admin.existingSecret or admin.token"
+    "ADMIN_URL" "admin.port"
     "INSTANCE_ID" "nothing: each pod is named by its pod name"
     "TLS_CERT" "tls.client.secretName"
     "TLS_KEY" "tls.client.secretName"
@@ -104,6 +105,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     secretKeyRef:
       name: {{ include "kmp.adminSecretName" . }}
       key: {{ include "kmp.adminSecretKey" . }}
+# For the CLI in the container: kubectl exec ... -- kafka-mirror-proxy links
+- name: MIRROR_PROXY_ADMIN_URL
+  value: {{ printf "http://127.0.0.1:%d" (int .Values.admin.port) | quote }}
 - name: MIRROR_PROXY_INSTANCE_ID
   valueFrom:
     fieldRef:

@@ -194,8 +194,18 @@ async fn limit_time(State(limit): State<Duration>, request: Request, next: Next)
     }
 }
 
-/// Ready when at least one bootstrap broker accepts a connection.
+/// Ready when at least one bootstrap broker accepts a connection, and not
+/// while the process drains for shutdown: the listeners are closed then, so
+/// a load balancer must stop sending new connections (the admin endpoint
+/// itself is served until the drain ends).
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    if *shared.ctx.shutdown.borrow() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: shutting down (draining connections)\n",
+        )
+            .into_response();
+    }
     if let Some(why) = shared.ctx.state.as_ref().and_then(|s| s.not_ready_reason()) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,

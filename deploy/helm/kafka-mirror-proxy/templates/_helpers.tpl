@@ -1,0 +1,192 @@
+{{/* Names, labels and the container environment of kafka-mirror-proxy. */}}
+
+{{- define "kmp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kmp.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kmp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kmp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kmp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "kmp.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The Secret holding the admin token, and its key. */}}
+{{- define "kmp.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "kmp.fullname" .)) .Values.admin.existingSecret -}}
+{{- end -}}
+
+{{- define "kmp.adminSecretKey" -}}
+{{- if .Values.admin.existingSecret -}}{{ .Values.admin.existingSecretKey }}{{- else -}}token{{- end -}}
+{{- end -}}
+
+{{/* Refuse what the chart cannot render, before anything is applied. */}}
+{{- define "kmp.validate" -}}
+{{- if ne .Values.routing.mode "nodePorts" -}}
+{{- fail (printf "routing.mode %q: only nodePorts is implemented (SNI routing is not in the proxy yet)" .Values.routing.mode) -}}
+{{- end -}}
+{{- if le (int .Values.routing.brokerPortBase) (int .Values.routing.bootstrapPort) -}}
+{{- fail "routing.brokerPortBase must be above routing.bootstrapPort (the proxy refuses a node port on the bootstrap listener)" -}}
+{{- end -}}
+{{- $managed := dict
+    "LISTEN" "routing.bootstrapPort"
+    "BROKER_PORT_BASE" "routing.brokerPortBase"
+    "ADMIN_LISTEN" "admin.port"
+    "ADMIN_TOKEN" "admin.existingSecret or admin.token"
+    "ADMIN_URL" "admin.port"
+    "INSTANCE_ID" "nothing: each pod is named by its pod name"
+    "TLS_CERT" "tls.client.secretName"
+    "TLS_KEY" "tls.client.secretName"
+    "TLS_CLIENT_CA" "tls.client.clientCaKey"
+    "UPSTREAM_TLS" "tls.upstream.secretName"
+    "UPSTREAM_TLS_CA" "tls.upstream.caKey"
+    "UPSTREAM_TLS_CERT" "tls.upstream.certKey"
+    "UPSTREAM_TLS_KEY" "tls.upstream.keyKey"
+    "LINKS" "links"
+    "UPSTREAM_SASL_PASSWORD" "secretEnv (a secret)"
+    "STATE_KEY" "secretEnv (a secret)" -}}
+{{- range $key, $_ := .Values.config -}}
+{{- if hasKey $managed $key -}}
+{{- fail (printf "config.%s is set by the chart: use %s" $key (get $managed $key)) -}}
+{{- else if hasPrefix "LINK_" $key -}}
+{{- fail (printf "config.%s: configure links under links" $key) -}}
+{{- else if hasPrefix "MIRROR_PROXY_" $key -}}
+{{- fail (printf "config.%s: name variables without the MIRROR_PROXY_ prefix" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key, $_ := .Values.secretEnv -}}
+{{- if and (hasKey $managed $key) (not (has $key (list "UPSTREAM_SASL_PASSWORD" "STATE_KEY"))) -}}
+{{- fail (printf "secretEnv.%s is set by the chart: use %s" $key (get $managed $key)) -}}
+{{- end -}}
+{{- if hasKey $.Values.config $key -}}
+{{- fail (printf "%s is set in both config and secretEnv" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.links -}}
+{{- if not (regexMatch "^[a-z0-9-]+$" (toString .name)) -}}
+{{- fail (printf "links: name %q must be [a-z0-9-]+" (toString .name)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.tls.client.clientCaKey (not .Values.tls.client.secretName) -}}
+{{- fail "tls.client.clientCaKey needs tls.client.secretName" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The proxy's MIRROR_PROXY_* variables. */}}
+{{- define "kmp.env" -}}
+{{- $_ := required "config.BOOTSTRAP_SERVERS is required (the destination brokers, host:port,...)" .Values.config.BOOTSTRAP_SERVERS -}}
+{{- $_ := required "config.ADVERTISED_HOST is required (the host name clients reach the Service at)" .Values.config.ADVERTISED_HOST -}}
+- name: MIRROR_PROXY_LISTEN
+  value: {{ printf "0.0.0.0:%d" (int .Values.routing.bootstrapPort) | quote }}
+- name: MIRROR_PROXY_BROKER_PORT_BASE
+  value: {{ .Values.routing.brokerPortBase | int | toString | quote }}
+- name: MIRROR_PROXY_ADMIN_LISTEN
+  value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
+- name: MIRROR_PROXY_ADMIN_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "kmp.adminSecretName" . }}
+      key: {{ include "kmp.adminSecretKey" . }}
+# For the CLI in the container: kubectl exec ... -- kafka-mirror-proxy links
+- name: MIRROR_PROXY_ADMIN_URL
+  value: {{ printf "http://127.0.0.1:%d" (int .Values.admin.port) | quote }}
+- name: MIRROR_PROXY_INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- range $key, $value := .Values.config }}
+{{- if not (kindIs "invalid" $value) }}
+- name: MIRROR_PROXY_{{ $key }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- range $key, $ref := .Values.secretEnv }}
+- name: MIRROR_PROXY_{{ $key }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ required (printf "secretEnv.%s.name is required" $key) $ref.name }}
+      key: {{ required (printf "secretEnv.%s.key is required" $key) $ref.key }}
+{{- end }}
+{{- with .Values.tls.client }}
+{{- if .secretName }}
+- name: MIRROR_PROXY_TLS_CERT
+  value: /etc/kafka-mirror-proxy/tls/client/tls.crt
+- name: MIRROR_PROXY_TLS_KEY
+  value: /etc/kafka-mirror-proxy/tls/client/tls.key
+{{- if .clientCaKey }}
+- name: MIRROR_PROXY_TLS_CLIENT_CA
+  value: /etc/kafka-mirror-proxy/tls/client/{{ .clientCaKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.tls.upstream }}
+{{- if .secretName }}
+- name: MIRROR_PROXY_UPSTREAM_TLS
+  value: "true"
+- name: MIRROR_PROXY_UPSTREAM_TLS_CA
+  value: /etc/kafka-mirror-proxy/tls/upstream/{{ .caKey }}
+{{- if .certKey }}
+- name: MIRROR_PROXY_UPSTREAM_TLS_CERT
+  value: /etc/kafka-mirror-proxy/tls/upstream/{{ .certKey }}
+{{- end }}
+{{- if .keyKey }}
+- name: MIRROR_PROXY_UPSTREAM_TLS_KEY
+  value: /etc/kafka-mirror-proxy/tls/upstream/{{ .keyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- with .Values.links }}
+{{- $names := list }}
+{{- range . }}{{ $names = append $names (toString .name) }}{{ end }}
+- name: MIRROR_PROXY_LINKS
+  value: {{ join "," $names | quote }}
+{{- range . }}
+{{- $link := upper (replace "-" "_" (toString .name)) }}
+{{- range $key, $value := . }}
+{{- if ne $key "name" }}
+- name: MIRROR_PROXY_LINK_{{ $link }}_{{ $key | snakecase | upper }}
+  value: {{ if kindIs "slice" $value }}{{ join "," $value | quote }}{{ else }}{{ $value | toString | quote }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+An exec probe: GET a path of the admin endpoint with the bearer token from
+the container's environment; succeeds on 200. Arguments: path, port.
+*/}}
+{{- define "kmp.probeScript" -}}
+exec 3<>"/dev/tcp/127.0.0.1/$2" || exit 1
+printf 'GET %s HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n' "$1" "$MIRROR_PROXY_ADMIN_TOKEN" >&3 || exit 1
+IFS= read -r -t 4 status <&3 || { echo "GET $1: no answer" >&2; exit 1; }
+case $status in "HTTP/1.1 200"*) exit 0 ;; esac
+echo "GET $1: $status" >&2
+exit 1
+{{- end -}}
+
+{{- define "kmp.probe" -}}
+exec:
+  command: {{ list "bash" "-c" (include "kmp.probeScript" .root) "admin-probe" .path (toString (int .root.Values.admin.port)) | toJson }}
+{{- with .settings }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,1185 @@
+//! The deployment files against the real binary: the Helm chart
+//! (`deploy/helm/kafka-mirror-proxy`, rendered by Helm from
+//! `scripts/helm.sh`) sets every variable of `config::VARIABLES` in the
+//! container, and its probes pass against a proxy started with the rendered
+//! environment; every series the Grafana dashboard and the Prometheus rules
+//! use exists in a running proxy's `/metrics`; `/readyz` answers 503 while
+//! the process drains for shutdown.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use base64::Engine;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use serde_json::{json, Value};
+
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::{free_port, free_port_run, proxy_bin, ProxyProcess};
+use support::tools;
+use support::wire::{partition_result, record_batch_at, RawClient};
+
+const PREFIX: &str = "MIRROR_PROXY_";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join("deploy/helm/kafka-mirror-proxy")
+}
+
+// ---------------------------------------------------------------------------
+// A reader for the block YAML Helm renders and the rules file uses:
+// mappings, sequences (also unindented under a key, as toYaml writes them),
+// plain, quoted and block (`|`, `>`) scalars, flow collections in JSON
+// syntax. Scalars stay strings. Enough for these files, not general YAML.
+
+struct YamlLines {
+    lines: Vec<(usize, String)>,
+    pos: usize,
+}
+
+/// Parse the documents of a multi-document YAML text.
+fn yaml_documents(text: &str) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
+    let mut current = Vec::new();
+    for line in text.lines().chain(std::iter::once("---")) {
+        if line.trim_end() == "---" {
+            if !current.is_empty() {
+                let mut lines = YamlLines {
+                    lines: std::mem::take(&mut current),
+                    pos: 0,
+                };
+                let indent = lines.lines[0].0;
+                let doc = yaml_block(&mut lines, indent)?;
+                ensure!(
+                    lines.pos == lines.lines.len(),
+                    "YAML line not understood: {:?}",
+                    lines.lines[lines.pos]
+                );
+                docs.push(doc);
+            }
+            continue;
+        }
+        let trimmed = line.trim_start();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        current.push((line.len() - trimmed.len(), trimmed.trim_end().to_string()));
+    }
+    Ok(docs)
+}
+
+fn yaml_block(l: &mut YamlLines, indent: usize) -> Result<Value> {
+    let Some((ind, text)) = l.lines.get(l.pos).cloned() else {
+        return Ok(Value::Null);
+    };
+    if ind < indent {
+        return Ok(Value::Null);
+    }
+    if text == "-" || text.starts_with("- ") {
+        return yaml_seq(l, ind);
+    }
+    if yaml_key(&text).is_some() {
+        return yaml_map(l, ind);
+    }
+    l.pos += 1;
+    yaml_scalar(&text)
+}
+
+fn yaml_seq(l: &mut YamlLines, ind: usize) -> Result<Value> {
+    let mut items = Vec::new();
+    while let Some((i, text)) = l.lines.get(l.pos).cloned() {
+        if i != ind || !(text == "-" || text.starts_with("- ")) {
+            break;
+        }
+        let rest = text[1..].trim_start();
+        if rest.is_empty() {
+            l.pos += 1;
+            items.push(yaml_block(l, ind + 1)?);
+        } else {
+            // The item's content starts after "- ": read it as a block
+            // indented to there.
+            let at = ind + (text.len() - rest.len());
+            l.lines[l.pos] = (at, rest.to_string());
+            items.push(yaml_block(l, at)?);
+        }
+    }
+    Ok(Value::Array(items))
+}
+
+/// `key: rest` (or `key:`): the key and what follows the colon.
+fn yaml_key(text: &str) -> Option<(String, String)> {
+    if text.starts_with('[') || text.starts_with('{') {
+        return None;
+    }
+    let (key, rest) = if let Some(quote) = text.chars().next().filter(|c| *c == '"' || *c == '\'') {
+        let end = text[1..].find(quote)? + 1;
+        let rest = text[end + 1..].strip_prefix(':')?;
+        (text[1..end].to_string(), rest)
+    } else if let Some(key) = text.strip_suffix(':') {
+        (key.to_string(), "")
+    } else {
+        let at = text.find(": ")?;
+        (text[..at].to_string(), &text[at + 1..])
+    };
+    if !rest.is_empty() && !rest.starts_with(' ') {
+        return None;
+    }
+    Some((key, rest.trim().to_string()))
+}
+
+fn yaml_map(l: &mut YamlLines, ind: usize) -> Result<Value> {
+    let mut map = serde_json::Map::new();
+    while let Some((i, text)) = l.lines.get(l.pos).cloned() {
+        if i != ind {
+            ensure!(i < ind, "YAML line indented unexpectedly: {text:?}");
+            break;
+        }
+        let Some((key, rest)) = yaml_key(&text) else {
+            bail!("expected `key: value`, got {text:?}");
+        };
+        l.pos += 1;
+        let value = if rest.is_empty() {
+            match l.lines.get(l.pos) {
+                Some((next, t)) if *next > ind || (*next == ind && t.starts_with('-')) => {
+                    let next = *next;
+                    yaml_block(l, next)?
+                }
+                _ => Value::Null,
+            }
+        } else if rest.starts_with('|') || rest.starts_with('>') {
+            let mut body: Vec<(usize, String)> = Vec::new();
+            while let Some((i, t)) = l.lines.get(l.pos) {
+                if *i <= ind {
+                    break;
+                }
+                body.push((*i, t.clone()));
+                l.pos += 1;
+            }
+            let base = body.iter().map(|(i, _)| *i).min().unwrap_or(0);
+            let joined: Vec<String> = body
+                .into_iter()
+                .map(|(i, t)| format!("{}{t}", " ".repeat(i - base)))
+                .collect();
+            Value::String(if rest.starts_with('>') {
+                joined.join(" ")
+            } else {
+                joined.join("\n")
+            })
+        } else {
+            yaml_scalar(&rest)?
+        };
+        map.insert(key, value);
+    }
+    Ok(Value::Object(map))
+}
+
+fn yaml_scalar(text: &str) -> Result<Value> {
+    if text.starts_with('"') || text.starts_with('[') || text.starts_with('{') {
+        return serde_json::from_str(text).with_context(|| format!("YAML flow value {text:?}"));
+    }
+    if let Some(inner) = text.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) {
+        return Ok(Value::String(inner.replace("''", "'")));
+    }
+    let plain = match text.find(" #") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    Ok(match plain.trim() {
+        "null" | "~" => Value::Null,
+        s => Value::String(s.to_string()),
+    })
+}
+
+/// A value as the string it renders to (YAML scalars are kept as strings).
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[test]
+fn the_yaml_reader_reads_what_helm_writes() -> Result<()> {
+    let docs = yaml_documents(
+        "# comment\n---\na: 1\nb:\n- x\n- y: \"q\\\"\"\n  z: [\"p\", \"q\"]\nc:\n  d: >-\n    one\n    two\n  e: 'it''s'\n---\nf: g # trailing\n",
+    )?;
+    assert_eq!(
+        docs,
+        vec![
+            json!({"a": "1", "b": ["x", {"y": "q\"", "z": ["p", "q"]}], "c": {"d": "one two", "e": "it's"}}),
+            json!({"f": "g"}),
+        ]
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Helm.
+
+/// The helm binary, installed by `scripts/helm.sh` (once; cached). `None`,
+/// printed as skipped, only when Go is missing to install it.
+fn helm() -> Result<Option<PathBuf>> {
+    let out = Command::new(repo().join("scripts/helm.sh"))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running scripts/helm.sh")?;
+    if out.status.success() {
+        return Ok(Some(PathBuf::from(
+            String::from_utf8(out.stdout)?.trim().to_string(),
+        )));
+    }
+    if Command::new("go").arg("version").output().is_err() {
+        println!("skipped: helm is not installed and Go, which scripts/helm.sh installs it with, is not on PATH");
+        return Ok(None);
+    }
+    bail!(
+        "scripts/helm.sh failed ({}) although Go is installed",
+        out.status
+    )
+}
+
+/// `helm template` of the chart with `values` (written as JSON, which is
+/// YAML): the rendered documents, or Helm's error text.
+fn render(helm: &Path, values: &Value) -> Result<std::result::Result<Vec<Value>, String>> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, serde_json::to_string_pretty(values)?)?;
+    let out = Command::new(helm)
+        .arg("template")
+        .arg("kmp")
+        .arg(chart())
+        .arg("--namespace")
+        .arg("mirror")
+        .arg("-f")
+        .arg(&file)
+        .env("HELM_CACHE_HOME", dir.path().join("cache"))
+        .env("HELM_CONFIG_HOME", dir.path().join("config"))
+        .env("HELM_DATA_HOME", dir.path().join("data"))
+        .output()
+        .context("running helm template")?;
+    if !out.status.success() {
+        return Ok(Err(String::from_utf8_lossy(&out.stderr).into_owned()));
+    }
+    Ok(Ok(yaml_documents(&String::from_utf8(out.stdout)?)?))
+}
+
+fn rendered(helm: &Path, values: &Value) -> Result<Vec<Value>> {
+    match render(helm, values)? {
+        Ok(docs) => Ok(docs),
+        Err(e) => bail!("helm template failed:\n{e}"),
+    }
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .with_context(|| format!("no {kind} {name} rendered"))
+}
+
+fn container(docs: &[Value]) -> Result<&Value> {
+    let deployment = find(docs, "Deployment", "kmp-kafka-mirror-proxy")?;
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .context("no containers")?;
+    ensure!(containers.len() == 1, "{containers:?}");
+    Ok(&containers[0])
+}
+
+/// The container's MIRROR_PROXY_* variables: name -> `value` or `valueFrom`,
+/// failing on a name set twice.
+fn env_of(container: &Value) -> Result<BTreeMap<String, Value>> {
+    let mut env = BTreeMap::new();
+    for var in container["env"].as_array().context("no env")? {
+        let name = text_of(&var["name"]);
+        let value = if var["valueFrom"].is_null() {
+            var["value"].clone()
+        } else {
+            json!({"valueFrom": var["valueFrom"]})
+        };
+        ensure!(
+            env.insert(name.clone(), value).is_none(),
+            "{name} set twice"
+        );
+    }
+    Ok(env)
+}
+
+/// The variables the chart sets from structured values; every other one of
+/// `config::VARIABLES` goes through `config`.
+const CHART_MANAGED: &[&str] = &[
+    "LISTEN",
+    "BROKER_PORT_BASE",
+    "ADMIN_LISTEN",
+    "ADMIN_TOKEN",
+    "INSTANCE_ID",
+    "TLS_CERT",
+    "TLS_KEY",
+    "TLS_CLIENT_CA",
+    "UPSTREAM_TLS",
+    "UPSTREAM_TLS_CA",
+    "UPSTREAM_TLS_CERT",
+    "UPSTREAM_TLS_KEY",
+    "UPSTREAM_SASL_PASSWORD",
+    "STATE_KEY",
+    "LINKS",
+];
+
+fn camel(upper_snake: &str) -> String {
+    let mut out = String::new();
+    for (i, word) in upper_snake.split('_').enumerate() {
+        let word = word.to_ascii_lowercase();
+        if i == 0 {
+            out.push_str(&word);
+        } else {
+            let mut chars = word.chars();
+            if let Some(first) = chars.next() {
+                out.push(first.to_ascii_uppercase());
+                out.extend(chars);
+            }
+        }
+    }
+    out
+}
+
+/// Every variable the proxy reads reaches the container, from a values file
+/// setting each one (taken from `config::VARIABLES`, so a variable added to
+/// the proxy is covered here at once), with the value or Secret reference
+/// given; settings the chart owns are refused in `config`.
+#[test]
+fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
+    let Some(helm) = helm()? else { return Ok(()) };
+    let mut config = serde_json::Map::new();
+    let mut expected: BTreeMap<String, Value> = BTreeMap::new();
+    let link_vars: Vec<&str> = kafka_mirror_proxy::config::VARIABLES
+        .iter()
+        .filter_map(|(name, _, _)| name.strip_prefix("LINK_<NAME>_"))
+        .collect();
+    ensure!(!link_vars.is_empty(), "no per-link variables found");
+    for (i, (name, _, _)) in kafka_mirror_proxy::config::VARIABLES.iter().enumerate() {
+        if name.starts_with("LINK_") || CHART_MANAGED.contains(name) {
+            continue;
+        }
+        // Distinct values; numbers, since the chart computes the grace
+        // period from SHUTDOWN_TIMEOUT_MS.
+        let value = if *name == "SHUTDOWN_TIMEOUT_MS" {
+            "45000".to_string()
+        } else {
+            format!("{}", 70_001 + i)
+        };
+        config.insert(name.to_string(), json!(value));
+        expected.insert(format!("{PREFIX}{name}"), json!(value));
+    }
+    // Two links, one with a hyphen (LINK_WEST_2_*) and a topic list.
+    let mut links = Vec::new();
+    for link in ["east", "west-2"] {
+        let env = link.to_ascii_uppercase().replace('-', "_");
+        let mut entry = serde_json::Map::new();
+        entry.insert("name".into(), json!(link));
+        for var in &link_vars {
+            let value = format!("{link}-{}", var.to_ascii_lowercase());
+            if *var == "TOPICS" {
+                entry.insert(camel(var), json!([format!("{value}-a"), "b.*"]));
+                expected.insert(
+                    format!("{PREFIX}LINK_{env}_{var}"),
+                    json!(format!("{value}-a,b.*")),
+                );
+            } else {
+                entry.insert(camel(var), json!(value));
+                expected.insert(format!("{PREFIX}LINK_{env}_{var}"), json!(value));
+            }
+        }
+        links.push(Value::Object(entry));
+    }
+    let secret =
+        |name: &str, key: &str| json!({"valueFrom": {"secretKeyRef": {"name": name, "key": key}}});
+    let managed = [
+        ("LISTEN", json!("0.0.0.0:19092")),
+        ("BROKER_PORT_BASE", json!("19100")),
+        ("ADMIN_LISTEN", json!("0.0.0.0:19190")),
+        ("ADMIN_TOKEN", secret("ops-admin", "bearer")),
+        (
+            "INSTANCE_ID",
+            json!({"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
+        ),
+        (
+            "TLS_CERT",
+            json!("/etc/kafka-mirror-proxy/tls/client/tls.crt"),
+        ),
+        (
+            "TLS_KEY",
+            json!("/etc/kafka-mirror-proxy/tls/client/tls.key"),
+        ),
+        (
+            "TLS_CLIENT_CA",
+            json!("/etc/kafka-mirror-proxy/tls/client/clients-ca.pem"),
+        ),
+        ("UPSTREAM_TLS", json!("true")),
+        (
+            "UPSTREAM_TLS_CA",
+            json!("/etc/kafka-mirror-proxy/tls/upstream/broker-ca.pem"),
+        ),
+        (
+            "UPSTREAM_TLS_CERT",
+            json!("/etc/kafka-mirror-proxy/tls/upstream/proxy.crt"),
+        ),
+        (
+            "UPSTREAM_TLS_KEY",
+            json!("/etc/kafka-mirror-proxy/tls/upstream/proxy.key"),
+        ),
+        (
+            "UPSTREAM_SASL_PASSWORD",
+            secret("kafka-credentials", "password"),
+        ),
+        ("STATE_KEY", secret("mirror-state", "hmac-key")),
+        ("LINKS", json!("east,west-2")),
+    ];
+    for (name, value) in managed {
+        expected.insert(format!("{PREFIX}{name}"), value);
+    }
+    // Not the proxy's but its CLI's, for `kubectl exec ... -- kafka-mirror-proxy links`.
+    expected.insert(
+        format!("{PREFIX}ADMIN_URL"),
+        json!("http://127.0.0.1:19190"),
+    );
+    let values = json!({
+        "config": config,
+        "links": links,
+        "secretEnv": {
+            "UPSTREAM_SASL_PASSWORD": {"name": "kafka-credentials", "key": "password"},
+            "STATE_KEY": {"name": "mirror-state", "key": "hmac-key"},
+        },
+        "routing": {"bootstrapPort": 19092, "brokerPortBase": 19100, "nodeIds": [1, 2, 7]},
+        "admin": {"port": 19190, "existingSecret": "ops-admin", "existingSecretKey": "bearer"},
+        "tls": {
+            "client": {"secretName": "client-tls", "clientCaKey": "clients-ca.pem"},
+            "upstream": {"secretName": "broker-tls", "caKey": "broker-ca.pem", "certKey": "proxy.crt", "keyKey": "proxy.key"},
+        },
+        "serviceMonitor": {"enabled": true},
+    });
+    let docs = rendered(&helm, &values)?;
+    let c = container(&docs)?;
+    let env = env_of(c)?;
+
+    // Every variable the proxy documents is set, as given, and nothing else.
+    let mut missing = Vec::new();
+    for (name, value) in &expected {
+        match env.get(name) {
+            None => missing.push(name.clone()),
+            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "variables not in the container: {missing:?}"
+    );
+    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
+    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    println!(
+        "{} variables rendered into the container ({} from config::VARIABLES with 2 links)",
+        env.len(),
+        kafka_mirror_proxy::config::VARIABLES.len()
+    );
+
+    // The TLS Secrets are mounted where the variables point.
+    let deployment = find(&docs, "Deployment", "kmp-kafka-mirror-proxy")?;
+    let pod = &deployment["spec"]["template"]["spec"];
+    for (volume, secret, path) in [
+        (
+            "tls-client",
+            "client-tls",
+            "/etc/kafka-mirror-proxy/tls/client",
+        ),
+        (
+            "tls-upstream",
+            "broker-tls",
+            "/etc/kafka-mirror-proxy/tls/upstream",
+        ),
+    ] {
+        let volumes = pod["volumes"].as_array().context("no volumes")?;
+        ensure!(
+            volumes
+                .iter()
+                .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
+            "volume {volume} of Secret {secret} missing: {volumes:?}"
+        );
+        let mounts = c["volumeMounts"].as_array().context("no mounts")?;
+        ensure!(
+            mounts
+                .iter()
+                .any(|m| m["name"] == volume && m["mountPath"] == path),
+            "{volume} not mounted at {path}: {mounts:?}"
+        );
+    }
+    // The grace period covers the drain: 45 s + 10 s cleanup + 15 s margin.
+    ensure!(
+        text_of(&pod["terminationGracePeriodSeconds"]) == "70",
+        "terminationGracePeriodSeconds {}",
+        pod["terminationGracePeriodSeconds"]
+    );
+    // One Service port per node id, each at the port base + id, and the
+    // container listening there.
+    let service = find(&docs, "Service", "kmp-kafka-mirror-proxy")?;
+    let ports: BTreeMap<String, String> = service["spec"]["ports"]
+        .as_array()
+        .context("no ports")?
+        .iter()
+        .map(|p| (text_of(&p["name"]), text_of(&p["port"])))
+        .collect();
+    let want: BTreeMap<String, String> = [
+        ("bootstrap", "19092"),
+        ("node-1", "19101"),
+        ("node-2", "19102"),
+        ("node-7", "19107"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    ensure!(ports == want, "Service ports {ports:?}");
+    let container_ports: BTreeSet<String> = c["ports"]
+        .as_array()
+        .context("no container ports")?
+        .iter()
+        .map(|p| text_of(&p["containerPort"]))
+        .collect();
+    for port in want.values().chain(std::iter::once(&"19190".to_string())) {
+        ensure!(
+            container_ports.contains(port),
+            "container port {port} missing"
+        );
+    }
+    // The existing Secret is used (none created), also by the ServiceMonitor.
+    ensure!(
+        !docs.iter().any(|d| d["kind"] == "Secret"),
+        "a Secret was created although admin.existingSecret is set"
+    );
+    let monitor = find(&docs, "ServiceMonitor", "kmp-kafka-mirror-proxy")?;
+    let auth = &monitor["spec"]["endpoints"][0]["authorization"]["credentials"];
+    ensure!(
+        auth["name"] == "ops-admin" && auth["key"] == "bearer",
+        "ServiceMonitor credentials {auth}"
+    );
+    find(&docs, "PodDisruptionBudget", "kmp-kafka-mirror-proxy")?;
+
+    // Settings the chart owns, or secrets, are refused in `config`.
+    for (key, hint) in [
+        ("LISTEN", "routing.bootstrapPort"),
+        ("ADMIN_TOKEN", "admin.existingSecret"),
+        ("STATE_KEY", "secretEnv"),
+        ("LINK_EAST_TOPICS", "links"),
+    ] {
+        let mut bad = values.clone();
+        bad["config"][key] = json!("x");
+        match render(&helm, &bad)? {
+            Ok(_) => bail!("config.{key} was accepted"),
+            Err(e) => ensure!(
+                e.contains(&format!("config.{key}")) && e.contains(hint),
+                "config.{key} refused without naming {hint}: {e}"
+            ),
+        }
+    }
+    let mut sni = values.clone();
+    sni["routing"]["mode"] = json!("sni");
+    match render(&helm, &sni)? {
+        Ok(_) => bail!("routing.mode sni was accepted"),
+        Err(e) => ensure!(e.contains("only nodePorts"), "{e}"),
+    }
+    Ok(())
+}
+
+/// GET `path` on the admin endpoint at `addr` with `token`: (status line, body).
+fn admin_get(addr: &str, path: &str, token: &str) -> Result<(String, String)> {
+    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Ok((
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    ))
+}
+
+/// A proxy process started with exactly the given environment, its log
+/// collected; killed on drop.
+struct Proxy {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Proxy {
+    fn start(env: &BTreeMap<String, String>) -> Result<Proxy> {
+        let mut cmd = Command::new(proxy_bin());
+        cmd.arg("run").stdout(Stdio::null()).stderr(Stdio::piped());
+        for (k, _) in std::env::vars() {
+            if k.starts_with(PREFIX) {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env);
+        let mut child = cmd.spawn().context("starting the proxy")?;
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().context("no stderr")?;
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if let Ok(mut log) = sink.lock() {
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            }
+        });
+        let mut proxy = Proxy { child, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !proxy.log().contains("proxy ready") {
+            if let Some(status) = proxy.child.try_wait()? {
+                std::thread::sleep(Duration::from_millis(200));
+                bail!("proxy exited ({status}):\n{}", proxy.log());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "proxy not ready within 60 s:\n{}",
+                proxy.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(proxy)
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The admin paths the server really routes (read from `src/admin.rs`).
+fn admin_routes() -> Result<BTreeSet<String>> {
+    let source = std::fs::read_to_string(repo().join("src/admin.rs"))?;
+    let routes: BTreeSet<String> = source
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(".route(\""))
+        .filter_map(|l| l.split('"').next())
+        .map(str::to_string)
+        .collect();
+    ensure!(
+        routes.contains("/metrics"),
+        "route table not found: {routes:?}"
+    );
+    Ok(routes)
+}
+
+/// The chart's probes, run as the kubelet would run them (the exec command,
+/// with the container's rendered environment) against the proxy started
+/// with that same environment and a real broker: each passes, each GETs a
+/// path of the admin route table that answers 200, and a wrong token makes
+/// them fail (so they do check the answer).
+#[test]
+fn the_chart_probes_pass_against_the_proxy_started_with_its_environment() -> Result<()> {
+    let Some(helm) = helm()? else { return Ok(()) };
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    // Node 1's port is bootstrap + 2: the port base is bootstrap + 1.
+    let bootstrap_port = free_port_run(2)?;
+    let admin_port = free_port()?;
+    let token = "probe-token-0123456789";
+    let values = json!({
+        "config": {
+            "BOOTSTRAP_SERVERS": broker.bootstrap(),
+            "ADVERTISED_HOST": "127.0.0.1",
+            "SHUTDOWN_TIMEOUT_MS": "5000",
+        },
+        "routing": {"bootstrapPort": bootstrap_port, "brokerPortBase": bootstrap_port + 1, "nodeIds": [1]},
+        "admin": {"port": admin_port, "token": token},
+    });
+    let docs = rendered(&helm, &values)?;
+    let c = container(&docs)?;
+    // The environment as Kubernetes gives it: the chart's own Secret and
+    // the pod name resolved.
+    let secret = find(&docs, "Secret", "kmp-kafka-mirror-proxy-admin")?;
+    let mut env = BTreeMap::new();
+    for (name, value) in env_of(c)? {
+        let resolved = if let Some(value) = value.as_str() {
+            value.to_string()
+        } else if let Some(r) = value["valueFrom"]["secretKeyRef"].as_object() {
+            ensure!(
+                r["name"] == "kmp-kafka-mirror-proxy-admin",
+                "{name} from an unknown Secret {r:?}"
+            );
+            let data = text_of(&secret["data"][text_of(&r["key"])]);
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data)?)?
+        } else if value["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name" {
+            "kmp-kafka-mirror-proxy-7d9f-abcde".to_string()
+        } else {
+            bail!("{name}: cannot resolve {value}");
+        };
+        env.insert(name, resolved);
+    }
+    ensure!(
+        env["MIRROR_PROXY_ADMIN_TOKEN"] == token,
+        "token {:?}",
+        env["MIRROR_PROXY_ADMIN_TOKEN"]
+    );
+    let proxy = Proxy::start(&env)?;
+    let admin = format!("127.0.0.1:{admin_port}");
+    let routes = admin_routes()?;
+
+    for (probe, path) in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ] {
+        let command: Vec<String> = c[probe]["exec"]["command"]
+            .as_array()
+            .with_context(|| format!("{probe} is not an exec probe: {}", c[probe]))?
+            .iter()
+            .map(text_of)
+            .collect();
+        ensure!(
+            command.len() == 6 && command[0] == "bash" && command[1] == "-c",
+            "{probe}: {command:?}"
+        );
+        ensure!(
+            command[4] == path,
+            "{probe} checks {} instead of {path}",
+            command[4]
+        );
+        ensure!(
+            command[5] == admin_port.to_string(),
+            "{probe} on port {}",
+            command[5]
+        );
+        ensure!(
+            routes.contains(path),
+            "{path} is not an admin route: {routes:?}"
+        );
+        let (status, body) = admin_get(&admin, path, token)?;
+        ensure!(status == "HTTP/1.1 200 OK", "GET {path}: {status} {body}");
+
+        let run = |token: &str| -> Result<std::process::Output> {
+            let mut probe_env = env.clone();
+            probe_env.insert("MIRROR_PROXY_ADMIN_TOKEN".into(), token.into());
+            Ok(Command::new(&command[0])
+                .args(&command[1..])
+                .env_clear()
+                .envs(&probe_env)
+                .output()?)
+        };
+        let out = run(token)?;
+        ensure!(
+            out.status.success(),
+            "{probe} failed: {}\nproxy log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            proxy.log()
+        );
+        let out = run("wrong-token")?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            !out.status.success() && stderr.contains("401"),
+            "{probe} with a wrong token: {} {stderr}",
+            out.status
+        );
+        println!(
+            "{probe}: GET {path} passed; with a wrong token: {}",
+            stderr.trim()
+        );
+    }
+    // The CLI in the container reaches the admin API from the environment.
+    let out = Command::new(proxy_bin())
+        .args(["links", "--json"])
+        .env_clear()
+        .envs(&env)
+        .output()?;
+    ensure!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("\"links\""),
+        "kafka-mirror-proxy links with the container's environment: {} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Dashboard and alerts.
+
+/// The series selectors in a PromQL expression: each `kafka_mirror_proxy_*`
+/// name with its `label="value"` matchers (other matchers, `=~` on
+/// dashboard variables, select nothing fixed).
+fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let name_re = regex::Regex::new(r"[a-zA-Z_:][a-zA-Z0-9_:]*").expect("regex");
+    let eq_re = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)""#).expect("regex");
+    let mut out = Vec::new();
+    for m in name_re.find_iter(expr) {
+        let name = m.as_str();
+        // Inside a string (a legend or a label value) is not a name.
+        let before = &expr[..m.start()];
+        if before.matches('"').count() % 2 == 1 || !name.contains("mirror_proxy") {
+            continue;
+        }
+        let mut labels = Vec::new();
+        if let Some(rest) = expr[m.end()..].strip_prefix('{') {
+            let inner = rest.split('}').next().unwrap_or_default();
+            for c in eq_re.captures_iter(inner) {
+                // `=~` and `!=` are not equality matchers.
+                let whole = c.get(0).map(|m| m.as_str()).unwrap_or_default();
+                if whole.contains("=~") || inner[..c.get(0).map_or(0, |m| m.start())].ends_with('!')
+                {
+                    continue;
+                }
+                labels.push((c[1].to_string(), c[2].to_string()));
+            }
+        }
+        out.push((name.to_string(), labels));
+    }
+    out
+}
+
+/// Every `expr`/`query` string of the dashboard, and the rules' `expr`s.
+fn monitoring_expressions() -> Result<Vec<(String, String)>> {
+    let mut exprs = Vec::new();
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(
+        repo().join("deploy/grafana/kafka-mirror-proxy.json"),
+    )?)?;
+    fn walk(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    let here = format!("{at}/{k}");
+                    match (k.as_str(), v) {
+                        ("expr" | "query" | "definition", Value::String(s)) => {
+                            out.push((here, s.clone()))
+                        }
+                        _ => walk(v, &here, out),
+                    }
+                }
+            }
+            Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    walk(v, &format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    walk(&dashboard, "dashboard", &mut exprs);
+    // The datasource variable's `query` is a plugin type, not PromQL.
+    exprs.retain(|(_, e)| e != "prometheus");
+    let rules_file = repo().join("deploy/prometheus/kafka-mirror-proxy-rules.yaml");
+    let rules = yaml_documents(&std::fs::read_to_string(&rules_file)?)?;
+    let mut alerts = 0;
+    for group in rules[0]["groups"].as_array().context("no rule groups")? {
+        for rule in group["rules"].as_array().context("no rules")? {
+            let name = text_of(&rule["alert"]);
+            let expr = rule["expr"].as_str().context("rule without expr")?;
+            exprs.push((format!("rule {name}"), expr.to_string()));
+            alerts += 1;
+        }
+    }
+    ensure!(alerts >= 5, "only {alerts} alerting rules read");
+    Ok(exprs)
+}
+
+/// Every series the dashboard and the alerting rules use exists in the
+/// `/metrics` of a proxy with a link, after the events that create the
+/// labelled ones (families without a sample are not rendered): a produce
+/// and consume through it (local and as the link's replicator), a link
+/// retry answered as a duplicate, a link batch to a topic the link does
+/// not mirror, a local write to a mirrored topic, a connection over
+/// `MAX_CONNECTIONS`, a failover with a link connection open, and the
+/// broker stopped.
+#[test]
+fn every_series_the_dashboard_and_alerts_use_exists() -> Result<()> {
+    let exprs = monitoring_expressions()?;
+    let mut broker = KafkaCluster::start(KafkaOptions::default())?;
+    let source: kafka_mirror_proxy::mirror::pid::ClusterId = "MkU3OEVBNTcwNTJENDM2Qk".parse()?;
+    let proxy = ProxyProcess::with_link_x(
+        &broker.bootstrap(),
+        &source,
+        "mirrored",
+        &[("MAX_CONNECTIONS", "16")],
+    )?;
+    proxy_wait_ready(&proxy)?;
+    tools::create_topic(&broker.bootstrap(), "mirrored", 1, &[], &[])?;
+    tools::create_topic(&broker.bootstrap(), "local", 1, &[], &[])?;
+    let lines: Vec<String> = (0..5).map(|i| format!("record {i}")).collect();
+    tools::console_produce(&proxy.bootstrap, "local", &lines, &[])?;
+    tools::console_produce(
+        &proxy.bootstrap,
+        "mirrored",
+        &lines,
+        &[
+            ("client.id", "mirror-x"),
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+        ],
+    )?;
+    let got = tools::console_consume(
+        &proxy.bootstrap,
+        "mirrored",
+        5,
+        &[],
+        Duration::from_secs(60),
+    )?;
+    ensure!(got == lines, "consumed {got:?}");
+
+    let mut link = RawClient::connect(&proxy.bootstrap)?;
+    let batch = || record_batch_at(4711, 0, &["a", "b"]);
+    for attempt in ["first", "retry"] {
+        let (code, msg) = partition_result(&link.produce("mirror-x", "mirrored", 0, batch())?);
+        ensure!(code == 0, "{attempt} link batch: {code} {msg:?}");
+    }
+    let (code, _) = partition_result(&link.produce("mirror-x", "local", 0, batch())?);
+    ensure!(
+        code != 0,
+        "a link batch to a topic it does not mirror was accepted"
+    );
+    let mut app = RawClient::connect(&proxy.bootstrap)?;
+    let (code, _) =
+        partition_result(&app.produce("app", "mirrored", 0, record_batch_at(-1, 0, &["x"]))?);
+    ensure!(code != 0, "a local write to a mirrored topic was accepted");
+    drop(app);
+    // Over MAX_CONNECTIONS (16, with the link connection open): the rest
+    // are accepted and closed at once.
+    let crowd: Vec<TcpStream> = (0..20)
+        .filter_map(|_| TcpStream::connect(&proxy.bootstrap).ok())
+        .collect();
+    let refused = "kafka_mirror_proxy_connections_refused_total{listener=\"bootstrap\",reason=\"max_connections\"}";
+    wait_for(&proxy, "a connection over MAX_CONNECTIONS refused", || {
+        Ok(proxy.metric(refused)? > 0)
+    })?;
+    drop(crowd);
+    // A failover while the link's connection is open.
+    let (status, body) = proxy.admin_post("/links/x/failover?wait=60", "")?;
+    ensure!(status.contains("200"), "failover: {status} {body}");
+    let _ = link.produce("mirror-x", "mirrored", 0, record_batch_at(4711, 2, &["c"]));
+    // The broker gone: the next client of its node port finds it
+    // unreachable.
+    broker.stop()?;
+    let node = proxy.node_address(1);
+    wait_for(&proxy, "the broker marked unreachable", || {
+        if let Ok(mut c) = RawClient::connect(&node) {
+            let _ = c.send(
+                ApiKey::ApiVersions,
+                0,
+                "probe",
+                &kafka_protocol::messages::ApiVersionsRequest::default(),
+            );
+            let _ = c.recv_frame();
+        }
+        Ok(proxy.metric("kafka_mirror_proxy_broker_unreachable{listener=\"node-1\"}")? == 1)
+    })?;
+
+    let (status, metrics) = proxy.admin_get("/metrics")?;
+    ensure!(status.contains("200"), "{status}");
+    let samples: Vec<(String, BTreeMap<String, String>)> = metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(parse_sample)
+        .collect();
+
+    let mut checked = BTreeSet::new();
+    let mut missing = Vec::new();
+    for (at, expr) in &exprs {
+        let used = selectors(expr);
+        ensure!(
+            !used.is_empty(),
+            "{at}: no kafka_mirror_proxy series in {expr:?}"
+        );
+        for (name, labels) in used {
+            ensure!(
+                name.starts_with("kafka_mirror_proxy_"),
+                "{at}: {name} is not a kafka_mirror_proxy series"
+            );
+            let sampled = samples
+                .iter()
+                .any(|(n, l)| *n == name && labels.iter().all(|(k, v)| l.get(k) == Some(v)));
+            if !sampled {
+                missing.push(format!("{at}: {name}{labels:?}"));
+            }
+            checked.insert(name);
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "series used but not in /metrics:\n{}\n/metrics:\n{metrics}",
+        missing.join("\n")
+    );
+    println!(
+        "{} expressions, {} distinct series, all in /metrics",
+        exprs.len(),
+        checked.len()
+    );
+    Ok(())
+}
+
+/// `name{a="b",...} value` -> (name, labels).
+fn parse_sample(line: &str) -> Option<(String, BTreeMap<String, String>)> {
+    let end = line.find(['{', ' '])?;
+    let name = line[..end].to_string();
+    let mut labels = BTreeMap::new();
+    if line[end..].starts_with('{') {
+        let inner = &line[end + 1..line.rfind('}')?];
+        let re = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)""#).ok()?;
+        for c in re.captures_iter(inner) {
+            labels.insert(c[1].to_string(), c[2].to_string());
+        }
+    }
+    Some((name, labels))
+}
+
+#[test]
+fn selectors_are_read_from_promql() {
+    assert_eq!(
+        selectors(
+            r#"sum by (result) (increase(kafka_mirror_proxy_failover_barriers_total{result="failed", job=~"$job"}[5m])) > 0 or kafka_mirror_proxy_link_state{link!="a"}"#
+        ),
+        vec![
+            (
+                "kafka_mirror_proxy_failover_barriers_total".to_string(),
+                vec![("result".to_string(), "failed".to_string())]
+            ),
+            ("kafka_mirror_proxy_link_state".to_string(), vec![]),
+        ]
+    );
+}
+
+/// Wait up to 60 s for `what`.
+fn wait_for(
+    proxy: &ProxyProcess,
+    what: &str,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done()? {
+        ensure!(
+            Instant::now() < deadline,
+            "not within 60 s: {what}\n{}",
+            tools::tail_str(&proxy.logs(), 40)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// Wait until `/readyz` answers 200 (the state topic loaded).
+fn proxy_wait_ready(proxy: &ProxyProcess) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = proxy.admin_get("/readyz")?;
+        if status.contains("200") {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "not ready within 60 s: {status} {body}\n{}",
+            proxy.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Readiness while draining.
+
+/// A Fetch from the start of partition 0 that the broker holds for
+/// `wait_ms` (it asks for more bytes than the partition has).
+fn long_fetch(topic: &str, wait_ms: i32) -> FetchRequest {
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(wait_ms)
+        .with_min_bytes(50_000_000)
+        .with_max_bytes(52_428_800)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(0)
+                .with_fetch_offset(0)
+                .with_current_leader_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(1_048_576)])])
+}
+
+/// After SIGTERM, while a Fetch the broker holds keeps the drain going,
+/// `/readyz` answers 503 (so a load balancer stops sending connections);
+/// `/healthz` still answers 200 and the held Fetch is still answered.
+#[test]
+fn readyz_answers_503_while_the_proxy_drains() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let mut proxy = ProxyProcess::start(&broker.bootstrap(), &[("SHUTDOWN_TIMEOUT_MS", "60000")])?;
+    tools::create_topic(&broker.bootstrap(), "drain", 1, &[], &[])?;
+    let (status, body) = proxy.admin_get("/readyz")?;
+    ensure!(status.contains("200"), "before the signal: {status} {body}");
+
+    let fetches = || proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"1\"}");
+    let before = fetches()?;
+    let mut held = RawClient::connect(&proxy.bootstrap)?;
+    held.send(
+        ApiKey::Fetch,
+        12,
+        "drain-test",
+        &long_fetch("drain", 15_000),
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fetches()? == before {
+        ensure!(Instant::now() < deadline, "the proxy never read the Fetch");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    proxy.signal("TERM")?;
+    proxy.wait_for_log("shutting down", Duration::from_secs(10))?;
+    // The log line comes just before the drain begins: ask until the
+    // answer changes (the drain lasts until the Fetch is answered, 15 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = proxy.admin_get("/readyz")?;
+        if !status.contains("200") || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    ensure!(
+        status.starts_with("HTTP/1.1 503"),
+        "/readyz while draining: {status} {body}"
+    );
+    ensure!(body.contains("shutting down"), "{body}");
+    // Still draining: the process runs and the Fetch is not answered yet.
+    ensure!(
+        proxy.wait_exit(Duration::ZERO)?.is_none(),
+        "the proxy exited before the held Fetch was answered"
+    );
+    let (status, _) = proxy.admin_get("/healthz")?;
+    ensure!(status.contains("200"), "/healthz while draining: {status}");
+    println!(
+        "while draining: /readyz {status_503}",
+        status_503 = body.trim()
+    );
+
+    // The drain ends with the held Fetch answered, then the process exits 0.
+    let answer = held.recv_frame()?;
+    ensure!(answer.is_some(), "the held Fetch was not answered");
+    let status = proxy
+        .wait_exit(Duration::from_secs(30))?
+        .context("the proxy did not exit after the drain")?;
+    ensure!(status.success(), "exit status {status}:\n{}", proxy.logs());
+    Ok(())
+}

@@ -24,6 +24,7 @@
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use uuid::Uuid;
@@ -159,6 +160,10 @@ impl Claim {
     }
 }
 
+/// Tombstones remembered to ignore refreshes that raced them (about
+/// 100 bytes each).
+pub const MAX_TOMBSTONES: usize = 100_000;
+
 /// The view.
 #[derive(Debug, Default)]
 pub struct Origins {
@@ -168,8 +173,18 @@ pub struct Origins {
     slots: HashMap<(PartitionId, i64), Vec<(i64, OriginId)>>,
     salts: HashMap<(PartitionId, OriginId), CollisionValue>,
     /// Offset of the last tombstone of an origin's claim, so that a refresh
-    /// written before it was seen does not bring a dead claim back.
+    /// written before it was seen does not bring a dead claim back. Only
+    /// the latest [`MAX_TOMBSTONES`] are kept: a refresh races a tombstone
+    /// for the time an instance takes to read the topic, not for ever.
     tombstones: HashMap<(PartitionId, OriginId), i64>,
+    /// The same tombstones in the order applied (offsets ascending), to
+    /// forget the oldest.
+    tombstone_order: VecDeque<(i64, (PartitionId, OriginId))>,
+    /// Origins whose latest record is a refresh of a tombstoned claim. In
+    /// the log, compaction would keep that refresh and drop the tombstone,
+    /// bringing the dead claim back on the next load: they are tombstoned
+    /// again (see [`Origins::take_stale_refreshes`]).
+    stale_refreshes: HashSet<(PartitionId, OriginId)>,
     clusters: HashSet<ClusterId>,
     regions: HashSet<u32>,
 }
@@ -232,7 +247,8 @@ impl Origins {
                 self.know_cluster(k.source);
                 let key = split(&k);
                 self.unclaim(key);
-                self.tombstones.insert(key, offset);
+                self.stale_refreshes.remove(&key);
+                self.remember_tombstone(offset, key);
             }
             // Barriers and link control are the state store's, not the origins'.
             StateRecord::Barrier(..) | StateRecord::LinkState(..) | StateRecord::Drained(..) => {}
@@ -250,7 +266,9 @@ impl Origins {
                 .get(&key)
                 .is_some_and(|&t| t > v.claim_offset)
         {
-            // A refresh of a claim tombstoned after it was made.
+            // A refresh of a claim tombstoned after it was made: ignored
+            // here, and to be tombstoned again in the log.
+            self.stale_refreshes.insert(key);
             return;
         }
         if let Some(c) = self.claims.get_mut(&key) {
@@ -263,6 +281,7 @@ impl Origins {
         }
         if !refresh {
             self.tombstones.remove(&key);
+            self.stale_refreshes.remove(&key);
         }
         let previous = self.unclaim(key);
         let (p, o) = key;
@@ -279,6 +298,39 @@ impl Origins {
         let claimants = self.slots.entry((p, v.mapped_pid)).or_default();
         let at = claimants.partition_point(|&(e, _)| e <= effective);
         claimants.insert(at, (effective, o));
+    }
+
+    fn remember_tombstone(&mut self, offset: i64, key: (PartitionId, OriginId)) {
+        self.tombstones.insert(key, offset);
+        self.tombstone_order.push_back((offset, key));
+        while self.tombstone_order.len() > MAX_TOMBSTONES {
+            if let Some((o, k)) = self.tombstone_order.pop_front() {
+                // Only if not tombstoned again since.
+                if self.tombstones.get(&k) == Some(&o) {
+                    self.tombstones.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Origins whose latest record is a refresh of a claim tombstoned
+    /// before it (an instance refreshed a claim another one was expiring),
+    /// and which hold no claim now: their tombstones to write again, so
+    /// that compaction, which keeps only the latest record of a key, never
+    /// brings the dead claim back. Taken once: each instance that saw the
+    /// refresh writes its own, which is harmless.
+    pub fn take_stale_refreshes(&mut self) -> Vec<OriginKey> {
+        let stale = std::mem::take(&mut self.stale_refreshes);
+        stale
+            .into_iter()
+            .filter(|key| !self.claims.contains_key(key))
+            .map(|(p, o)| o.key(p))
+            .collect()
+    }
+
+    /// Tombstone offsets remembered (bounded by [`MAX_TOMBSTONES`]).
+    pub fn tombstones_remembered(&self) -> usize {
+        self.tombstones.len()
     }
 
     /// Removes a claim; returns its in-memory last-seen time.

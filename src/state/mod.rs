@@ -798,6 +798,14 @@ impl StateStore {
                 (view.due_refresh(period / 10), view.expired(now, period))
             };
             let mut records: Vec<StateRecord> = Vec::new();
+            let stale = write(&self.view).take_stale_refreshes();
+            if !stale.is_empty() {
+                tracing::info!(
+                    origins = stale.len(),
+                    "tombstoning again mirrored producers whose refresh raced their expiry, so compaction cannot revive them"
+                );
+            }
+            records.extend(stale.into_iter().map(|k| StateRecord::Origin(k, None)));
             let expired_keys: HashSet<_> = expired.iter().map(|(p, o, _)| (*p, *o)).collect();
             for (p, o, v) in refresh {
                 if !expired_keys.contains(&(p, o)) {

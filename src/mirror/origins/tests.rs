@@ -367,3 +367,98 @@ fn a_salt_that_changes_nothing_is_skipped() {
         "a tombstone"
     );
 }
+
+/// The revive race (issue 26 item 9): instance X refreshes a claim while Y
+/// expires it; the refresh lands after the tombstone. Live instances ignore
+/// it, but compaction keeps only the latest record of a key: the refresh.
+/// A load after compaction would bring the dead claim back, owning its slot
+/// before any later claimant. The refresh is tombstoned again, so the
+/// compacted log holds a tombstone.
+#[test]
+fn a_refresh_that_raced_a_tombstone_is_tombstoned_again_before_compaction_can_revive_it() {
+    let o = OriginId {
+        source: a(),
+        pid: 5,
+    };
+    let mapped = compose(1, 5);
+    let mut log: Vec<(i64, StateRecord)> = vec![
+        (10, claim(o, mapped, 0, -1, 100)),
+        (20, StateRecord::Origin(o.key(P), None)),
+        (30, claim(o, mapped, 0, 10, 200)),
+    ];
+    let mut live = Origins::new([a()]);
+    for (offset, r) in &log {
+        live.apply(*offset, r);
+    }
+    assert_eq!(live.lookup(P, o, 0), None, "ignored live");
+    // What compaction keeps: the latest record of each key.
+    let reload = |log: &[(i64, StateRecord)]| {
+        let mut latest = std::collections::HashMap::new();
+        for (offset, r) in log {
+            let StateRecord::Origin(k, _) = r else {
+                continue;
+            };
+            latest.insert(*k, (*offset, r.clone()));
+        }
+        let mut kept: Vec<_> = latest.into_values().collect();
+        kept.sort_by_key(|(offset, _)| *offset);
+        let mut v = Origins::new([a()]);
+        for (offset, r) in &kept {
+            v.apply(*offset, r);
+        }
+        v.lookup(P, o, 0)
+    };
+    assert_eq!(
+        reload(&log),
+        Some(mapped),
+        "the race: revived without the fix"
+    );
+    let again = live.take_stale_refreshes();
+    assert_eq!(again, vec![o.key(P)]);
+    assert!(live.take_stale_refreshes().is_empty(), "taken once");
+    log.extend(
+        again
+            .into_iter()
+            .map(|k| (40, StateRecord::Origin(k, None))),
+    );
+    assert_eq!(reload(&log), None, "the compacted log keeps the tombstone");
+}
+
+/// A new claim after the tombstone is the origin's latest record: nothing
+/// to tombstone again (that would kill the new claim).
+#[test]
+fn a_new_claim_after_a_raced_refresh_is_not_tombstoned() {
+    let o = OriginId {
+        source: a(),
+        pid: 5,
+    };
+    let mapped = compose(1, 5);
+    let mut v = Origins::new([a()]);
+    v.apply(10, &claim(o, mapped, 0, -1, 100));
+    v.apply(20, &StateRecord::Origin(o.key(P), None));
+    v.apply(30, &claim(o, mapped, 0, 10, 200));
+    v.apply(40, &claim(o, mapped, 0, -1, 300));
+    assert_eq!(v.lookup(P, o, 0), Some(mapped));
+    assert!(v.take_stale_refreshes().is_empty());
+}
+
+/// Tombstone offsets are remembered up to a bound (issue 26 item 8: state
+/// that only grows), the oldest forgotten first.
+#[test]
+fn tombstones_remembered_are_bounded() {
+    let mut v = Origins::new([a()]);
+    let n = MAX_TOMBSTONES as i64 + 10;
+    for pid in 0..n {
+        let o = OriginId { source: a(), pid };
+        v.apply(pid, &StateRecord::Origin(o.key(P), None));
+    }
+    assert_eq!(v.tombstones_remembered(), MAX_TOMBSTONES);
+    // The newest still guards against a raced refresh; the oldest no more.
+    let newest = OriginId {
+        source: a(),
+        pid: n - 1,
+    };
+    v.apply(n + 1, &claim(newest, compose(1, n - 1), 0, 0, 1));
+    assert_eq!(v.lookup(P, newest, 0), None);
+    assert!(v.take_stale_refreshes().contains(&newest.key(P)));
+}

@@ -61,6 +61,13 @@ pub trait Store: Send + Sync + 'static {
         key: DrainedKey,
         value: DrainedValue,
     ) -> impl Future<Output = Result<(), ResolveError>> + Send;
+
+    /// Delete the drained records of `link`'s earlier failovers; returns
+    /// how many.
+    fn forget_drained(
+        &self,
+        link: &str,
+    ) -> impl Future<Output = Result<usize, ResolveError>> + Send;
 }
 
 /// The live proxy instances.
@@ -136,6 +143,13 @@ impl Store for StateStore {
         value: DrainedValue,
     ) -> impl Future<Output = Result<(), ResolveError>> + Send {
         StateStore::write_drained(self, key, value)
+    }
+
+    fn forget_drained(
+        &self,
+        link: &str,
+    ) -> impl Future<Output = Result<usize, ResolveError>> + Send {
+        StateStore::forget_drained(self, link)
     }
 }
 

@@ -470,6 +470,22 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let current = self.status(&link);
         let new = link_state::failover_from(name, &current)?;
         let status = if new || current.failover_id < 0 {
+            // The drains of earlier failovers are history: deleted before
+            // this one begins (while the link is MIRRORING, when a drained
+            // tombstone applies), so the topic holds one failover's worth.
+            if new {
+                match state.forget_drained(name).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        link = name,
+                        records = n,
+                        "deleted the drained records of earlier failovers"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(link = name, error = %e, "could not delete the drained records of earlier failovers; they stay in the state topic until the next failover")
+                    }
+                }
+            }
             let now = now_ms();
             let id = link_state::next_failover_id(&current, now);
             let next = LinkStatus {

@@ -6,8 +6,10 @@
 //! point of the link's history: a link state must [`follows`] the link's
 //! current status (the configured initial one before any record); a
 //! barrier or drained record belongs to the failover the link is STOPPING
-//! under, because only then does the proxy write one. The proxy never
-//! deletes these records, so a tombstone of one is skipped too.
+//! under, because only then does the proxy write one. The proxy deletes
+//! only drained records, of earlier failovers, as a new failover begins
+//! (while the link is still MIRRORING): a drained tombstone applies while
+//! no failover is in progress; every other tombstone is skipped.
 //!
 //! While an instance loads the topic, the records that came before a
 //! link's first one may have been compacted away (compaction keeps only
@@ -33,7 +35,7 @@ pub enum Prior<'a> {
 /// Why a link-control record is skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Skip {
-    #[error("a tombstone: the proxy never deletes link state, barrier or drained records")]
+    #[error("a tombstone: the proxy never deletes link state or barrier records, nor drained records during a failover")]
     Tombstone,
     #[error("a link state the proxy could not have written (its fields contradict each other)")]
     Inconsistent,
@@ -82,6 +84,15 @@ pub fn check_failover_record(
         Ok(())
     } else {
         Err(Skip::NotFailingOver)
+    }
+}
+
+/// Whether a drained tombstone applies after `prior`: not while the link
+/// is STOPPING, when it would erase a confirmation the failover waits for.
+pub fn check_drained_tombstone(prior: Prior<'_>) -> Result<(), Skip> {
+    match prior {
+        Prior::Known(s) if s.state == LinkState::Stopping => Err(Skip::Tombstone),
+        _ => Ok(()),
     }
 }
 

@@ -55,7 +55,9 @@ use crate::client::protocol::{OffsetSpec, Produced};
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::mirror::control_records::{check_failover_record, check_link_state, Prior, Skip};
+use crate::mirror::control_records::{
+    check_drained_tombstone, check_failover_record, check_link_state, Prior, Skip,
+};
 use crate::mirror::dedupe::Dedupe;
 use crate::mirror::link::Links;
 use crate::mirror::link_state::{LinkState, LinkStatus};
@@ -361,6 +363,23 @@ impl StateStore {
             .collect()
     }
 
+    /// Tombstone the drained records of `link` (of failovers before the
+    /// one about to begin), so that compaction removes them: one per
+    /// instance and failover would otherwise stay for ever, and instance
+    /// ids are new with every process by default. Returns how many.
+    pub async fn forget_drained(&self, link: &str) -> Result<usize, ResolveError> {
+        let records: Vec<StateRecord> = read(&self.drained)
+            .keys()
+            .filter(|k| k.link == link)
+            .map(|k| StateRecord::Drained(k.clone(), None))
+            .collect();
+        if records.is_empty() {
+            return Ok(0);
+        }
+        self.write(&records).await?;
+        Ok(records.len())
+    }
+
     /// Changes whenever a link state or drained record is applied.
     pub fn control_changes(&self) -> watch::Receiver<u64> {
         self.control_changed.subscribe()
@@ -455,16 +474,20 @@ impl StateStore {
                 }
                 StateRecord::Drained(k, v) => {
                     let links = read(&self.links);
-                    let id = v.map_or(-1, |v| v.failover_id);
-                    let checked =
-                        check_failover_record(self.prior(&links, &k.link, &never), id, v.is_none());
+                    let prior = self.prior(&links, &k.link, &never);
+                    let checked = match v {
+                        Some(v) => check_failover_record(prior, v.failover_id, false),
+                        None => check_drained_tombstone(prior),
+                    };
                     drop(links);
                     match (checked, v) {
                         (Ok(()), Some(v)) => {
                             write(&self.drained).insert(k, v);
                         }
+                        (Ok(()), None) => {
+                            write(&self.drained).remove(&k);
+                        }
                         (Err(why), _) => self.skipped(offset, "drained", &k.link, &why),
-                        (Ok(()), None) => {}
                     }
                 }
                 StateRecord::Barrier(k, v) => {

@@ -30,6 +30,8 @@ enum Event {
         instance: String,
         failover_id: i64,
     },
+    /// Drained records of earlier failovers deleted.
+    ForgotDrained(usize),
     /// One attempt at a barrier, with the link's state in effect then.
     Placed {
         topic: String,
@@ -187,6 +189,17 @@ impl Store for FakeStore {
         lock(&self.drained).insert(key, value);
         self.changed.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    async fn forget_drained(&self, link: &str) -> Result<usize, ResolveError> {
+        let mut drained = lock(&self.drained);
+        let before = drained.len();
+        drained.retain(|k, _| k.link != link);
+        let n = before - drained.len();
+        if n > 0 {
+            self.events.push(Event::ForgotDrained(n));
+        }
+        Ok(n)
     }
 }
 
@@ -717,4 +730,31 @@ async fn start_makes_a_stopped_link_mirroring_with_a_new_source() {
     );
     assert!(t.control.fenced(&t.link).is_none());
     assert!(t.control.read_only("orders", 9).is_some());
+}
+
+/// Issue 26 item 8: a drained record per instance and failover would stay
+/// in the state topic for ever (instance ids are new with each process):
+/// a new failover deletes the earlier ones' before it writes STOPPING.
+#[tokio::test(start_paused = true)]
+async fn a_new_failover_deletes_the_drained_records_of_the_last_one_first() {
+    let t = setup(&["me"], DRAIN, &[]);
+    t.control.start();
+    let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
+    assert!(complete, "{report}");
+    t.control.start_link(LINK, None).await.unwrap();
+    let first = t.events.all().len();
+
+    let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
+
+    assert!(complete, "{report}");
+    let events = t.events.all();
+    let [Event::ForgotDrained(1), Event::Wrote {
+        state: LinkState::Stopping,
+        in_effect: Some(LinkState::Mirroring),
+        ..
+    }, Event::Drained { instance, .. }, ..] = &events[first..]
+    else {
+        panic!("drained records deleted, then STOPPING and a drain: {events:#?}");
+    };
+    assert_eq!(instance, "me");
 }

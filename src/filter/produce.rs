@@ -179,84 +179,86 @@ impl<'a> ProduceFilter<'a> {
         // whose log lost it (truncated) is rebuilt and the request begun
         // again, after which what the state says comes from the log.
         let mut duplicates_checked = false;
-        let tracked = 'checked: loop {
-            let tracked = loop {
-                let now = tokio::time::Instant::now();
-                let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
-                let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait) {
-                    Begin::Begun(tracked) => break tracked,
-                    Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
-                    Begin::Rebuild { claims, waiting } if claims.is_empty() => {
-                        let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
-                        if shutting_down || now >= d {
-                            for partition in waiting {
-                                let message = format!(
+        let tracked = loop {
+            let now = tokio::time::Instant::now();
+            let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
+            let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait) {
+                Begin::Begun(tracked) => {
+                    if duplicates_checked || tracked.duplicates().is_empty() {
+                        break tracked;
+                    }
+                    duplicates_checked = true;
+                    let lost = Box::pin(lost_duplicates(
+                        ctx,
+                        state,
+                        link.name(),
+                        &mut plan,
+                        &tracked,
+                    ))
+                    .await;
+                    if lost.is_empty() {
+                        break tracked;
+                    }
+                    // Begin again from the frame: nothing of this
+                    // attempt was sent.
+                    tracked.unanswered();
+                    for partition in lost {
+                        ctx.dedupe
+                            .mark_for_rebuild(partition, RebuildReason::Truncated);
+                    }
+                    plan = plan_now();
+                    continue;
+                }
+                Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
+                Begin::Rebuild { claims, waiting } if claims.is_empty() => {
+                    let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
+                    if shutting_down || now >= d {
+                        for partition in waiting {
+                            let message = format!(
                                 "mirror link '{}': partition {}: the mirrored producer state is still being rebuilt from the log by another request; retry",
                                 link.name(),
                                 partition.partition
                             );
-                                Dedupe::refuse_partition(&mut plan, partition, message);
-                            }
-                            continue;
+                            Dedupe::refuse_partition(&mut plan, partition, message);
                         }
-                        d
+                        continue;
                     }
-                    Begin::Rebuild { claims, .. } => {
-                        // Bounded too: a partition marked again during each of its
-                        // rebuilds is not rebuilt forever by one request.
-                        let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
-                        for claim in claims {
-                            if shutting_down || tokio::time::Instant::now() >= d {
-                                let message = format!(
+                    d
+                }
+                Begin::Rebuild { claims, .. } => {
+                    // Bounded too: a partition marked again during each of its
+                    // rebuilds is not rebuilt forever by one request.
+                    let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
+                    for claim in claims {
+                        if shutting_down || tokio::time::Instant::now() >= d {
+                            let message = format!(
                                 "mirror link '{}': partition {}: the mirrored producer state was marked again while it was rebuilt; retry",
                                 link.name(),
                                 claim.partition().partition
                             );
-                                Dedupe::refuse_partition(&mut plan, claim.partition(), message);
-                                continue;
-                            }
-                            Box::pin(rebuild(ctx, state, link.name(), &mut plan, claim)).await;
+                            Dedupe::refuse_partition(&mut plan, claim.partition(), message);
+                            continue;
                         }
-                        continue;
+                        Box::pin(rebuild(ctx, state, link.name(), &mut plan, claim)).await;
                     }
-                };
-                let Some(notified) = changed.as_mut() else {
-                    // Register, then look again: a change between that `begin`
-                    // and now is not missed.
-                    let mut notified = Box::pin(ctx.dedupe.changed());
-                    notified.as_mut().enable();
-                    changed = Some(notified);
                     continue;
-                };
-                tokio::select! {
-                    _ = notified.as_mut() => changed = None,
-                    _ = tokio::time::sleep_until(deadline) => {}
-                    _ = ctx.shutting_down() => shutting_down = true,
                 }
             };
-            if duplicates_checked || tracked.duplicates().is_empty() {
-                break 'checked tracked;
+            let Some(notified) = changed.as_mut() else {
+                // Register, then look again: a change between that `begin`
+                // and now is not missed.
+                let mut notified = Box::pin(ctx.dedupe.changed());
+                notified.as_mut().enable();
+                changed = Some(notified);
+                continue;
+            };
+            tokio::select! {
+                _ = notified.as_mut() => changed = None,
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = ctx.shutting_down() => shutting_down = true,
             }
-            duplicates_checked = true;
-            let lost = Box::pin(lost_duplicates(
-                ctx,
-                state,
-                link.name(),
-                &mut plan,
-                &tracked,
-            ))
-            .await;
-            if lost.is_empty() {
-                break 'checked tracked;
-            }
-            // Begin again from the frame: nothing of this attempt was sent.
-            tracked.unanswered();
-            for partition in lost {
-                ctx.dedupe
-                    .mark_for_rebuild(partition, RebuildReason::Truncated);
-            }
-            plan = plan_now();
         };
+
         // The link may have been fenced while the request waited above
         // (learning topic ids, a resolve, a rebuild, a batch in flight): it
         // is looked at again here, after the last wait and with nothing

@@ -23,8 +23,9 @@ use tower::Layer;
 
 use super::addresses::{self, Learnt};
 use super::{pass, rebuild, Context, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
-use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, Tracked};
+use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, RebuildReason, Tracked};
 use crate::mirror::link::{CertSubject, Origin};
+use crate::mirror::origins::PartitionId;
 use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicKey};
 use crate::state::StateStore;
 use crate::wire::header::{produce_acks, RequestHeaderPeek};
@@ -173,11 +174,41 @@ impl<'a> ProduceFilter<'a> {
         // Registered only once a request has to wait, so the common case
         // (begun at the first try) never touches the Notify's waiter list.
         let mut changed = None;
+        // A duplicate answer must name a batch the log still holds: checked
+        // once per request (rare: only retries are duplicates); a partition
+        // whose log lost it (truncated) is rebuilt and the request begun
+        // again, after which what the state says comes from the log.
+        let mut duplicates_checked = false;
         let tracked = loop {
             let now = tokio::time::Instant::now();
             let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
             let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait) {
-                Begin::Begun(tracked) => break tracked,
+                Begin::Begun(tracked) => {
+                    if duplicates_checked || tracked.duplicates().is_empty() {
+                        break tracked;
+                    }
+                    duplicates_checked = true;
+                    let lost = Box::pin(lost_duplicates(
+                        ctx,
+                        state,
+                        link.name(),
+                        &mut plan,
+                        &tracked,
+                    ))
+                    .await;
+                    if lost.is_empty() {
+                        break tracked;
+                    }
+                    // Begin again from the frame: nothing of this
+                    // attempt was sent.
+                    tracked.unanswered();
+                    for partition in lost {
+                        ctx.dedupe
+                            .mark_for_rebuild(partition, RebuildReason::Truncated);
+                    }
+                    plan = plan_now();
+                    continue;
+                }
                 Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
                 Begin::Rebuild { claims, waiting } if claims.is_empty() => {
                     let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
@@ -227,6 +258,7 @@ impl<'a> ProduceFilter<'a> {
                 _ = ctx.shutting_down() => shutting_down = true,
             }
         };
+
         // The link may have been fenced while the request waited above
         // (learning topic ids, a resolve, a rebuild, a batch in flight): it
         // is looked at again here, after the last wait and with nothing
@@ -701,6 +733,23 @@ async fn rebuild(
     let error = match tokio::time::timeout(REBUILD_TIMEOUT, read).await {
         Ok(Ok(tail)) => {
             let r = claim.apply(tail.start, tail.end, tail.from, &tail.records, &owner);
+            if r.replayed.untaken > 0 {
+                // Not made ready: the state would miss batches the log holds.
+                ctx.metrics.producer_state_rebuilt("failed", 0);
+                tracing::warn!(
+                    link,
+                    topic = name,
+                    partition = partition.partition,
+                    untaken = r.replayed.untaken,
+                    "could not rebuild the mirrored producer state: it is full of producers with batches in flight; the partition is answered retriable"
+                );
+                let message = format!(
+                    "mirror link '{link}': {name}-{}: the mirrored producer state is full of producers with batches in flight (PRODUCER_STATE_MAX_ENTRIES); retry",
+                    partition.partition
+                );
+                Dedupe::refuse_partition(plan, partition, message);
+                return;
+            }
             tracing::info!(
                 link,
                 topic = name,
@@ -723,6 +772,73 @@ async fn rebuild(
         partition.partition
     );
     Dedupe::refuse_partition(plan, partition, message);
+}
+
+/// How long a duplicate's check waits for its batch to become readable
+/// (past the high watermark) before taking it as not held.
+const HOLDS_WAIT: Duration = Duration::from_secs(2);
+
+/// Checks that the log still holds each batch `tracked` answers as a
+/// duplicate. Returns the partitions whose log does not (truncated: they
+/// need a rebuild). One that cannot be checked (the broker unreachable
+/// within [`REBUILD_TIMEOUT`]) is answered retriable in `plan` instead.
+async fn lost_duplicates(
+    ctx: &Context,
+    state: &StateStore,
+    link: &str,
+    plan: &mut ProducePlan,
+    tracked: &Tracked,
+) -> Vec<PartitionId> {
+    let mut lost = Vec::new();
+    for d in tracked.duplicates() {
+        let name = ctx
+            .topics
+            .name(d.partition.topic_id)
+            .map_or_else(|| d.topic.name.0.to_string(), |n| n.to_string());
+        let check = rebuild::holds(
+            state.client(),
+            &name,
+            d.partition.partition,
+            d.base_offset,
+            &d.batch,
+            HOLDS_WAIT,
+        );
+        let error = match tokio::time::timeout(REBUILD_TIMEOUT, check).await {
+            Ok(Ok(rebuild::Held::Yes | rebuild::Held::BelowLogStart)) => continue,
+            Ok(Ok(rebuild::Held::No)) => {
+                tracing::warn!(
+                    link,
+                    topic = name,
+                    partition = d.partition.partition,
+                    offset = d.base_offset,
+                    producer_id = d.batch.producer_id,
+                    epoch = d.batch.epoch,
+                    first_sequence = d.batch.first_seq,
+                    "a batch remembered as appended is not in the log (truncated): its partition's mirrored producer state is rebuilt from the log"
+                );
+                lost.push(d.partition);
+                continue;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("not read within {} s", REBUILD_TIMEOUT.as_secs()),
+        };
+        let message = format!(
+            "mirror link '{link}': {name}-{}: could not check that the log still holds the duplicate batch at offset {} ({error}); retry",
+            d.partition.partition, d.base_offset
+        );
+        let message: Arc<str> = message.into();
+        for l in plan.local.iter_mut().filter(|l| {
+            l.partition == d.partition.partition
+                && Arc::ptr_eq(&l.topic, &d.topic)
+                && matches!(l.outcome, LocalOutcome::Duplicate { .. })
+        }) {
+            l.outcome = LocalOutcome::Refused {
+                refusal: Refusal::StateNotRebuilt,
+                message: message.clone(),
+            };
+        }
+    }
+    lost
 }
 
 /// A Produce topic's name: the request's own before v13, else looked up by

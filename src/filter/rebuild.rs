@@ -1,12 +1,14 @@
 //! Reading a partition's log tail for a rebuild of its mirrored producer
-//! state (SPEC §6). What is read is replayed by the pure side,
-//! [`RebuildClaim::apply`](crate::mirror::dedupe::RebuildClaim::apply).
+//! state (SPEC §6), and checking that the log still holds a batch a
+//! duplicate answer would name ([`holds`]). What is read is replayed by the
+//! pure side, [`RebuildClaim::apply`](crate::mirror::dedupe::RebuildClaim::apply).
 
 use bytes::Bytes;
 use std::time::Duration;
 
 use crate::client::protocol::OffsetSpec;
 use crate::client::{Client, ClientError};
+use crate::mirror::producer_state::BatchId;
 use crate::wire::batch::{BatchHeader, Batches};
 
 /// What was read of a partition's log.
@@ -83,4 +85,71 @@ fn whole_end(records: &[u8]) -> Option<i64> {
         end = Some(h.base_offset() + i64::from(h.last_offset_delta()) + 1);
     }
     end
+}
+
+/// Whether a partition's log holds a batch at an offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// The log holds that very batch there (same producer id, epoch and
+    /// first sequence).
+    Yes,
+    /// Not there: another batch, or nothing (the log ends before it, also
+    /// after waiting up to the bound for it to become readable).
+    No,
+    /// Below the log start: removed by retention, as a broker's own
+    /// producer state outlives its batches.
+    BelowLogStart,
+}
+
+/// Kafka's OFFSET_OUT_OF_RANGE.
+const OFFSET_OUT_OF_RANGE: i16 = 1;
+/// Enough for the header of the batch at the offset: a broker returns the
+/// first batch whole whatever the bound (KIP-74).
+const HOLDS_BYTES: i32 = 1024;
+
+/// Does the log of `topic`-`partition` hold `batch` at `offset`? A Fetch
+/// from `offset`, waiting up to `wait` if nothing is readable there yet (a
+/// batch appended with `acks=1` is readable once the high watermark passes
+/// it, which an in-sync follower makes happen in a moment).
+pub async fn holds(
+    client: &Client,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    batch: &BatchId,
+    wait: Duration,
+) -> Result<Held, ClientError> {
+    let fetched = match client
+        .fetch(topic, partition, offset, HOLDS_BYTES, wait)
+        .await
+    {
+        Ok(f) => f,
+        Err(ClientError::Kafka { code, .. }) if code == OFFSET_OUT_OF_RANGE => {
+            let start = client
+                .list_offset(topic, partition, OffsetSpec::Earliest)
+                .await?
+                .offset;
+            return Ok(if offset < start {
+                Held::BelowLogStart
+            } else {
+                Held::No
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    if offset < fetched.log_start_offset {
+        return Ok(Held::BelowLogStart);
+    }
+    let records = &fetched.records[..];
+    let Some(Ok(first)) = Batches::new(records).next() else {
+        return Ok(Held::No);
+    };
+    let Ok(h) = BatchHeader::parse(&records[first.range()]) else {
+        return Ok(Held::No);
+    };
+    let same = h.base_offset() == offset
+        && h.producer_id() == batch.producer_id
+        && h.producer_epoch() == batch.epoch
+        && h.base_sequence() == batch.first_seq;
+    Ok(if same { Held::Yes } else { Held::No })
 }

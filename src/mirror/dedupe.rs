@@ -12,9 +12,23 @@
 //! rebuilt from its log tail (a [`RebuildClaim`], read by `filter::rebuild`): once after start-up,
 //! and again after its outcome became unknown (a [`Tracked`] dropped
 //! unsettled: a lost connection, a session ending, an undecodable answer;
-//! or a timeout answer) or its leader moved. One request claims the rebuild; the
-//! partition's other requests wait for it. A rebuild merges into the state,
-//! so nothing recorded while it read is lost.
+//! or a timeout answer), its leader moved, or its log was truncated. One
+//! request claims the rebuild; the partition's other requests wait for it.
+//!
+//! A rebuild *replaces* what the partition's state remembered of appended
+//! batches (forgotten when the rebuild is claimed, before the tail is read;
+//! batches in flight stay marked) with what its log holds: a batch the
+//! broker acknowledged and then lost in a truncation (an unclean leader
+//! election, a leader whose log ends below it) is no longer answered as a
+//! duplicate. Answers settled while the tail is read are recorded on top, so
+//! nothing appended meanwhile is lost.
+//!
+//! A truncation is seen on the hot path when a broker answers a batch with a
+//! base offset below the log end the partition was known to have when the
+//! request was begun (a log only grows, except by truncation); and, because
+//! an idle partition answers nothing, a duplicate answer is checked against
+//! the log first (`filter::produce`, with [`Tracked::duplicates`]): it must
+//! name a batch the log still holds.
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -27,7 +41,7 @@ use crate::mirror::produce::{
     LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatches,
 };
 use crate::mirror::produce_response::{Answers, PartitionAnswer};
-use crate::mirror::producer_state::{Check, ProducerStates, Replayed};
+use crate::mirror::producer_state::{BatchId, Check, ProducerStates, Replayed};
 
 /// What the state is kept per (with the mapped PID): a destination
 /// partition and the origin the mapped PID stands for. An origin that
@@ -55,6 +69,11 @@ struct Inner {
     /// Partitions a request is rebuilding now; `true` once marked again
     /// meanwhile (then the rebuild ends without making it ready).
     rebuilding: HashMap<PartitionId, bool>,
+    /// Per partition, the log end it is known to have had (from a rebuild's
+    /// read, or the end of a batch the broker answered). A batch begun
+    /// after it was known and answered below it means the log was
+    /// truncated. One word per partition.
+    known_end: HashMap<PartitionId, i64>,
 }
 
 /// Why a partition needs its state rebuilt again.
@@ -65,6 +84,10 @@ pub enum RebuildReason {
     UnknownOutcome,
     /// The broker named another leader for the partition.
     LeaderMoved,
+    /// The log was truncated below what the state remembers: a batch
+    /// answered below the known log end, or a duplicate answer naming a
+    /// batch the log no longer holds.
+    Truncated,
 }
 
 impl RebuildReason {
@@ -72,6 +95,7 @@ impl RebuildReason {
         match self {
             RebuildReason::UnknownOutcome => "unknown_outcome",
             RebuildReason::LeaderMoved => "leader_moved",
+            RebuildReason::Truncated => "truncated",
         }
     }
 }
@@ -94,12 +118,27 @@ pub struct Rebuilt {
 pub struct Tracked {
     dedupe: Option<Arc<Dedupe>>,
     partitions: Vec<BegunPartition>,
+    /// The partitions answered as duplicates, for a check that the log
+    /// still holds what the answer names (empty, unallocated, otherwise).
+    duplicates: Vec<DuplicateAnswer>,
 }
 
 struct BegunPartition {
     topic: Arc<TopicRef>,
     partition: PartitionId,
     batches: TrackedBatches,
+    /// The partition's known log end when begun (`-1`: none known).
+    known_end: i64,
+}
+
+/// A partition answered as a duplicate: its first batch, which the log
+/// must hold at `base_offset`.
+#[derive(Debug, Clone)]
+pub struct DuplicateAnswer {
+    pub topic: Arc<TopicRef>,
+    pub partition: PartitionId,
+    pub batch: BatchId,
+    pub base_offset: i64,
 }
 
 /// What [`Dedupe::begin`] decided for a request.
@@ -146,10 +185,13 @@ impl RebuildClaim {
 
     /// With the tail read (`filter::rebuild`): `records` from offset
     /// `from`, the log spanning `start..end`. Replays them into the state
-    /// (merging; mapped producers are keyed by `owner`, the origin a mapped
-    /// PID stands for, and batches of unknown ones are skipped), makes the
-    /// partition ready unless it was marked meanwhile, and wakes the
-    /// requests waiting for it.
+    /// (emptied of the partition's appended batches when claimed; mapped
+    /// producers are keyed by `owner`, the origin a mapped PID stands for,
+    /// and batches of unknown ones are skipped), makes the partition ready
+    /// unless it was marked meanwhile or a batch found no room (the bound
+    /// reached with every producer held busy: `replayed.untaken`, then the
+    /// caller answers the partition retriable), and wakes the requests
+    /// waiting for it.
     pub fn apply(
         self,
         start: i64,
@@ -165,9 +207,11 @@ impl RebuildClaim {
             owner(mapped).map(|origin| (partition, origin))
         });
         let marked_meanwhile = inner.rebuilding.remove(&partition).unwrap_or(true);
-        if !marked_meanwhile {
+        if !marked_meanwhile && replayed.untaken == 0 {
             inner.ready.insert(partition);
         }
+        let known = inner.known_end.entry(partition).or_insert(end);
+        *known = (*known).max(end);
         drop(inner);
         let beyond = from.saturating_sub(start).max(0);
         d.metrics.producer_state_rebuilt(
@@ -205,6 +249,7 @@ impl Dedupe {
                 states: ProducerStates::new(max_entries),
                 ready: HashSet::new(),
                 rebuilding: HashMap::new(),
+                known_end: HashMap::new(),
             }),
             metrics,
             changed: tokio::sync::Notify::new(),
@@ -308,6 +353,7 @@ impl Dedupe {
         let mut tracked = Tracked {
             dedupe: None,
             partitions: Vec::new(),
+            duplicates: Vec::new(),
         };
         if plan.tracked.is_empty() {
             return Begin::Begun(tracked);
@@ -317,6 +363,7 @@ impl Dedupe {
             states,
             ready,
             rebuilding,
+            known_end,
         } = &mut *inner;
         let mut claims: Vec<RebuildClaim> = Vec::new();
         let mut waiting: Vec<PartitionId> = Vec::new();
@@ -330,6 +377,10 @@ impl Dedupe {
                 std::collections::hash_map::Entry::Occupied(_) => waiting.push(p),
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(false);
+                    // Replace, not merge: what the log no longer holds must
+                    // not be answered as a duplicate.
+                    states.forget_appended_where(|(q, _)| *q == p);
+                    known_end.remove(&p);
                     claims.push(RebuildClaim {
                         dedupe: Arc::clone(self),
                         partition: p,
@@ -344,6 +395,7 @@ impl Dedupe {
         }
         tracked.dedupe = Some(Arc::clone(self));
         let evictions = states.evictions();
+        let full_refusals = states.full_refusals();
         // The partitions answered here, by their place in `plan.tracked`
         // (in order; allocated only when there are some). Every batch of
         // the others was begun.
@@ -353,13 +405,13 @@ impl Dedupe {
             // Which batches were begun (marked in flight), to undo them if
             // the partition is answered here after all.
             let mut begun: SmallVec<[usize; 16]> = SmallVec::new();
-            let mut duplicate: Option<(i64, usize)> = None;
+            let mut duplicate: Option<(i64, usize, BatchId)> = None;
             let mut outcome = None;
             for (k, b) in tp.batches.iter().enumerate() {
                 match states.begin(&(tp.partition, b.origin), &b.id) {
                     Check::Append => begun.push(k),
                     Check::Duplicate { base_offset } => {
-                        let d = duplicate.get_or_insert((base_offset, 0));
+                        let d = duplicate.get_or_insert((base_offset, 0, b.id));
                         d.1 += 1;
                     }
                     Check::InFlight => {
@@ -387,8 +439,14 @@ impl Dedupe {
                 }
             }
             if outcome.is_none() {
-                if let Some((base_offset, batches)) = duplicate {
+                if let Some((base_offset, batches, first)) = duplicate {
                     outcome = Some(if batches == tp.batch_count {
+                        tracked.duplicates.push(DuplicateAnswer {
+                            topic: tp.topic.clone(),
+                            partition: tp.partition,
+                            batch: first,
+                            base_offset,
+                        });
                         LocalOutcome::Duplicate {
                             base_offset,
                             batches,
@@ -423,6 +481,7 @@ impl Dedupe {
             }
             drop(inner);
             tracked.dedupe = None;
+            tracked.duplicates.clear();
             // No notify: the lock was held throughout, so no other request
             // saw these batches in flight. (Notifying here woke the caller's
             // own registration at once: it spun until the first attempt's
@@ -430,12 +489,14 @@ impl Dedupe {
             return Begin::InFlight;
         }
         let evicted = states.evictions() - evictions;
-        drop(inner);
+        let full = states.full_refusals() - full_refusals;
+        let held = states.len();
         let mut answered = answered.into_iter().peekable();
         for (i, tp) in std::mem::take(&mut plan.tracked).into_iter().enumerate() {
             match answered.next_if(|(j, _)| *j == i) {
                 None => tracked.partitions.push(BegunPartition {
                     topic: tp.topic,
+                    known_end: known_end.get(&tp.partition).copied().unwrap_or(-1),
                     partition: tp.partition,
                     batches: tp.batches,
                 }),
@@ -450,8 +511,20 @@ impl Dedupe {
                 }
             }
         }
+        drop(inner);
         if evicted > 0 {
             self.metrics.producer_state_evicted(evicted);
+        }
+        if full > 0 {
+            // One line per request, however many of its batches were refused
+            // (each refused partition is counted by the caller, as
+            // `producer_state_full`).
+            tracing::warn!(
+                link,
+                producers_held = held,
+                new_producers_refused = full,
+                "mirrored producer state full: every producer held has a batch in flight, none may be evicted; new producers answered retriable"
+            );
         }
         Begin::Begun(tracked)
     }
@@ -463,7 +536,17 @@ impl Tracked {
         Tracked {
             dedupe: None,
             partitions: Vec::new(),
+            duplicates: Vec::new(),
         }
+    }
+
+    /// The partitions answered as duplicates: before the answer leaves,
+    /// the caller checks that the log still holds each (the batch at its
+    /// base offset); one it does not hold is marked
+    /// ([`Dedupe::mark_for_rebuild`], [`RebuildReason::Truncated`]) and the
+    /// request begun again.
+    pub fn duplicates(&self) -> &[DuplicateAnswer] {
+        &self.duplicates
     }
 
     /// Nothing was begun.
@@ -509,6 +592,7 @@ impl Tracked {
                     } else {
                         now_ms
                     };
+                    let mut end = p.base_offset;
                     for b in &bp.batches {
                         inner.states.appended(
                             &(bp.partition, b.origin),
@@ -516,6 +600,19 @@ impl Tracked {
                             p.base_offset + b.offset_delta,
                             time,
                         );
+                        end = end.max(p.base_offset + b.offset_delta + batch_len(&b.id));
+                    }
+                    // The request left after the log was known to end at
+                    // `bp.known_end`: appended below it, the log lost what
+                    // was there (a truncation), and what the state holds of
+                    // those offsets may name batches it no longer has.
+                    if p.base_offset < bp.known_end {
+                        mark(&mut inner, bp.partition);
+                        marks.push((bp.partition, RebuildReason::Truncated));
+                        inner.known_end.insert(bp.partition, end);
+                    } else {
+                        let known = inner.known_end.entry(bp.partition).or_insert(end);
+                        *known = (*known).max(end);
                     }
                 }
                 _ => {
@@ -556,6 +653,12 @@ impl Tracked {
             dedupe.metrics.producer_state_rebuild_marked(reason.label());
         }
     }
+}
+
+/// Offsets a tracked batch takes: its records, from its sequences (a
+/// tracked batch has one; a wrapped range counts its wrap).
+fn batch_len(b: &BatchId) -> i64 {
+    (i64::from(b.last_seq) - i64::from(b.first_seq)).rem_euclid(1 << 31) + 1
 }
 
 /// Kafka error codes that leave a batch's fate open or move the leader.

@@ -103,6 +103,10 @@ pub enum Refusal {
     /// from its log tail (unreadable, or still being rebuilt by another
     /// request past the wait), so its batches cannot be checked yet.
     StateNotRebuilt,
+    /// Mirrored producer state: a new producer while the state holds its
+    /// bound of producers, each with a batch in flight (none may be
+    /// evicted); retriable.
+    ProducerStateFull,
     /// A link Produce naming one partition more than once: the whole
     /// request is refused (INVALID_REQUEST). No producer sends one, the
     /// broker would keep only one entry per partition, and the proxy tracks
@@ -128,6 +132,7 @@ impl From<RefusalKind> for Refusal {
         match kind {
             RefusalKind::InvalidProducerEpoch => Refusal::InvalidProducerEpoch,
             RefusalKind::OutOfOrderSequence => Refusal::OutOfOrderSequence,
+            RefusalKind::StateFull => Refusal::ProducerStateFull,
         }
     }
 }
@@ -148,6 +153,7 @@ impl Refusal {
             Refusal::ReadOnly | Refusal::ReadOnlyTopic => "read_only",
             Refusal::LinkFenced => "link_fenced",
             Refusal::StateNotRebuilt => "producer_state_not_rebuilt",
+            Refusal::ProducerStateFull => "producer_state_full",
             Refusal::DuplicatePartition => "duplicate_partition",
             Refusal::StateTopic => "state_topic",
         }
@@ -162,7 +168,9 @@ impl Refusal {
             // Both retriable for every Kafka client (Java: RetriableException;
             // librdkafka retries them), and neither makes a client refresh
             // anything it should not.
-            Refusal::StateNotLoaded | Refusal::StateNotRebuilt => ResponseError::NotEnoughReplicas,
+            Refusal::StateNotLoaded | Refusal::StateNotRebuilt | Refusal::ProducerStateFull => {
+                ResponseError::NotEnoughReplicas
+            }
             Refusal::StateWriteFailed => ResponseError::NotEnoughReplicasAfterAppend,
             Refusal::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
             Refusal::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,

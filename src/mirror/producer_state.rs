@@ -30,8 +30,12 @@
 //! The state is updated only from what the broker really appended
 //! ([`ProducerStates::appended`]), or rebuilt from a partition's log tail
 //! ([`ProducerStates::replay`]). The number of producers kept is bounded; the
-//! least recently used producer is evicted first, in constant time, and
-//! evictions are counted.
+//! least recently used producer *with no batch in flight* is evicted first,
+//! and evictions are counted. A producer with a batch in flight is never
+//! evicted: forgotten, the retry of that batch would be appended again. When
+//! the bound is reached and every producer held has a batch in flight, a
+//! new producer's batch is refused, retriable ([`RefusalKind::StateFull`]),
+//! and counted ([`ProducerStates::full_refusals`]): fail closed, never forget.
 //!
 //! Pure: no I/O, no clock (callers pass times), no async. Checking a batch of
 //! a known producer does not allocate (the retained and in-flight batches are
@@ -55,6 +59,9 @@ pub const NO_SEQUENCE: i32 = -1;
 /// Kafka error codes of the refusals.
 pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+/// Retriable for every Kafka client: the answer when the state is full of
+/// producers with batches in flight.
+pub const NOT_ENOUGH_REPLICAS: i16 = 19;
 
 /// Half of the 2^31 sequence space: how far ahead still counts as "after".
 const HALF_SEQUENCE_SPACE: i64 = 1 << 30;
@@ -108,6 +115,9 @@ pub fn is_after(last: i32, next: i32) -> bool {
 pub enum RefusalKind {
     InvalidProducerEpoch,
     OutOfOrderSequence,
+    /// The bound on producers held is reached and every producer held has a
+    /// batch in flight: none may be evicted. Retriable: batches settle.
+    StateFull,
 }
 
 impl RefusalKind {
@@ -116,6 +126,7 @@ impl RefusalKind {
         match self {
             RefusalKind::InvalidProducerEpoch => INVALID_PRODUCER_EPOCH,
             RefusalKind::OutOfOrderSequence => OUT_OF_ORDER_SEQUENCE_NUMBER,
+            RefusalKind::StateFull => NOT_ENOUGH_REPLICAS,
         }
     }
 
@@ -124,6 +135,7 @@ impl RefusalKind {
         match self {
             RefusalKind::InvalidProducerEpoch => "invalid_producer_epoch",
             RefusalKind::OutOfOrderSequence => "out_of_order_sequence",
+            RefusalKind::StateFull => "producer_state_full",
         }
     }
 }
@@ -363,6 +375,10 @@ pub struct Replayed {
     pub next_offset: Option<i64>,
     /// The records ended in a partial or malformed batch.
     pub truncated: bool,
+    /// Batches of mapped producers that could not be taken: the bound was
+    /// reached and every producer held had a batch in flight. The state
+    /// then misses part of the log and must not be trusted.
+    pub untaken: usize,
 }
 
 /// Producer state of every mirrored partition, bounded in entries.
@@ -371,14 +387,19 @@ pub struct Replayed {
 /// partition index), so that a lookup builds its key without allocating.
 /// One map over (partition, producer id), kept in order of use (the `lru`
 /// crate's map and list): one hash lookup per access, and eviction at the
-/// bound takes the least recently used producer in constant time, however
-/// many are held.
+/// bound takes the least recently used producer with nothing in flight,
+/// skipping at most the producers that have batches in flight (found at
+/// once when that is all of them).
 pub struct ProducerStates<P> {
     /// Hashed with foldhash: looked up for every mirrored batch, where
     /// SipHash showed in profiles.
     entries: LruCache<(P, i64), ProducerStateEntry, foldhash::fast::RandomState>,
     max_entries: usize,
     evictions: u64,
+    /// Producers held with at least one batch in flight (never evicted).
+    busy: usize,
+    /// New producers refused because every producer held was busy.
+    full_refusals: u64,
 }
 
 impl<P: Hash + Eq + Copy + std::fmt::Debug> std::fmt::Debug for ProducerStates<P> {
@@ -387,6 +408,8 @@ impl<P: Hash + Eq + Copy + std::fmt::Debug> std::fmt::Debug for ProducerStates<P
             .field("len", &self.entries.len())
             .field("max_entries", &self.max_entries)
             .field("evictions", &self.evictions)
+            .field("busy", &self.busy)
+            .field("full_refusals", &self.full_refusals)
             .finish()
     }
 }
@@ -399,6 +422,8 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
             entries: LruCache::unbounded_with_hasher(foldhash::fast::RandomState::default()),
             max_entries: max_entries.max(1),
             evictions: 0,
+            busy: 0,
+            full_refusals: 0,
         }
     }
 
@@ -416,6 +441,18 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         self.evictions
     }
 
+    /// New producers refused (or replayed batches not taken) since
+    /// creation because the bound was reached with every producer held
+    /// having a batch in flight.
+    pub fn full_refusals(&self) -> u64 {
+        self.full_refusals
+    }
+
+    /// Producers held with at least one batch in flight.
+    pub fn busy(&self) -> usize {
+        self.busy
+    }
+
     /// The state of one producer, if held (does not count as a use).
     pub fn entry(&self, partition: &P, producer_id: i64) -> Option<&ProducerStateEntry> {
         self.entries.peek(&(*partition, producer_id))
@@ -425,21 +462,52 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         self.entries.get_mut(&(*partition, producer_id))
     }
 
-    /// The entry, created (evicting the least recently used producer when
-    /// full) if new.
-    fn entry_mut(&mut self, partition: &P, producer_id: i64) -> &mut ProducerStateEntry {
+    /// The entry, created if new (evicting the least recently used
+    /// producer with nothing in flight when full). `None` when it is new,
+    /// the bound is reached and every producer held has a batch in flight
+    /// (counted in [`full_refusals`](Self::full_refusals)).
+    fn entry_mut(&mut self, partition: &P, producer_id: i64) -> Option<&mut ProducerStateEntry> {
         let key = (*partition, producer_id);
         if !self.entries.contains(&key)
             && self.entries.len() >= self.max_entries
-            && self.entries.pop_lru().is_some()
+            && !self.evict_idle()
         {
-            self.evictions += 1;
+            self.full_refusals += 1;
+            return None;
         }
-        self.entries.get_or_insert_mut(key, ProducerStateEntry::new)
+        Some(self.entries.get_or_insert_mut(key, ProducerStateEntry::new))
+    }
+
+    /// Evicts the least recently used producer that has no batch in flight.
+    /// False if every producer held has one (then nothing is scanned).
+    fn evict_idle(&mut self) -> bool {
+        if self.busy >= self.entries.len() {
+            return false;
+        }
+        // From the least recently used; a busy producer is skipped, never
+        // evicted: its retry must still find its batch in flight.
+        let victim = self
+            .entries
+            .iter()
+            .rev()
+            .find(|(_, e)| e.in_flight_count() == 0)
+            .map(|(k, _)| *k);
+        match victim {
+            Some(k) => {
+                self.entries.pop(&k);
+                self.evictions += 1;
+                true
+            }
+            None => false,
+        }
     }
 
     fn remove(&mut self, partition: &P, producer_id: i64) {
-        self.entries.pop(&(*partition, producer_id));
+        if let Some(e) = self.entries.pop(&(*partition, producer_id)) {
+            if e.in_flight_count() > 0 {
+                self.busy -= 1;
+            }
+        }
     }
 
     /// What to do with `batch` (see [`Check`]). Counts as a use of the
@@ -473,32 +541,55 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
                 }
                 // Held with a free slot, or full of batches in flight: not
                 // empty either way, so never removed here.
-                e.mark_in_flight(batch)
+                let was_idle = e.in_flight_count() == 0;
+                let marked = e.mark_in_flight(batch);
+                if was_idle && marked.is_ok() {
+                    self.busy += 1;
+                }
+                marked.map_err(|m| (RefusalKind::OutOfOrderSequence, m))
             }
             None => self.mark_in_flight(partition, batch),
         };
         match verdict {
             Ok(()) => Check::Append,
-            Err(message) => Check::Refuse {
-                kind: RefusalKind::OutOfOrderSequence,
-                message,
-            },
+            Err((kind, message)) => Check::Refuse { kind, message },
         }
     }
 
     /// Marks `batch` in flight, so that a retry of it waits
     /// ([`Check::InFlight`]). Err when the producer has
-    /// [`MAX_IN_FLIGHT`] batches in flight already.
-    pub fn mark_in_flight(&mut self, partition: &P, batch: &BatchId) -> Result<(), String> {
+    /// [`MAX_IN_FLIGHT`] batches in flight already (out of order), or is new
+    /// while the bound is reached and every producer held has a batch in
+    /// flight ([`RefusalKind::StateFull`]).
+    pub fn mark_in_flight(
+        &mut self,
+        partition: &P,
+        batch: &BatchId,
+    ) -> Result<(), (RefusalKind, String)> {
         if batch.first_seq < 0 {
             return Ok(());
         }
-        let e = self.entry_mut(partition, batch.producer_id);
+        let max = self.max_entries;
+        let Some(e) = self.entry_mut(partition, batch.producer_id) else {
+            return Err((
+                RefusalKind::StateFull,
+                format!(
+                    "producer {}: the mirrored producer state holds {max} producers \
+                     (PRODUCER_STATE_MAX_ENTRIES), each with a batch in flight; retry",
+                    batch.producer_id
+                ),
+            ));
+        };
+        let was_idle = e.in_flight_count() == 0;
         let marked = e.mark_in_flight(batch);
-        if marked.is_err() && e.is_empty() {
-            self.remove(partition, batch.producer_id);
+        let empty = e.is_empty();
+        match &marked {
+            Ok(()) if was_idle => self.busy += 1,
+            Ok(()) => {}
+            Err(_) if empty => self.remove(partition, batch.producer_id),
+            Err(_) => {}
         }
-        marked
+        marked.map_err(|m| (RefusalKind::OutOfOrderSequence, m))
     }
 
     /// The broker appended `batch` at `base_offset`: remember it (as one of
@@ -515,9 +606,16 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         if batch.first_seq < 0 {
             return;
         }
-        let e = self.entry_mut(partition, batch.producer_id);
-        e.clear_in_flight(batch);
+        // Held (it was in flight, and busy producers are not evicted) unless
+        // its partition was cleared meanwhile; then it may find no room.
+        let Some(e) = self.entry_mut(partition, batch.producer_id) else {
+            return;
+        };
+        let settled = e.clear_in_flight(batch) && e.in_flight_count() == 0;
         e.record(batch, base_offset, append_time_ms);
+        if settled {
+            self.busy -= 1;
+        }
     }
 
     /// The attempt to append `batch` failed (or its outcome is unknown):
@@ -526,8 +624,12 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         let Some(e) = self.entries.peek_mut(&(*partition, batch.producer_id)) else {
             return;
         };
-        e.clear_in_flight(batch);
-        if e.is_empty() {
+        let settled = e.clear_in_flight(batch) && e.in_flight_count() == 0;
+        let empty = e.is_empty();
+        if settled {
+            self.busy -= 1;
+        }
+        if empty {
             self.remove(partition, batch.producer_id);
         }
     }
@@ -537,25 +639,24 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// than -1, with a sequence); others are ignored. Returns whether the
     /// batch was taken.
     pub fn replay(&mut self, partition: &P, header: &BatchHeader<'_>) -> bool {
-        self.replay_keyed(header, |_| Some(*partition))
+        self.replay_keyed(header, |_| Some(*partition)) == Replay::Taken
     }
 
     /// [`replay`](Self::replay) with the key chosen per batch from its
     /// (mapped) producer id; `None` skips the batch.
-    fn replay_keyed(&mut self, header: &BatchHeader<'_>, key: impl Fn(i64) -> Option<P>) -> bool {
+    fn replay_keyed(&mut self, header: &BatchHeader<'_>, key: impl Fn(i64) -> Option<P>) -> Replay {
         let id = BatchId::from_header(header);
         if id.producer_id >= -1 || header.is_control() || id.first_seq < 0 {
-            return false;
+            return Replay::Skipped;
         }
         let Some(partition) = key(id.producer_id) else {
-            return false;
+            return Replay::Skipped;
         };
-        self.entry_mut(&partition, id.producer_id).record(
-            &id,
-            header.base_offset(),
-            header.max_timestamp(),
-        );
-        true
+        let Some(e) = self.entry_mut(&partition, id.producer_id) else {
+            return Replay::NoRoom;
+        };
+        e.record(&id, header.base_offset(), header.max_timestamp());
+        Replay::Taken
     }
 
     /// Rebuilding from a Fetch of a partition's tail: every whole batch of
@@ -584,8 +685,10 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
                 break;
             };
             out.batches += 1;
-            if self.replay_keyed(&header, &key) {
-                out.taken += 1;
+            match self.replay_keyed(&header, &key) {
+                Replay::Taken => out.taken += 1,
+                Replay::NoRoom => out.untaken += 1,
+                Replay::Skipped => {}
             }
             out.next_offset =
                 Some(header.base_offset() + i64::from(header.last_offset_delta()) + 1);
@@ -601,6 +704,34 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         self.clear_where(|p| p == partition)
     }
 
+    /// Forgets what was appended by every producer whose partition key
+    /// matches `which` (its epoch and retained batches), keeping only the
+    /// batches in flight: a rebuild from the log then *replaces* what was
+    /// held instead of merging into it, so a batch the log lost in a
+    /// truncation is no longer answered as a duplicate. A producer left with
+    /// nothing is dropped. Returns how many producers had batches forgotten.
+    pub fn forget_appended_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
+        let mut forgot = 0;
+        let mut gone: Vec<(P, i64)> = Vec::new();
+        for (k, e) in self.entries.iter_mut() {
+            if !which(&k.0) {
+                continue;
+            }
+            if e.len > 0 || e.epoch != NO_EPOCH {
+                forgot += 1;
+            }
+            e.epoch = NO_EPOCH;
+            e.len = 0;
+            if e.is_empty() {
+                gone.push(*k);
+            }
+        }
+        for (p, pid) in &gone {
+            self.remove(p, *pid);
+        }
+        forgot
+    }
+
     /// Forgets every producer whose partition key matches `which` (for a
     /// partition key that is a partition plus more, like an origin).
     /// Returns how many were dropped.
@@ -611,11 +742,21 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
             .filter(|((p, _), _)| which(p))
             .map(|(k, _)| *k)
             .collect();
-        for k in &gone {
-            self.entries.pop(k);
+        for (p, pid) in &gone {
+            self.remove(p, *pid);
         }
         gone.len()
     }
+}
+
+/// What became of one replayed batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replay {
+    Taken,
+    /// Not a mapped producer's data batch, or of no known origin.
+    Skipped,
+    /// The bound is reached and every producer held has a batch in flight.
+    NoRoom,
 }
 
 #[cfg(test)]

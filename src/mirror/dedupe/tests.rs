@@ -546,3 +546,109 @@ fn acks_0_ends_the_flight_without_a_rebuild() {
     assert!(d.is_ready(&at(0)));
     assert!(d.is_empty(), "nothing in flight, nothing recorded");
 }
+
+#[test]
+fn a_rebuild_after_a_truncation_replaces_what_the_log_lost() {
+    let d = dedupe();
+    let owner = |pid: i64| (pid == PID).then(|| origin(5));
+    // Batches 0..9 at offset 0 and 10..19 at offset 10, acknowledged.
+    for (seq, offset) in [(0, 0), (10, 10)] {
+        let mut p = plan(0, &[(id(0, seq, seq + 9), 0)]);
+        begin(&d, &mut p, "east", false)
+            .expect("begun")
+            .settle_with(&response(0, 0, offset));
+    }
+    // An unclean leader election: the new leader's log ends at 10 (it never
+    // had 10..19). The partition is marked and rebuilt from that log.
+    d.mark_for_rebuild(at(0), RebuildReason::LeaderMoved);
+    let mut retry = plan(0, &[(id(0, 10, 19), 0)]);
+    let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
+    let claim = claims.pop().expect("one claim");
+    let r = claim.apply(0, 10, 0, &tail(&[(0, 0, 10)]), &owner);
+    assert_eq!((r.replayed.batches, r.replayed.taken), (1, 1));
+    assert!(d.is_ready(&at(0)));
+    // The lost batch's retry is appended, not answered "duplicate, 10".
+    let t = d.begin(&mut retry, "east", false);
+    let Begin::Begun(t) = t else { panic!("begun") };
+    assert!(retry.local.is_empty(), "{:?}", retry.local);
+    assert!(t.duplicates().is_empty());
+    t.settle_with(&response(0, 0, 10));
+    // What the log still holds is still a duplicate.
+    let mut again = plan(0, &[(id(0, 0, 9), 0)]);
+    let t = begin(&d, &mut again, "east", false).expect("begun");
+    assert!(
+        matches!(
+            again.local[0].outcome,
+            LocalOutcome::Duplicate { base_offset: 0, .. }
+        ),
+        "{:?}",
+        again.local
+    );
+    // ... and named for the check that the log holds it.
+    assert_eq!(t.duplicates().len(), 1);
+    assert_eq!(t.duplicates()[0].base_offset, 0);
+    assert_eq!(t.duplicates()[0].batch, id(0, 0, 9));
+}
+
+#[test]
+fn an_answer_below_the_known_log_end_marks_a_truncation() {
+    let d = dedupe();
+    // 0..9 appended at offset 100: the log is known to end at 110.
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    begin(&d, &mut p, "east", false)
+        .expect("begun")
+        .settle_with(&response(0, 0, 100));
+    assert!(d.is_ready(&at(0)));
+    // The next batch lands at 105: the log lost 105..109 since.
+    let mut p = plan(0, &[(id(0, 10, 19), 0)]);
+    begin(&d, &mut p, "east", false)
+        .expect("begun")
+        .settle_with(&response(0, 0, 105));
+    assert!(!d.is_ready(&at(0)), "truncation seen: rebuilt before more");
+}
+
+#[test]
+fn answers_settled_out_of_order_are_no_truncation() {
+    let d = dedupe();
+    let mut a = plan(0, &[(id(0, 0, 9), 0)]);
+    begin(&d, &mut a, "east", false)
+        .expect("begun")
+        .settle_with(&response(0, 0, 0));
+    // Two requests (two connections) begun while the log is known to end
+    // at 10, the later one answered first.
+    let mut c = plan(0, &[(id(0, 10, 19), 0)]);
+    let tc = begin(&d, &mut c, "east", false).expect("begun");
+    let mut e = plan_from(0, origin(6), &[(id(0, 0, 4), 0)]);
+    let te = begin(&d, &mut e, "east", false).expect("begun");
+    // Both begun knowing the log ends at 10: answered 15 then 10.
+    te.settle_with(&response(0, 0, 15));
+    tc.settle_with(&response(0, 0, 10));
+    assert!(d.is_ready(&at(0)));
+}
+
+#[test]
+fn a_new_producer_is_answered_retriable_when_the_state_is_full_of_batches_in_flight() {
+    let d = Dedupe::new(1, 1 << 20, Arc::new(Metrics::default()));
+    let mut first = plan_from(0, origin(5), &[(id(0, 0, 9), 0)]);
+    let t = begin(&d, &mut first, "east", false).expect("begun");
+    let mut other = plan_from(0, origin(6), &[(id(0, 0, 9), 0)]);
+    let t2 = begin(&d, &mut other, "east", false).expect("begun");
+    assert!(t2.is_empty(), "nothing of it forwarded");
+    assert!(
+        matches!(
+            &other.local[0].outcome,
+            LocalOutcome::Refused { refusal: Refusal::ProducerStateFull, message }
+                if message.contains("in flight")
+        ),
+        "{:?}",
+        other.local
+    );
+    // The first producer's retry still waits for its attempt in flight.
+    let mut retry = plan_from(0, origin(5), &[(id(0, 0, 9), 0)]);
+    assert!(begin(&d, &mut retry, "east", true).is_none(), "waits");
+    t.settle_with(&response(0, 0, 0));
+    // Settled, it may be evicted for the new one.
+    let mut other = plan_from(0, origin(6), &[(id(0, 0, 9), 0)]);
+    let t2 = begin(&d, &mut other, "east", false).expect("begun");
+    assert!(other.local.is_empty() && !t2.is_empty());
+}

@@ -302,6 +302,121 @@ fn the_least_recently_used_producer_is_evicted_first() {
 }
 
 #[test]
+fn a_producer_with_a_batch_in_flight_is_never_evicted() {
+    let mut s: ProducerStates<(u8, i32)> = ProducerStates::new(2);
+    let batch = |pid, seq| BatchId {
+        producer_id: pid,
+        epoch: 0,
+        first_seq: seq,
+        last_seq: seq,
+    };
+    let (a, b, c) = (-10, -11, -12);
+    // a: appended once, then a second batch in flight (begun, not settled).
+    assert_eq!(s.begin(&P0, &batch(a, 0)), Check::Append);
+    s.appended(&P0, &batch(a, 0), 0, 0);
+    assert_eq!(s.begin(&P0, &batch(a, 1)), Check::Append);
+    // b: appended, nothing in flight; then used, so a is the least
+    // recently used.
+    s.appended(&P0, &batch(b, 0), 1, 0);
+    assert_eq!(
+        s.check(&P0, &batch(b, 0)),
+        Check::Duplicate { base_offset: 1 }
+    );
+    assert_eq!(s.busy(), 1);
+    // A new producer at the bound: b is evicted, not a (least recently
+    // used, but busy).
+    assert_eq!(s.begin(&P0, &batch(c, 0)), Check::Append);
+    assert_eq!((s.len(), s.evictions()), (2, 1));
+    assert!(s.entry(&P0, b).is_none(), "b evicted");
+    assert_eq!(s.entry(&P0, a).map(|e| e.in_flight_count()), Some(1));
+    // a's retry of the batch in flight still waits for it: not appended
+    // again.
+    assert_eq!(s.begin(&P0, &batch(a, 1)), Check::InFlight);
+    // Settled, then retried: a duplicate.
+    s.appended(&P0, &batch(a, 1), 2, 0);
+    assert_eq!(
+        s.begin(&P0, &batch(a, 1)),
+        Check::Duplicate { base_offset: 2 }
+    );
+}
+
+#[test]
+fn a_new_producer_is_refused_retriable_when_every_producer_held_is_busy() {
+    let mut s: ProducerStates<(u8, i32)> = ProducerStates::new(2);
+    let batch = |pid, seq| BatchId {
+        producer_id: pid,
+        epoch: 0,
+        first_seq: seq,
+        last_seq: seq,
+    };
+    let (a, b, c) = (-10, -11, -12);
+    assert_eq!(s.begin(&P0, &batch(a, 0)), Check::Append);
+    assert_eq!(s.begin(&(1, 1), &batch(b, 0)), Check::Append);
+    assert_eq!(s.busy(), 2);
+    let (code, message) = refusal(s.begin(&P0, &batch(c, 0)));
+    assert_eq!(code, NOT_ENOUGH_REPLICAS, "retriable");
+    assert!(message.contains("in flight"), "{message}");
+    assert_eq!((s.len(), s.evictions(), s.full_refusals()), (2, 0, 1));
+    assert!(s.entry(&P0, c).is_none(), "nothing kept of the refused one");
+    // Both in-flight batches are still known: their retries wait.
+    assert_eq!(s.begin(&P0, &batch(a, 0)), Check::InFlight);
+    assert_eq!(s.begin(&(1, 1), &batch(b, 0)), Check::InFlight);
+    // A replayed batch of a new producer finds no room either, and says so.
+    // Once one settles, the new producer gets its place.
+    s.appended(&P0, &batch(a, 0), 0, 0);
+    assert_eq!(s.busy(), 1);
+    assert_eq!(s.begin(&P0, &batch(c, 0)), Check::Append);
+    assert!(s.entry(&P0, a).is_none(), "a, idle now, evicted");
+    assert_eq!(s.begin(&(1, 1), &batch(b, 0)), Check::InFlight);
+    // A failed flight frees the producer too.
+    s.failed(&(1, 1), &batch(b, 0));
+    s.failed(&P0, &batch(c, 0));
+    assert_eq!((s.busy(), s.len()), (0, 0));
+}
+
+#[test]
+fn a_replay_with_no_room_is_counted_not_taken() {
+    let mut s: ProducerStates<(u8, i32)> = ProducerStates::new(1);
+    let busy = BatchId {
+        producer_id: -10,
+        epoch: 0,
+        first_seq: 0,
+        last_seq: 0,
+    };
+    assert_eq!(s.begin(&(1, 1), &busy), Check::Append);
+    let log = log_batch(7, PID, 0, 0, 1, false);
+    let r = s.replay_records(&P0, &log);
+    assert_eq!((r.batches, r.taken, r.untaken), (1, 0, 1));
+    assert!(s.entry(&P0, PID).is_none());
+}
+
+#[test]
+fn forgetting_appended_batches_keeps_those_in_flight() {
+    let mut s = states();
+    append(&mut s, id(0, 0, 4), 100);
+    assert_eq!(s.begin(&P0, &id(0, 5, 9)), Check::Append);
+    s.appended(&(1, 1), &id(0, 0, 9), 0, 0);
+    assert_eq!(s.forget_appended_where(|p| *p == P0), 1);
+    // What was appended is forgotten: no longer a duplicate (behind the
+    // batch in flight, it is out of order meanwhile).
+    assert_eq!(s.entry(&P0, PID).map(|e| e.batches().len()), Some(0));
+    assert!(matches!(s.check(&P0, &id(0, 0, 4)), Check::Refuse { .. }));
+    // What is in flight is not: its retry waits.
+    assert_eq!(s.check(&P0, &id(0, 5, 9)), Check::InFlight);
+    // Another partition keeps everything.
+    assert_eq!(
+        s.check(&(1, 1), &id(0, 0, 9)),
+        Check::Duplicate { base_offset: 0 }
+    );
+    // An entry with nothing left is dropped; then the forgotten batch's
+    // retry appends (the log decides, through the rebuild).
+    s.failed(&P0, &id(0, 5, 9));
+    assert!(s.entry(&P0, PID).is_none());
+    assert_eq!(s.len(), 1);
+    assert_eq!(s.check(&P0, &id(0, 0, 4)), Check::Append);
+}
+
+#[test]
 fn clearing_a_partition_drops_its_producers() {
     let mut s = states();
     append(&mut s, id(0, 0, 9), 0);
@@ -425,7 +540,8 @@ fn rebuilt_from_fetched_records_up_to_a_partial_batch() {
             batches: 3,
             taken: 2,
             next_offset: Some(16),
-            truncated: true
+            truncated: true,
+            untaken: 0,
         }
     );
     assert_eq!(

@@ -16,8 +16,10 @@
 //!
 //! The replicator runs with a commit interval far longer than the test, so
 //! only its batch bound (a commit after 5 acknowledged batches of a
-//! partition) commits while it runs: a kill almost always lands between an
-//! acknowledgement and its commit. For each kill the test compares the
+//! partition) commits while it runs. The test kills it only while the
+//! destination is ahead of the commit (checked with the replicator frozen
+//! by SIGSTOP), so the kill lands between an acknowledgement and its
+//! commit. For each kill the test compares the
 //! destination's end offsets of `idem` (equal to source offsets: the
 //! batches are copied as they are into an empty topic) with the committed
 //! offsets, so it knows how many partitions must see re-sent batches.
@@ -132,6 +134,19 @@ impl Replicator {
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
+    fn signal(&self, name: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        ensure!(
+            status.success(),
+            "kill -{name} {}: {status}",
+            self.child.id()
+        );
+        Ok(())
+    }
+
     fn kill(mut self) -> Result<()> {
         self.child.kill()?;
         self.child.wait()?;
@@ -212,9 +227,11 @@ fn committed(rt: &tokio::runtime::Runtime, src: &Client) -> Result<Vec<i64>> {
 }
 
 /// Waits until the destination's `idem` holds at least `records` records
-/// in all and one of its partitions holds more than the group committed
-/// (the replicator commits every 5 batches, so that is most of the time),
-/// or the replicator exits.
+/// in all and one of its partitions holds more than the group committed,
+/// then leaves the replicator frozen (SIGSTOP, so it cannot commit between
+/// the check and the kill); or fails if the replicator exits. Checked while
+/// frozen; thawed again when nothing was ahead (it commits every 5 batches,
+/// so something is, most of the time).
 fn wait_for_copied(
     rt: &tokio::runtime::Runtime,
     (src, dest): (&Client, &Client),
@@ -225,10 +242,12 @@ fn wait_for_copied(
     loop {
         let copied: i64 = end_offsets(rt, dest, IDEM, IDEM_PARTITIONS)?.iter().sum();
         if copied >= records {
+            replicator.signal("STOP")?;
             let ends = end_offsets(rt, dest, IDEM, IDEM_PARTITIONS)?;
             if ends.iter().zip(committed(rt, src)?).any(|(&e, k)| e > k) {
                 return Ok(());
             }
+            replicator.signal("CONT")?;
         }
         if let Some(status) = replicator.child.try_wait()? {
             bail!(

@@ -79,17 +79,23 @@ fn replicator_bin() -> Result<PathBuf> {
         if let Ok(bin) = std::env::var("REPLICATOR_TEST_BIN") {
             return Ok(PathBuf::from(bin));
         }
-        let proxy = Path::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
+        // <target dir>/debug/kafka-mirror-proxy: the example goes into
+        // <target dir>/debug/examples.
+        let profile_dir = Path::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
+            .parent()
+            .ok_or("no profile directory")?;
+        let target_dir = profile_dir.parent().ok_or("no target directory")?;
         let status = Command::new(env!("CARGO"))
             .args(["build", "--example", "replicator", "--manifest-path"])
             .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target_dir)
             .status()
             .map_err(|e| format!("running cargo: {e}"))?;
         if !status.success() {
             return Err(format!("cargo build --example replicator: {status}"));
         }
-        let dir = proxy.parent().ok_or("no target directory")?;
-        Ok(dir.join("examples").join("replicator"))
+        Ok(profile_dir.join("examples").join("replicator"))
     })
     .clone()
     .map_err(|e| anyhow!(e))

@@ -24,6 +24,20 @@
 //! request holding exactly one batch. The partitions are those the source
 //! topics have at start.
 //!
+//! Progress: the replicator commits its source positions to a consumer
+//! group on the *source* cluster (`--group-id`, by default
+//! `replicator.<client id>`), and only positions the destination
+//! acknowledged: a position moves past a batch once its Produce was
+//! answered. On start it resumes from the committed offsets (a partition
+//! without one starts at `--start-offset`). A kill therefore loses nothing
+//! and re-sends the batches acknowledged since the last commit; the proxy
+//! recognises those as duplicates (SPEC §6) and answers them with their
+//! original offsets, so nothing is appended twice. It recognises the last 5
+//! batches of each producer in a partition (Kafka's
+//! `NUM_BATCHES_TO_RETAIN`), so a partition's position is committed at the
+//! latest after 5 acknowledged batches (`--commit-every-batches`), besides
+//! every `--commit-interval-ms` and when stopping.
+//!
 //! Run it against a source cluster and the proxy (or, for experiments, a
 //! destination broker directly):
 //!
@@ -52,11 +66,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use bytes::{Bytes, BytesMut};
 use kafka_mirror_proxy::client::error::error_name;
+use kafka_mirror_proxy::client::offsets::Offsets;
 use kafka_mirror_proxy::client::protocol::{IsolationLevel, OffsetSpec, Produced};
 use kafka_mirror_proxy::client::{Client, ClientConfig, ClientError};
 use kafka_mirror_proxy::net::upstream::Upstream;
@@ -77,6 +92,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(45);
 /// retries (`max_retries`) take over.
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The proxy remembers this many batches per mirrored producer and
+/// partition (`mirror::producer_state::RETAINED_BATCHES`, Kafka's
+/// `NUM_BATCHES_TO_RETAIN`): the most a restart may re-send and still have
+/// every re-sent batch answered as a duplicate.
+pub const MAX_UNCOMMITTED_BATCHES: u32 = 5;
 /// Kafka's duplicate-sequence answer means an earlier attempt already landed.
 const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
 
@@ -124,12 +144,28 @@ pub struct ReplicatorOptions {
     pub fetch_max_bytes: i32,
     /// Set to `true` to stop (after the batch in flight).
     pub shutdown: Option<watch::Receiver<bool>>,
+    /// Consumer group on the source cluster that keeps the progress:
+    /// committed offsets are resumed from (they take precedence over
+    /// `start_offset(s)`), and acknowledged positions committed. `None`:
+    /// no progress kept.
+    pub group_id: Option<String>,
+    /// Commit when this long passed since the last commit.
+    pub commit_interval: Duration,
+    /// Commit once a partition has this many acknowledged batches past its
+    /// committed offset (1 to [`MAX_UNCOMMITTED_BATCHES`]).
+    pub commit_every_batches: u32,
+}
+
+/// The default progress group of a link's client id.
+pub fn default_group_id(client_id: &str) -> String {
+    format!("replicator.{client_id}")
 }
 
 impl ReplicatorOptions {
     /// Options with defaults: start offset 0, `Mode::UntilCaughtUp` (so a
     /// test that forgets the mode still terminates), read_committed, 20
-    /// retries, 200 ms backoff, 1 MiB fetches, no shutdown channel.
+    /// retries, 200 ms backoff, 1 MiB fetches, no shutdown channel, no
+    /// progress group (the command line sets one by default).
     pub fn new(
         source_bootstrap: impl Into<String>,
         destination_bootstrap: impl Into<String>,
@@ -150,6 +186,9 @@ impl ReplicatorOptions {
             retry_backoff: Duration::from_millis(200),
             fetch_max_bytes: 1024 * 1024,
             shutdown: None,
+            group_id: None,
+            commit_interval: Duration::from_secs(5),
+            commit_every_batches: MAX_UNCOMMITTED_BATCHES,
         }
     }
 }
@@ -171,6 +210,8 @@ pub struct PartitionReport {
     pub next_offset: i64,
     /// Source high watermark observed at start.
     pub start_high_watermark: i64,
+    /// The group's committed offset found at start (where it resumed).
+    pub resumed_from: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -183,6 +224,8 @@ pub struct ReplicationReport {
     pub total_aborted_skipped: u64,
     /// True when stopped by `shutdown` rather than by catching up.
     pub cancelled: bool,
+    /// OffsetCommit requests that succeeded.
+    pub commits: u64,
 }
 
 impl ReplicationReport {
@@ -337,6 +380,16 @@ pub async fn replicate(opts: &ReplicatorOptions) -> Result<ReplicationReport> {
     if opts.fetch_max_bytes <= 0 {
         bail!("fetch max bytes must be > 0, got {}", opts.fetch_max_bytes);
     }
+    if !(1..=MAX_UNCOMMITTED_BATCHES).contains(&opts.commit_every_batches) {
+        bail!(
+            "commit every batches must be 1 to {MAX_UNCOMMITTED_BATCHES} (the batches the proxy \
+             recognises as duplicates per producer), got {}",
+            opts.commit_every_batches
+        );
+    }
+    if opts.group_id.as_deref() == Some("") {
+        bail!("empty progress group id");
+    }
     let mut replicator = Replicator {
         opts,
         source: client(opts, "source", &opts.source_bootstrap)?,
@@ -347,12 +400,17 @@ pub async fn replicate(opts: &ReplicatorOptions) -> Result<ReplicationReport> {
             .transactional_id
             .clone()
             .unwrap_or_else(|| opts.client_id.clone()),
+        last_commit: Instant::now(),
+        commits: 0,
     };
-    match replicator.run().await {
-        Ok(()) => Ok(replicator.report(false)),
-        Err(e) if e.is::<Cancelled>() => Ok(replicator.report(true)),
-        Err(e) => Err(e),
-    }
+    let cancelled = match replicator.run().await {
+        Ok(()) => false,
+        Err(e) if e.is::<Cancelled>() => true,
+        Err(e) => return Err(e),
+    };
+    // Every position is acknowledged: keep it for the next start.
+    replicator.commit_now().await?;
+    Ok(replicator.report(cancelled))
 }
 
 /// The crate's client for one side, sending the link's client id.
@@ -430,7 +488,13 @@ impl fmt::Display for Tp {
 }
 
 struct PartState {
+    /// Next source offset to copy; moves past a batch only once the
+    /// destination acknowledged it (or it was skipped).
     position: i64,
+    /// What the progress group holds (-1: nothing).
+    committed: i64,
+    /// Batches acknowledged since `committed`.
+    uncommitted_batches: u32,
     report: PartitionReport,
 }
 
@@ -441,12 +505,15 @@ struct Replicator<'a> {
     parts: BTreeMap<Tp, PartState>,
     shutdown: Option<watch::Receiver<bool>>,
     transactional_id: String,
+    last_commit: Instant,
+    commits: u64,
 }
 
 impl Replicator<'_> {
     fn report(&self, cancelled: bool) -> ReplicationReport {
         let mut report = ReplicationReport {
             cancelled,
+            commits: self.commits,
             ..Default::default()
         };
         for state in self.parts.values() {
@@ -519,6 +586,7 @@ impl Replicator<'_> {
 
     async fn run(&mut self) -> Result<()> {
         let (source, destination) = (self.source.clone(), self.destination.clone());
+        let committed = self.committed_offsets().await?;
         for topic in &self.opts.topics {
             let src = self
                 .with_retries(&format!("source metadata of {topic}"), || {
@@ -557,26 +625,46 @@ impl Replicator<'_> {
                     })
                     .await?
                     .offset;
-                let start_offset = self
-                    .opts
-                    .start_offsets
-                    .get(&(topic.clone(), partition))
-                    .copied()
-                    .unwrap_or(self.opts.start_offset);
+                let resumed_from = committed.get(&(topic.clone(), partition)).copied();
+                if let Some(offset) = resumed_from {
+                    if offset > high_watermark {
+                        // Resuming there would skip whatever the source
+                        // writes up to it: the topic was recreated or
+                        // truncated, and only the operator knows what to do.
+                        bail!(
+                            "group {} committed offset {offset} for {tp}, beyond the source log \
+                             end {high_watermark}: the topic was recreated or truncated; reset \
+                             the group's offsets (kafka-consumer-groups.sh --reset-offsets) or \
+                             use another --group-id",
+                            self.opts.group_id.as_deref().unwrap_or_default()
+                        );
+                    }
+                }
+                let start_offset = resumed_from.unwrap_or_else(|| {
+                    self.opts
+                        .start_offsets
+                        .get(&(topic.clone(), partition))
+                        .copied()
+                        .unwrap_or(self.opts.start_offset)
+                });
                 let position = start_offset.max(log_start);
                 if position > start_offset {
                     warn!(topic = %tp.topic, partition, start_offset, log_start,
                         "start offset is below the source log start; starting at the log start");
                 }
-                info!(topic = %tp.topic, partition, position, high_watermark, "partition ready");
+                info!(topic = %tp.topic, partition, position, high_watermark,
+                    resumed_from_commit = resumed_from.is_some(), "partition ready");
                 self.parts.insert(
                     tp,
                     PartState {
                         position,
+                        committed: resumed_from.unwrap_or(-1),
+                        uncommitted_batches: 0,
                         report: PartitionReport {
                             topic: topic.clone(),
                             partition,
                             start_high_watermark: high_watermark,
+                            resumed_from,
                             ..Default::default()
                         },
                     },
@@ -610,8 +698,94 @@ impl Replicator<'_> {
                 if self.cancelled() {
                     return Err(Cancelled.into());
                 }
+                if self.last_commit.elapsed() >= self.opts.commit_interval {
+                    self.commit_now().await?;
+                }
             }
         }
+    }
+
+    /// The progress group's committed offsets of every source partition
+    /// (none without a group).
+    async fn committed_offsets(&mut self) -> Result<Offsets> {
+        let Some(group) = self.opts.group_id.clone() else {
+            return Ok(Offsets::new());
+        };
+        let source = self.source.clone();
+        let mut partitions = Vec::new();
+        for topic in &self.opts.topics {
+            let count = self
+                .with_retries(&format!("source metadata of {topic}"), || {
+                    source.topic(topic)
+                })
+                .await?
+                .partitions
+                .len();
+            partitions.extend((0..count as i32).map(|p| (topic.clone(), p)));
+        }
+        let committed = self
+            .with_retries(&format!("committed offsets of group {group}"), || {
+                source.committed_offsets(&group, &partitions)
+            })
+            .await?;
+        info!(
+            group,
+            partitions = partitions.len(),
+            committed = committed.len(),
+            "read the progress group's committed offsets"
+        );
+        Ok(committed)
+    }
+
+    /// Commit every partition's position that moved since its last commit
+    /// (every position is acknowledged by construction).
+    async fn commit_now(&mut self) -> Result<()> {
+        self.last_commit = Instant::now();
+        let Some(group) = self.opts.group_id.clone() else {
+            return Ok(());
+        };
+        let offsets: Offsets = self
+            .parts
+            .iter()
+            .filter(|(_, s)| s.position != s.committed)
+            .map(|(tp, s)| ((tp.topic.clone(), tp.partition), s.position))
+            .collect();
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let source = self.source.clone();
+        // Not `with_retries`: a commit at shutdown must not be cancelled.
+        let mut attempt = 0u32;
+        loop {
+            match source.commit_offsets(&group, &offsets).await {
+                Ok(()) => break,
+                Err(e) if worth_retrying(&e) && attempt < self.opts.max_retries => {
+                    attempt += 1;
+                    warn!(attempt, error = %e, group, "commit failed, retrying");
+                    tokio::time::sleep(
+                        self.opts
+                            .retry_backoff
+                            .saturating_mul(1 << attempt.min(5))
+                            .min(MAX_BACKOFF),
+                    )
+                    .await;
+                }
+                Err(e) => return Err(fatal(format!("commit to group {group}: {e}"))),
+            }
+        }
+        for ((topic, partition), offset) in &offsets {
+            let tp = Tp {
+                topic: topic.clone(),
+                partition: *partition,
+            };
+            if let Some(state) = self.parts.get_mut(&tp) {
+                state.committed = *offset;
+                state.uncommitted_batches = 0;
+            }
+        }
+        self.commits += 1;
+        debug!(group, partitions = offsets.len(), "committed");
+        Ok(())
     }
 
     /// One Fetch of one source partition, then every whole batch it
@@ -679,6 +853,7 @@ impl Replicator<'_> {
                     range = Some((range.map_or(batch.base_offset, |r| r.0), batch.last_offset));
                 }
             }
+            let mut commit = false;
             if let Some(state) = self.parts.get_mut(tp) {
                 state.position = batch.last_offset + 1;
                 let r = &mut state.report;
@@ -690,8 +865,13 @@ impl Replicator<'_> {
                         r.records_copied += u64::try_from(batch.record_count).unwrap_or(0);
                         r.first_offset.get_or_insert(batch.base_offset);
                         r.last_offset = Some(batch.last_offset);
+                        state.uncommitted_batches += 1;
                     }
                 }
+                commit = state.uncommitted_batches >= self.opts.commit_every_batches;
+            }
+            if commit {
+                self.commit_now().await?;
             }
         }
         if split.partial_len > 0 {
@@ -763,7 +943,11 @@ usage: replicator --source HOST:PORT --destination HOST:PORT --topics T[,T...] -
   --topics T[,T...]              topics to copy (repeatable)
   --client-id ID                 mirror link client id, sent to both sides
   --transactional-id ID          for transactional batches (default: the client id)
-  --start-offset N               first source offset per partition (default 0)
+  --start-offset N               first source offset of a partition without a committed one (default 0)
+  --group-id G                   source consumer group keeping the progress (default replicator.<client id>)
+  --no-group                     keep no progress: start at --start-offset every time
+  --commit-interval-ms N         commit acknowledged positions at least this often (default 5000)
+  --commit-every-batches N       ... and after N acknowledged batches of a partition, 1 to 5 (default 5)
   --mode follow|until-caught-up  keep running, or stop at the start high watermark (default follow)
   --isolation-level L            read_committed (default: aborted transactions dropped) or read_uncommitted
   --max-retries N                retries per operation (default 20)
@@ -786,6 +970,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Option<Cli>
     // A mirror normally runs until stopped; tests use the API or --mode.
     opts.mode = Mode::Follow;
     let mut verbose = false;
+    let (mut group_id, mut no_group) = (None, false);
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -842,6 +1027,20 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Option<Cli>
                 opts.retry_backoff = Duration::from_millis(number(&flag, value()?)?)
             }
             "--fetch-max-bytes" => opts.fetch_max_bytes = number(&flag, value()?)?,
+            "--group-id" => group_id = Some(value()?),
+            "--no-group" => no_group = true,
+            "--commit-interval-ms" => {
+                opts.commit_interval = Duration::from_millis(number(&flag, value()?)?)
+            }
+            "--commit-every-batches" => {
+                opts.commit_every_batches = number(&flag, value()?)?;
+                if !(1..=MAX_UNCOMMITTED_BATCHES).contains(&opts.commit_every_batches) {
+                    return Err(format!(
+                        "--commit-every-batches: 1 to {MAX_UNCOMMITTED_BATCHES}, got {}",
+                        opts.commit_every_batches
+                    ));
+                }
+            }
             "--verbose" | "-v" => verbose = true,
             "--help" | "-h" => return Ok(None),
             other => return Err(format!("unknown argument: {other}")),
@@ -857,6 +1056,12 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Option<Cli>
             return Err(format!("{name} is required"));
         }
     }
+    opts.group_id = match (no_group, group_id) {
+        (true, Some(_)) => return Err("--group-id and --no-group exclude each other".into()),
+        (true, None) => None,
+        (false, Some(g)) if g.is_empty() => return Err("--group-id: empty".into()),
+        (false, g) => Some(g.unwrap_or_else(|| default_group_id(&opts.client_id))),
+    };
     Ok(Some(Cli {
         options: opts,
         verbose,
@@ -1007,5 +1212,32 @@ mod tests {
         .is_err());
         assert!(parse_args(["--source".to_owned()]).is_err());
         assert!(parse_args(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn progress_group_flags() {
+        let parse = |extra: &str| {
+            parse_args(
+                format!("--source a:1 --destination b:2 --topics t --client-id mirror-a {extra}")
+                    .split_whitespace()
+                    .map(str::to_owned),
+            )
+            .map(|cli| cli.expect("not help").options)
+        };
+        let default = parse("").expect("valid");
+        assert_eq!(default.group_id.as_deref(), Some("replicator.mirror-a"));
+        assert_eq!(default.commit_every_batches, MAX_UNCOMMITTED_BATCHES);
+        assert_eq!(default.commit_interval, Duration::from_secs(5));
+        let set =
+            parse("--group-id g --commit-interval-ms 100 --commit-every-batches 2").expect("valid");
+        assert_eq!(set.group_id.as_deref(), Some("g"));
+        assert_eq!(set.commit_interval, Duration::from_millis(100));
+        assert_eq!(set.commit_every_batches, 2);
+        assert_eq!(parse("--no-group").expect("valid").group_id, None);
+        assert!(parse("--no-group --group-id g").is_err());
+        assert!(parse("--group-id=").is_err());
+        // More than the proxy recognises as duplicates per producer.
+        assert!(parse("--commit-every-batches 6").is_err());
+        assert!(parse("--commit-every-batches 0").is_err());
     }
 }

@@ -8,6 +8,7 @@
 //!   response is walked with Kafka's schema before `kafka-protocol` decodes it.
 //! - `group`: group membership requests (FindCoordinator, JoinGroup,
 //!   SyncGroup, Heartbeat, LeaveGroup, DescribeGroups; pure).
+//! - `offsets`: a group's committed offsets (OffsetCommit, OffsetFetch).
 //! - `metadata`: brokers and partition leaders, cached (pure).
 //! - `error`: [`ClientError`] and which errors are retried.
 //!
@@ -22,6 +23,7 @@ pub mod conn;
 pub mod error;
 pub mod group;
 pub mod metadata;
+pub mod offsets;
 pub mod protocol;
 
 use std::collections::{BTreeMap, HashMap};

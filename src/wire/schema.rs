@@ -231,6 +231,16 @@ const SOURCES: &[(&str, &str)] = &[
         "DescribeGroupsResponse.json",
         include_str!("schemas/DescribeGroupsResponse.json"),
     ),
+    // Committed offsets of a consumer group (`client::offsets`: the
+    // example replicator keeps its progress in the source cluster).
+    (
+        "OffsetCommitResponse.json",
+        include_str!("schemas/OffsetCommitResponse.json"),
+    ),
+    (
+        "OffsetFetchResponse.json",
+        include_str!("schemas/OffsetFetchResponse.json"),
+    ),
     // Client requests that can delete, grow or reconfigure the state topic
     // (`filter::guard`), read only to see whether they name it.
     (

@@ -470,3 +470,62 @@ fn a_link_produce_that_waited_past_the_drain_timeout_is_refused() -> Result<()> 
     eprintln!("throttled for {} ms", w.throttle_ms);
     Ok(())
 }
+
+/// Issue 26 item 6, split brain: one of two instances is frozen (SIGSTOP)
+/// with a link batch waiting in its socket, the failover runs on the other
+/// and cannot hear from it, and the frozen one is resumed after the
+/// barriers. It must not forward the batch: its state-topic lease (half
+/// the instances' session timeout) ran out while it was frozen, and the
+/// failover waited that long before its barriers. It refuses with the
+/// retriable NOT_ENOUGH_REPLICAS (19), and nothing of the link is past a
+/// barrier. (Before the lease, the resumed instance still believed the
+/// link MIRRORING and appended the batch after the barrier.)
+#[test]
+fn a_frozen_instance_resumed_after_the_barriers_forwards_nothing_of_the_link() -> Result<()> {
+    const NOT_ENOUGH_REPLICAS: i16 = 19;
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[(TOPIC, 2)])?;
+    let source = ClusterId::from_bytes(*b"failover-source!");
+    let settings = [
+        ("FAILOVER_DRAIN_TIMEOUT_MS", "1000"),
+        ("INSTANCE_SESSION_TIMEOUT_MS", "8000"),
+    ];
+    let a = ProxyProcess::with_link_x(&broker.bootstrap(), &source, TOPIC, &settings)?;
+    let b = ProxyProcess::with_link_x(&broker.bootstrap(), &source, TOPIC, &settings)?;
+
+    // B serves the link, then freezes with the next batch in its socket.
+    let mut through_b = RawClient::connect(&b.bootstrap)?;
+    let c = link_produce(&mut through_b, &[(1, batch(9, 0, "before"))])?;
+    let (code, _, message) = result_of(&produce_response(&mut through_b, c)?, 1)?;
+    ensure!(code == NONE, "the first batch through B: {code} {message}");
+    b.signal("STOP")?;
+    let c = link_produce(
+        &mut through_b,
+        &[(1, batch(9, 1, "sent to the frozen instance"))],
+    )?;
+
+    // The failover runs on A; B is still in the instances' group but
+    // cannot confirm its drain.
+    let report = finished_failover(start_failover(&a), &a)?;
+    let unconfirmed = &report["failover"]["unconfirmed_instances"];
+    ensure!(
+        unconfirmed.as_array().is_some_and(|u| u.len() == 1),
+        "B is not named as unconfirmed: {report:#}"
+    );
+    b.signal("CONT")?;
+
+    let r = produce_response(&mut through_b, c)?;
+    let (code, offset, message) = result_of(&r, 1)?;
+    eprintln!("the frozen instance's answer: {code} {offset} {message}");
+    let late = past_the_barrier(&broker, &report, 1)?;
+    ensure!(
+        late.is_empty(),
+        "partition 1: mirrored batches past the barrier: {late:?}; B answered {code} {offset} {message}\n{}",
+        tools::tail_str(&b.logs(), 30)
+    );
+    ensure!(
+        code == NOT_ENOUGH_REPLICAS || code == PRODUCER_FENCED,
+        "B answered {code} {offset} {message}"
+    );
+    Ok(())
+}

@@ -10,6 +10,7 @@
 //! calls.
 
 use std::future::Future;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -61,6 +62,10 @@ pub trait Store: Send + Sync + 'static {
         key: DrainedKey,
         value: DrainedValue,
     ) -> impl Future<Output = Result<(), ResolveError>> + Send;
+
+    /// How long an instance out of touch with the store may still forward
+    /// link traffic (`StateStore::lease_held`).
+    fn lease(&self) -> Duration;
 
     /// Delete the drained records of `link`'s earlier failovers; returns
     /// how many.
@@ -143,6 +148,10 @@ impl Store for StateStore {
         value: DrainedValue,
     ) -> impl Future<Output = Result<(), ResolveError>> + Send {
         StateStore::write_drained(self, key, value)
+    }
+
+    fn lease(&self) -> Duration {
+        StateStore::lease(self)
     }
 
     fn forget_drained(

@@ -574,7 +574,8 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         };
         let name = link.name();
         // 1. Every live instance drains the link (bounded).
-        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.drain_timeout;
         let mut changes = state.control_changes();
         let unconfirmed = loop {
             let live = match self.live_instances().await {
@@ -597,7 +598,13 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             }
         };
         if !unconfirmed.is_empty() {
-            tracing::warn!(link = name, failover_id = run.id, unconfirmed = ?unconfirmed, "instances did not confirm draining the link within MIRROR_PROXY_FAILOVER_DRAIN_TIMEOUT_MS; placing the barriers anyway");
+            // An instance that did not confirm may be cut off from the state
+            // topic, blind to STOPPING: its lease runs out at the latest a
+            // lease after STOPPING was written (before this run began), and
+            // then it forwards nothing of the link.
+            let lease = state.lease();
+            tracing::warn!(link = name, failover_id = run.id, unconfirmed = ?unconfirmed, lease_ms = lease.as_millis() as u64, "instances did not confirm draining the link within MIRROR_PROXY_FAILOVER_DRAIN_TIMEOUT_MS; placing the barriers once their state-topic lease has run out");
+            tokio::time::sleep_until(started + lease).await;
         }
         // 2. Every partition of the link's topics.
         let mut partitions = placer

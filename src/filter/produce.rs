@@ -282,6 +282,24 @@ impl<'a> ProduceFilter<'a> {
                 link: link.name().to_string(),
             });
         }
+        // Split brain: an instance that lost touch with the state topic may
+        // have missed a failover's STOPPING; past its lease it forwards
+        // nothing of the link (the failover waits the lease out).
+        if !state.lease_held() {
+            tracked.unanswered();
+            let message = format!(
+                "mirror link '{}': this proxy instance has not read the state topic within its lease ({} ms, half MIRROR_PROXY_INSTANCE_SESSION_TIMEOUT_MS), so it cannot know the link's state; retry",
+                link.name(),
+                state.lease().as_millis()
+            );
+            tracing::debug!(
+                link = link.name(),
+                "refused a link Produce: the state topic lease has run out"
+            );
+            let refused = produce::refuse_all(&frame, &index, Refusal::StateNotLoaded, &message);
+            count_local(ctx, link.name(), &refused.local);
+            return answered(&refused.local);
+        }
         ctx.metrics
             .batches_remapped(link.name(), plan.remapped_batches as u64);
         count_local(ctx, link.name(), &plan.local);

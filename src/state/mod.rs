@@ -43,7 +43,7 @@ pub mod resolve;
 pub mod topic;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -148,6 +148,13 @@ pub struct StateStore {
     /// The configured links, told their current source cluster as their
     /// state records are applied.
     configured: Links,
+    /// How long a read of the whole topic (to its high watermark) lets
+    /// this instance forward link traffic: see [`StateStore::lease_held`].
+    lease: Duration,
+    /// When the read that last renewed the lease was sent, in ms after
+    /// `clock` (0: never).
+    lease_renewed_ms: AtomicU64,
+    clock: Instant,
 }
 
 /// A barrier record as this instance applied it.
@@ -213,16 +220,18 @@ impl StateStore {
                 config.state_key_unsigned_before,
             )
         });
-        Ok(Self::build(
+        let mut store = Self::build(
             Client::new(client),
             config.state_topic.clone(),
             clusters,
             metrics,
             i64::try_from(config.producer_expiration_ms).unwrap_or(i64::MAX),
-            initial,
-            auth,
-            config.links.clone(),
-        ))
+        );
+        store.initial = initial;
+        store.auth = auth;
+        store.configured = config.links.clone();
+        store.lease = Duration::from_millis(config.instance_session_timeout_ms / 2);
+        Ok(Arc::new(store))
     }
 
     /// A store without configured links or a state key (tests).
@@ -233,16 +242,7 @@ impl StateStore {
         metrics: Arc<Metrics>,
         expiration_ms: i64,
     ) -> Arc<StateStore> {
-        Self::build(
-            client,
-            topic,
-            clusters,
-            metrics,
-            expiration_ms,
-            HashMap::new(),
-            None,
-            Links::default(),
-        )
+        Arc::new(Self::build(client, topic, clusters, metrics, expiration_ms))
     }
 
     fn build(
@@ -251,11 +251,8 @@ impl StateStore {
         clusters: Vec<crate::mirror::pid::ClusterId>,
         metrics: Arc<Metrics>,
         expiration_ms: i64,
-        initial: HashMap<String, LinkStatus>,
-        auth: Option<StateAuth>,
-        configured: Links,
-    ) -> Arc<StateStore> {
-        Arc::new(StateStore {
+    ) -> StateStore {
+        StateStore {
             tail: client.sibling(),
             client,
             not_ready: Mutex::new(format!("state topic {topic} not loaded yet")),
@@ -273,10 +270,45 @@ impl StateStore {
             links: RwLock::new(HashMap::new()),
             drained: RwLock::new(HashMap::new()),
             control_changed: watch::Sender::new(0),
-            initial,
-            auth,
-            configured,
-        })
+            initial: HashMap::new(),
+            auth: None,
+            configured: Links::default(),
+            lease: Duration::MAX,
+            lease_renewed_ms: AtomicU64::new(0),
+            clock: Instant::now(),
+        }
+    }
+
+    /// Whether this instance may forward link traffic: it has read the
+    /// state topic to its high watermark with a Fetch sent less than the
+    /// lease (half `INSTANCE_SESSION_TIMEOUT_MS`) ago. An instance cut off
+    /// from the topic, or frozen, cannot see a failover begin; once its
+    /// lease has run out it refuses link batches (retriable), and a
+    /// failover that an instance did not confirm waits out the lease before
+    /// its barriers, so nothing of the link lands after them.
+    pub fn lease_held(&self) -> bool {
+        let renewed = self.lease_renewed_ms.load(Ordering::Acquire);
+        if renewed == 0 {
+            return false;
+        }
+        let now = self.clock_ms();
+        Duration::from_millis(now.saturating_sub(renewed)) <= self.lease
+    }
+
+    /// The lease (see [`StateStore::lease_held`]).
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Milliseconds after `clock`, at least 1.
+    fn clock_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    fn renew_lease(&self, sent_ms: u64) {
+        self.lease_renewed_ms.fetch_max(sent_ms, Ordering::AcqRel);
     }
 
     /// Start the loader/tailer and the expiry task.
@@ -608,8 +640,13 @@ impl StateStore {
         let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
         let started = Instant::now();
         let mut next = loop {
+            // Loaded, the topic is read to the end listed after this.
+            let sent = self.clock_ms();
             match self.load().await {
-                Ok(next) => break next,
+                Ok(next) => {
+                    self.renew_lease(sent);
+                    break next;
+                }
                 Err(ClientError::NotCompacted { topic, policy }) => {
                     let e = StateError::NotCompacted { topic, policy };
                     tracing::error!(error = %e, "state topic unusable");
@@ -638,6 +675,9 @@ impl StateStore {
         );
         backoff.reset();
         loop {
+            // The lease runs from when the Fetch was sent: its answer says
+            // nothing of what was written after that.
+            let sent = self.clock_ms();
             match self
                 .tail
                 .fetch(&self.topic, 0, next, FETCH_BYTES, TAIL_WAIT)
@@ -645,6 +685,9 @@ impl StateStore {
             {
                 Ok(f) => {
                     next = self.apply(&f.records, next);
+                    if next >= f.high_watermark {
+                        self.renew_lease(sent);
+                    }
                     backoff.reset();
                 }
                 Err(e) => {

@@ -191,6 +191,10 @@ impl Store for FakeStore {
         Ok(())
     }
 
+    fn lease(&self) -> Duration {
+        LEASE
+    }
+
     async fn forget_drained(&self, link: &str) -> Result<usize, ResolveError> {
         let mut drained = lock(&self.drained);
         let before = drained.len();
@@ -355,6 +359,9 @@ fn setup(live: &[&str], drain_timeout: Duration, records: &[LinkStatus]) -> Setu
 }
 
 const DRAIN: Duration = Duration::from_secs(30);
+/// The fake store's lease: shorter than the drain timeouts of the tests
+/// that do not look at it.
+const LEASE: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(start_paused = true)]
@@ -757,4 +764,20 @@ async fn a_new_failover_deletes_the_drained_records_of_the_last_one_first() {
         panic!("drained records deleted, then STOPPING and a drain: {events:#?}");
     };
     assert_eq!(instance, "me");
+}
+
+/// Issue 26 item 6: an instance that did not confirm the drain may be cut
+/// off from the state topic; the barriers wait until its lease is out.
+#[tokio::test(start_paused = true)]
+async fn barriers_wait_out_the_lease_when_an_instance_did_not_confirm() {
+    let t = setup(&["me", "peer"], Duration::from_secs(1), &[]);
+    t.control.start();
+
+    let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
+
+    assert!(complete, "{report}");
+    let placed = t.events.placed();
+    assert_eq!(placed.len(), 2, "{placed:?}");
+    assert!(placed.iter().all(|(at, ..)| *at == LEASE), "{placed:?}");
+    assert_eq!(report["failover"]["unconfirmed_instances"], json!(["peer"]));
 }

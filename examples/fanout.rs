@@ -6,13 +6,13 @@
 //!    at a time over `--first` partitions (median and max);
 //! 2. fan-out: the first `--batches` batches of P partitions x M producers
 //!    (the same M source producers write every partition), as
-//!    - mode A, batched like a real producer: one connection, each request
-//!      carrying the next batch of every partition that has one, at most 5
-//!      requests in flight;
-//!    - mode B, one partition per request, as the example replicator sends
-//!      them: `--connections` connections, one request in flight on each;
-//!    the time until every batch of every partition is acknowledged (a
-//!    retriable refusal is sent again, after 100 ms);
+//!    mode A, batched like a real producer: one connection, each request
+//!    carrying the next batch of every partition that has one, at most 5
+//!    requests in flight; mode B, one partition per request, as the
+//!    example replicator sends them: `--connections` connections, one
+//!    request in flight on each; the time until every batch of every
+//!    partition is acknowledged (a retriable refusal is sent again, after
+//!    100 ms);
 //! 3. many producers: batches/s of `--rate-batches` idempotent batches
 //!    spread over `--few` distinct producers, then over `--many` (each of
 //!    whose first batch needs a state-topic claim through the link); with
@@ -150,7 +150,8 @@ fn options() -> Result<Options> {
         "usage: fanout --broker ADDR --link ADDR [--client-id ID] [--prefix P] [--admin ADDR] [--proxy-pid PID] [--first N] [--sizes PxM,...] [--batches N] [--connections N] [--rate-partitions N] [--rate-batches N] [--few N] [--many N] [--cases 1,2,3] [--timeout S]"
     );
     ensure!(
-        o.few % o.rate_partitions as usize == 0 && o.many % o.rate_partitions as usize == 0,
+        o.few.is_multiple_of(o.rate_partitions as usize)
+            && o.many.is_multiple_of(o.rate_partitions as usize),
         "--few and --many must be multiples of --rate-partitions"
     );
     Ok(o)

@@ -47,7 +47,11 @@ fanout() { # LABEL PROXY_PORT ADMIN PID
 start P __mirror_state
 fanout "this build" "$P_PORT" "$P_ADMIN" "$P_PID"
 if [ -n "${BASELINE_BIN:-}" ]; then
-    kill "$P_PID"
+    # A fresh broker: one holding both runs' topics runs out of file
+    # handles (about 6,000 partitions a run).
+    kill "$P_PID" "${KMP_PIDS[0]}"
+    kmp_start_broker C q1Zx7Kd8Tj2m4Wf0hYvRsA
+    B_PORT=$C_PORT
     KMP_PROXY_BIN=$BASELINE_BIN start Q __mirror_state_base
     fanout "baseline $BASELINE_BIN" "$Q_PORT" "$Q_ADMIN" "$Q_PID"
 fi

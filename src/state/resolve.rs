@@ -632,7 +632,7 @@ mod tests {
         let [((topic, partition, _), e)] = &failed[..] else {
             panic!("one failure in {failed:?}");
         };
-        assert_eq!((topic.as_str(), *partition), (("orders", PARTITION)));
+        assert_eq!((topic.as_str(), *partition), ("orders", PARTITION));
         assert!(matches!(e, ResolveError::TooManyRaces), "{e:?}");
         assert_eq!(e.to_string(), "lost the race for a slot 5 times");
         assert_eq!(log.view().lookup(PARTITION, ours(), now_ms()), None);

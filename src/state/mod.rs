@@ -27,7 +27,10 @@
 //! A new origin is resolved by [`StateStore::resolve`]: propose a slot
 //! (salted if needed), write its claim (and the salt record) with acks=all,
 //! wait until the tailer has applied past the write, and check that the
-//! claim owns the slot; a loser proposes again (bounded).
+//! claim owns the slot; a loser proposes again (bounded). Concurrent
+//! requests' origins are proposed and written together
+//! ([`resolve::Group`]): one write carries the claims of every request
+//! that queued while the previous write was in flight.
 //!
 //! Every record is checked before it is applied, and skipped (one WARN
 //! line, `state_records_skipped_total`) when the proxy could not have
@@ -83,6 +86,10 @@ const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
 const STATE_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proposals per origin before a resolve gives up (each lost race costs one).
 const RESOLVE_ROUNDS: usize = 5;
+/// How long a request waits for its origins, queued writes ahead included:
+/// under the replicator's request timeout (30 s by default), so it gets a
+/// retriable answer rather than none.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// Why the state topic cannot be used at all (the proxy stops).
 #[derive(Debug, thiserror::Error)]
@@ -124,9 +131,9 @@ pub struct StateStore {
     /// Topic ids looked up with the client (topics a Produce named before
     /// any Metadata response through the proxy did).
     topic_ids: RwLock<HashMap<String, Uuid>>,
-    /// One resolve at a time on this instance: a resolve never races with
-    /// itself, only with other instances.
-    resolving: tokio::sync::Mutex<()>,
+    /// The resolves of this instance, grouped into shared writes: a
+    /// resolve never races with itself, only with other instances.
+    resolving: resolve::Group,
     expiration_ms: i64,
     /// The latest barrier of every (link, partition), with how many
     /// producers applying it expired on this instance.
@@ -263,7 +270,7 @@ impl StateStore {
             loaded: AtomicBool::new(false),
             fatal: watch::Sender::new(None),
             topic_ids: RwLock::new(HashMap::new()),
-            resolving: tokio::sync::Mutex::new(()),
+            resolving: resolve::Group::default(),
             expiration_ms,
             barriers: RwLock::new(HashMap::new()),
             expires: OnceLock::new(),
@@ -841,9 +848,20 @@ impl StateStore {
                 todo.push((u.topic.clone(), p, u.origin));
             }
         }
-        let _one_at_a_time = self.resolving.lock().await;
+        if todo.is_empty() {
+            return failed;
+        }
         failed.extend(
-            resolve::resolve(self, &self.metrics.state, &self.topic, todo, random_i64).await,
+            self.resolving
+                .resolve(
+                    self,
+                    &self.metrics.state,
+                    &self.topic,
+                    todo,
+                    random_i64,
+                    RESOLVE_TIMEOUT,
+                )
+                .await,
         );
         failed
     }
@@ -888,7 +906,7 @@ impl StateStore {
             if records.is_empty() {
                 continue;
             }
-            let _one_at_a_time = self.resolving.lock().await;
+            let _one_at_a_time = self.resolving.exclusive().await;
             // Batches of at most 1000 records keep each write small.
             for chunk in records.chunks(1000) {
                 if self.write(chunk).await.is_err() {

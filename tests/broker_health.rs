@@ -60,7 +60,10 @@ fn a_killed_brokers_node_port_is_refused_before_any_client_is_dropped() -> Resul
     // Opens node 1's listener.
     tools::create_topic(&proxy.bootstrap, "health", 1, &[], &[])?;
     let node = proxy.node_address(1);
-    ensure!(dial(&node) == Dial::Served, "node port not serving at first");
+    ensure!(
+        dial(&node) == Dial::Served,
+        "node port not serving at first"
+    );
 
     // A client with a connection open through the node port.
     let mut kept = RawClient::connect(&node)?;
@@ -70,7 +73,10 @@ fn a_killed_brokers_node_port_is_refused_before_any_client_is_dropped() -> Resul
         "kept",
         &ApiVersionsRequest::default(),
     )?;
-    ensure!(kept.recv_frame()?.is_some(), "no answer on the kept connection");
+    ensure!(
+        kept.recv_frame()?.is_some(),
+        "no answer on the kept connection"
+    );
 
     broker.node().kill();
     // The proxy sees its upstream connection end and closes the client's.

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::filter::addresses::{self, Advertised, Learnt};
@@ -96,7 +95,8 @@ pub struct Shared {
     /// What the filters of every connection see.
     pub ctx: Context,
     pub upstream: Upstream,
-    pub acceptor: Option<TlsAcceptor>,
+    /// Reloaded when its files change (see [`crate::net::tls`]).
+    pub acceptor: Option<crate::net::tls::ServerTls>,
     /// Memory for client request frames, shared by every connection.
     pub budget: Arc<Budget>,
     /// Memory for broker response frames, shared by every connection.
@@ -455,7 +455,7 @@ impl Proxy {
         let acceptor = config
             .client_tls
             .as_ref()
-            .map(crate::net::tls::acceptor)
+            .map(crate::net::tls::ServerTls::new)
             .transpose()?;
         let upstream = Upstream::from_config(&config)?;
         let listener = bind_std(config.listen).map_err(|source| StartError::Bind {

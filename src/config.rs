@@ -73,6 +73,9 @@ pub struct ClientTls {
     pub cert_chain: Vec<CertificateDer<'static>>,
     pub key: Arc<PrivateKeyDer<'static>>,
     pub client_ca: Option<Vec<CertificateDer<'static>>>,
+    /// The files these were read from (certificate, key, client CA), read
+    /// again when they change (`net::tls` reloads them).
+    pub files: Vec<PathBuf>,
 }
 
 /// TLS towards the brokers.
@@ -83,6 +86,9 @@ pub struct UpstreamTls {
     /// Name to verify the broker certificate against, instead of the host the
     /// proxy connects to.
     pub server_name: Option<String>,
+    /// The files these were read from (CA, then certificate and key if
+    /// set), read again when they change (`net::tls` reloads them).
+    pub files: Vec<PathBuf>,
 }
 
 /// The state key's bytes; never printed.
@@ -735,10 +741,15 @@ impl Config {
                 "a server certificate, because MIRROR_PROXY_TLS_CLIENT_CA is set",
             );
         }
+        let files = ["TLS_CERT", "TLS_KEY", "TLS_CLIENT_CA"]
+            .iter()
+            .filter_map(|name| env.raw(name).map(PathBuf::from))
+            .collect();
         Some(ClientTls {
             cert_chain: cert?,
             key: Arc::new(key?),
             client_ca,
+            files,
         })
     }
 
@@ -777,10 +788,15 @@ impl Config {
             (Some(c), Some(k)) => Some((c, Arc::new(k))),
             _ => None,
         };
+        let files = ["UPSTREAM_TLS_CA", "UPSTREAM_TLS_CERT", "UPSTREAM_TLS_KEY"]
+            .iter()
+            .filter_map(|name| env.raw(name).map(PathBuf::from))
+            .collect();
         Some(UpstreamTls {
             ca: ca?,
             client_cert,
             server_name,
+            files,
         })
     }
 

@@ -355,6 +355,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         })?;
     let admin_addr = admin.local_addr().unwrap_or(admin_addr);
     let tasks = Tasks::default();
+    tasks.spawn(reload_tls());
     let state = if config.links.is_empty() {
         None
     } else {
@@ -466,6 +467,39 @@ fn start_members(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<
         instance_id,
         options,
     ))
+}
+
+/// Reloads changed TLS files every `RELOAD_INTERVAL`, and at once on
+/// SIGHUP (which therefore no longer ends the process).
+async fn reload_tls() {
+    use kafka_mirror_proxy::net::tls;
+    #[cfg(unix)]
+    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP: TLS files are reloaded by polling only");
+            None
+        }
+    };
+    loop {
+        #[cfg(unix)]
+        {
+            let hup = async {
+                match hangup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(tls::RELOAD_INTERVAL) => {}
+                Some(()) = hup => tracing::info!("SIGHUP: checking the TLS files"),
+            }
+        }
+        #[cfg(not(unix))]
+        tokio::time::sleep(tls::RELOAD_INTERVAL).await;
+        // Small bounded file reads, off the async workers.
+        let _ = tokio::task::spawn_blocking(tls::reload_all).await;
+    }
 }
 
 async fn shutdown_signal() {

@@ -12,6 +12,14 @@
 //! an upstream connection was lost fails; connects still waiting on it are
 //! failed at once, so an unreachable host holds clients for at most one
 //! connect timeout.
+//!
+//! A killed broker's connections can end a moment before its listening
+//! socket does (the kernel closes a dead process's sockets one by one), so
+//! one probe right after a lost connection may still be accepted. After a
+//! loss the broker therefore counts as reachable only if a few probes spread
+//! over [`LOSS_PROBES`] (1.5 s) all connect, and a probe's connection must also stay
+//! open for [`PROBE_HOLD`] (a listener closing with it in its backlog resets
+//! it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,6 +37,20 @@ pub const PROBE_MAX: Duration = Duration::from_secs(5);
 /// A probe is a TCP connect: a broker that does not accept within this long
 /// (or the connect timeout, if shorter) counts as unreachable for now.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A probe's connection must not be closed by the broker within this long.
+/// Brokers never close a fresh connection on their own, so a close this
+/// soon means the listener went away with the connection in its backlog.
+pub const PROBE_HOLD: Duration = Duration::from_millis(100);
+/// After an upstream connection was lost: the waits before each probe that
+/// must all succeed for the broker to count as still there (about 1.5 s in
+/// all, so a dying broker is caught while it tears down).
+const LOSS_PROBES: [Duration; 5] = [
+    Duration::ZERO,
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
 
 /// Reachability of one target (a broker node, or the bootstrap brokers).
 #[derive(Debug)]
@@ -93,11 +115,37 @@ impl Health {
 pub async fn reachable(addrs: &[String], connect_timeout: Duration) -> bool {
     let timeout = connect_timeout.min(PROBE_TIMEOUT);
     for addr in addrs {
-        if let Ok(Ok(_)) = tokio::time::timeout(timeout, TcpStream::connect(addr.as_str())).await {
-            return true;
+        if let Ok(Ok(tcp)) = tokio::time::timeout(timeout, TcpStream::connect(addr.as_str())).await
+        {
+            if stays_open(&tcp).await {
+                return true;
+            }
         }
     }
     false
+}
+
+/// [`reachable`], checked by every probe of [`LOSS_PROBES`]: false as soon
+/// as one fails. For a target whose upstream connection just ended.
+pub async fn confirmed_reachable(addrs: &[String], connect_timeout: Duration) -> bool {
+    for wait in LOSS_PROBES {
+        tokio::time::sleep(wait).await;
+        if !reachable(addrs, connect_timeout).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether the peer leaves a fresh connection open for [`PROBE_HOLD`]: an
+/// end of stream or a reset in that time means nobody is serving it.
+async fn stays_open(tcp: &TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    match tokio::time::timeout(PROBE_HOLD, tcp.peek(&mut buf)).await {
+        Err(_) => true,
+        Ok(Ok(n)) => n > 0,
+        Ok(Err(_)) => false,
+    }
 }
 
 /// The waits between probes of a down broker.
@@ -153,6 +201,37 @@ mod tests {
         let listener = tokio::net::TcpListener::bind(&open).await.expect("rebind");
         assert!(reachable(&["127.0.0.1:1".into(), open], Duration::from_secs(1)).await);
         drop(listener);
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_at_once_is_unreachable() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        // Accepts and closes every connection, as a dying listener does to
+        // the ones in its backlog.
+        let closer = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                drop(tcp);
+            }
+        });
+        assert!(!reachable(std::slice::from_ref(&addr), Duration::from_secs(1)).await);
+        closer.abort();
+        // A listener that keeps its connections open is reachable, also
+        // after a loss (every confirming probe succeeds).
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let keeper = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                kept.push(tcp);
+            }
+        });
+        assert!(confirmed_reachable(std::slice::from_ref(&addr), Duration::from_secs(1)).await);
+        keeper.abort();
     }
 
     #[tokio::test]

@@ -1,11 +1,23 @@
 //! TLS on both sides, with rustls: the acceptor for client listeners (with
 //! optional client certificates) and the connector towards brokers.
+//!
+//! Both are reloaded from their files without a restart: [`reload_all`]
+//! (called every [`RELOAD_INTERVAL`] and on SIGHUP) reads the files again and,
+//! when their contents changed, builds a new acceptor or connector that new
+//! connections use; open connections keep the one they started with. Files
+//! that do not make a valid configuration (a certificate written before its
+//! key, say) leave the previous one in place, with one WARN line per change.
 
-use std::sync::Arc;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::config::{ClientTls, UpstreamTls};
@@ -20,6 +32,29 @@ pub enum TlsSetupError {
     #[error("client certificate verifier: {0}")]
     Verifier(String),
 }
+
+/// Why certificate files could not be loaded again.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is larger than {MAX_PEM_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("{path}: not a PEM file holding at least one CERTIFICATE ({reason})")]
+    Certs { path: PathBuf, reason: String },
+    #[error("{path}: not a PEM private key ({reason})")]
+    Key { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Setup(#[from] TlsSetupError),
+}
+
+/// How often the TLS files are checked for changes (SIGHUP checks at once).
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(3);
+/// A certificate or key file larger than this is refused, not read whole.
+const MAX_PEM_BYTES: u64 = 1 << 20;
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -97,4 +132,245 @@ pub fn subject(cert: &CertificateDer<'_>) -> Option<CertSubject> {
         attributes,
     };
     Some(subject)
+}
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>, ReloadError> {
+    let read = |source| ReloadError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PEM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read)?;
+    if bytes.len() as u64 > MAX_PEM_BYTES {
+        return Err(ReloadError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(bytes)
+}
+
+fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, ReloadError> {
+    let err = |reason: String| ReloadError::Certs {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(err("none found".into()));
+    }
+    Ok(certs)
+}
+
+fn parse_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, ReloadError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| ReloadError::Key {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// The acceptor for client listeners, replaced when its files change.
+#[derive(Clone)]
+pub struct ServerTls(Arc<Reloading<TlsAcceptor>>);
+
+impl ServerTls {
+    /// From the configuration (files already read once); reloaded by
+    /// [`reload_all`] from then on.
+    pub fn new(tls: &ClientTls) -> Result<ServerTls, TlsSetupError> {
+        let first = acceptor(tls)?;
+        let template = tls.clone();
+        let build = move |contents: &[Vec<u8>]| -> Result<TlsAcceptor, ReloadError> {
+            let files = &template.files;
+            let (Some(cert), Some(key)) = (contents.first(), contents.get(1)) else {
+                return Ok(acceptor(&template)?);
+            };
+            let mut next = template.clone();
+            next.cert_chain = parse_certs(&files[0], cert)?;
+            next.key = Arc::new(parse_key(&files[1], key)?);
+            if let (Some(path), Some(ca)) = (files.get(2), contents.get(2)) {
+                next.client_ca = Some(parse_certs(path, ca)?);
+            }
+            Ok(acceptor(&next)?)
+        };
+        Ok(ServerTls(Reloading::register(
+            "client-facing TLS (MIRROR_PROXY_TLS_*)",
+            tls.files.clone(),
+            first,
+            Box::new(build),
+        )))
+    }
+
+    /// A TLS handshake with the certificate current now.
+    pub fn accept<IO: AsyncRead + AsyncWrite + Unpin>(&self, io: IO) -> tokio_rustls::Accept<IO> {
+        self.0.current().accept(io)
+    }
+}
+
+/// The connector towards brokers, replaced when its files change.
+#[derive(Clone)]
+pub struct UpstreamConnector(Arc<Reloading<TlsConnector>>);
+
+impl UpstreamConnector {
+    /// From the configuration (files already read once); reloaded by
+    /// [`reload_all`] from then on.
+    pub fn new(tls: &UpstreamTls) -> Result<UpstreamConnector, TlsSetupError> {
+        let first = connector(tls)?;
+        let template = tls.clone();
+        let build = move |contents: &[Vec<u8>]| -> Result<TlsConnector, ReloadError> {
+            let files = &template.files;
+            let Some(ca) = contents.first() else {
+                return Ok(connector(&template)?);
+            };
+            let mut next = template.clone();
+            next.ca = parse_certs(&files[0], ca)?;
+            if let (Some(cert), Some(key)) = (contents.get(1), contents.get(2)) {
+                next.client_cert = Some((
+                    parse_certs(&files[1], cert)?,
+                    Arc::new(parse_key(&files[2], key)?),
+                ));
+            }
+            Ok(connector(&next)?)
+        };
+        Ok(UpstreamConnector(Reloading::register(
+            "upstream TLS (MIRROR_PROXY_UPSTREAM_TLS_*)",
+            tls.files.clone(),
+            first,
+            Box::new(build),
+        )))
+    }
+
+    /// A TLS handshake with the CA and client certificate current now.
+    pub fn connect<IO: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        name: ServerName<'static>,
+        io: IO,
+    ) -> tokio_rustls::Connect<IO> {
+        self.0.current().connect(name, io)
+    }
+}
+
+type Build<T> = Box<dyn Fn(&[Vec<u8>]) -> Result<T, ReloadError> + Send + Sync>;
+
+/// A TLS configuration and the files it is built from.
+struct Reloading<T> {
+    what: &'static str,
+    files: Vec<PathBuf>,
+    current: RwLock<T>,
+    build: Build<T>,
+    seen: Mutex<Seen>,
+}
+
+/// What [`Reload::check`] found last time.
+struct Seen {
+    /// The files' contents last acted on (loaded, or refused with a WARN).
+    contents: Option<Vec<Vec<u8>>>,
+    /// Reading a file failed (and was reported).
+    read_failed: bool,
+}
+
+/// Everything [`reload_all`] checks; entries go when their owners do.
+static RELOADING: Mutex<Vec<Weak<dyn Reload>>> = Mutex::new(Vec::new());
+
+trait Reload: Send + Sync {
+    fn check(&self);
+}
+
+impl<T: Clone + Send + Sync + 'static> Reloading<T> {
+    fn register(
+        what: &'static str,
+        files: Vec<PathBuf>,
+        first: T,
+        build: Build<T>,
+    ) -> Arc<Reloading<T>> {
+        // What was just loaded (read again: the first read was config's).
+        let seen = Seen {
+            contents: files
+                .iter()
+                .map(|f| read_bounded(f))
+                .collect::<Result<Vec<_>, _>>()
+                .ok(),
+            read_failed: false,
+        };
+        let this = Arc::new(Reloading {
+            what,
+            files,
+            current: RwLock::new(first),
+            build,
+            seen: Mutex::new(seen),
+        });
+        if let Ok(mut all) = RELOADING.lock() {
+            all.retain(|w| w.strong_count() > 0);
+            let weak: Weak<dyn Reload> = Arc::downgrade(&this) as Weak<dyn Reload>;
+            all.push(weak);
+        }
+        this
+    }
+
+    fn current(&self) -> T {
+        match self.current.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
+    fn check(&self) {
+        let Ok(mut seen) = self.seen.lock() else {
+            return;
+        };
+        let contents = match self
+            .files
+            .iter()
+            .map(|f| read_bounded(f))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(contents) => contents,
+            Err(e) => {
+                // Retried every poll, reported once until readable again.
+                if !std::mem::replace(&mut seen.read_failed, true) {
+                    tracing::warn!(what = self.what, error = %e, "cannot read the TLS files: keeping the previous certificates");
+                }
+                return;
+            }
+        };
+        seen.read_failed = false;
+        if seen.contents.as_ref() == Some(&contents) {
+            return;
+        }
+        let built = (self.build)(&contents);
+        // Acted on either way: a bad set is reported once, not every poll.
+        seen.contents = Some(contents);
+        match built {
+            Ok(next) => {
+                match self.current.write() {
+                    Ok(mut current) => *current = next,
+                    Err(poisoned) => *poisoned.into_inner() = next,
+                }
+                tracing::info!(what = self.what, files = ?self.files, "TLS files changed: reloaded; new connections use them, open ones keep theirs");
+            }
+            Err(e) => {
+                tracing::warn!(what = self.what, error = %e, "TLS files changed but cannot be used: keeping the previous certificates");
+            }
+        }
+    }
+}
+
+/// Checks every TLS configuration's files and reloads those that changed.
+/// Blocking file reads (small, bounded): call from a blocking thread.
+pub fn reload_all() {
+    let live: Vec<Arc<dyn Reload>> = match RELOADING.lock() {
+        Ok(mut all) => {
+            all.retain(|w| w.strong_count() > 0);
+            all.iter().filter_map(Weak::upgrade).collect()
+        }
+        Err(_) => return,
+    };
+    for r in live {
+        r.check();
+    }
 }

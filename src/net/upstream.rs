@@ -7,9 +7,8 @@ use std::time::Duration;
 use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
-use super::tls::TlsSetupError;
+use super::tls::{TlsSetupError, UpstreamConnector};
 
 /// Either side of the proxy, plain or TLS.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -57,7 +56,8 @@ impl ConnectError {
 /// How to reach brokers.
 #[derive(Clone)]
 pub struct Upstream {
-    pub tls: Option<TlsConnector>,
+    /// Reloaded when its files change (see [`super::tls`]).
+    pub tls: Option<UpstreamConnector>,
     pub server_name: Option<String>,
     pub timeout: Duration,
 }
@@ -70,7 +70,7 @@ impl Upstream {
             tls: config
                 .upstream_tls
                 .as_ref()
-                .map(super::tls::connector)
+                .map(UpstreamConnector::new)
                 .transpose()?,
             server_name: config
                 .upstream_tls

@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::filter::addresses::{self, Advertised, Learnt};
@@ -96,7 +95,8 @@ pub struct Shared {
     /// What the filters of every connection see.
     pub ctx: Context,
     pub upstream: Upstream,
-    pub acceptor: Option<TlsAcceptor>,
+    /// Reloaded when its files change (see [`crate::net::tls`]).
+    pub acceptor: Option<crate::net::tls::ServerTls>,
     /// Memory for client request frames, shared by every connection.
     pub budget: Arc<Budget>,
     /// Memory for broker response frames, shared by every connection.
@@ -207,21 +207,24 @@ impl Shared {
             tracing::warn!(listener = %target.label(), %error, "broker unreachable: closing its proxy port until it answers again");
             self.ctx.metrics.broker_down(target.into());
         }
-        self.spawn_probe(target, health);
+        self.spawn_probe(target, health, false);
     }
 
     /// An upstream connection to `target` ended unexpectedly: check at once
     /// whether the broker is still there, so the next client is refused
-    /// rather than accepted and dropped.
+    /// rather than accepted and dropped. A dying broker may still accept
+    /// for a moment: it must keep answering for a short while
+    /// ([`health::confirmed_reachable`]) to count as there.
     pub fn upstream_lost(self: &Arc<Self>, target: Target) {
         if let Some(health) = self.health(target) {
-            self.spawn_probe(target, health);
+            self.spawn_probe(target, health, true);
         }
     }
 
     /// One probe task per target: checks now, then with backoff while the
     /// broker stays unreachable; reopens the port when it answers.
-    fn spawn_probe(self: &Arc<Self>, target: Target, health: Arc<Health>) {
+    /// `after_loss`: the first check is [`health::confirmed_reachable`].
+    fn spawn_probe(self: &Arc<Self>, target: Target, health: Arc<Health>, after_loss: bool) {
         if !health.start_probing() {
             return;
         }
@@ -229,8 +232,15 @@ impl Shared {
         self.tasks.spawn(async move {
             let timeout = shared.upstream.timeout;
             let mut backoff = health::probe_backoff();
+            let mut confirm = after_loss;
             loop {
-                if health::reachable(&shared.target_addresses(target), timeout).await {
+                let addrs = shared.target_addresses(target);
+                let reachable = if std::mem::take(&mut confirm) {
+                    health::confirmed_reachable(&addrs, timeout).await
+                } else {
+                    health::reachable(&addrs, timeout).await
+                };
+                if reachable {
                     if health.mark_up() {
                         tracing::info!(listener = %target.label(), "broker reachable again: reopening its proxy port");
                         shared.ctx.metrics.broker_up(target.into());
@@ -445,7 +455,7 @@ impl Proxy {
         let acceptor = config
             .client_tls
             .as_ref()
-            .map(crate::net::tls::acceptor)
+            .map(crate::net::tls::ServerTls::new)
             .transpose()?;
         let upstream = Upstream::from_config(&config)?;
         let listener = bind_std(config.listen).map_err(|source| StartError::Bind {

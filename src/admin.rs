@@ -1,6 +1,9 @@
 //! The admin HTTP endpoint: health, readiness, Prometheus metrics, and the
 //! link control API (`GET /links`, `GET /links/{name}`,
-//! `POST /links/{name}/failover?wait=SECONDS`, `POST /links/{name}/start`;
+//! `GET /links/{name}/partitions`,
+//! `POST /links/{name}/failover?wait=SECONDS[&max_delay=SECONDS][&force=true]`,
+//! `GET /links/{name}/failover[?max_delay=SECONDS]` (its dry run),
+//! `POST /links/{name}/start`;
 //! JSON in and out, errors as `{"error": "..."}`).
 //!
 //! Bound to loopback unless a bearer token is configured (the configuration
@@ -73,7 +76,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/links", get(links))
         .route("/links/{name}", get(link))
-        .route("/links/{name}/failover", post(failover))
+        .route("/links/{name}/partitions", get(link_partitions))
+        .route(
+            "/links/{name}/failover",
+            post(failover).get(failover_dry_run),
+        )
         .route("/links/{name}/start", post(start))
         .layer(middleware::from_fn_with_state(token, authorize))
         .with_state(shared)
@@ -255,6 +262,7 @@ fn control_error(e: crate::control::links::ControlError) -> Response {
         ControlError::UnknownLink(_) => StatusCode::NOT_FOUND,
         ControlError::Conflict(_) => StatusCode::CONFLICT,
         ControlError::NotLoaded(_) | ControlError::Write(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ControlError::DelayTooHigh(_) => StatusCode::PRECONDITION_FAILED,
     };
     error(status, e)
 }
@@ -273,8 +281,104 @@ async fn link(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Re
     }
 }
 
+/// Every partition of a link this instance mirrored: its figures (last
+/// offset and CreateTime timestamp mirrored, replication delay, records,
+/// batches, bytes, duplicates answered) and the producers its mirrored
+/// producer state holds.
+async fn link_partitions(State(shared): State<Arc<Shared>>, Path(name): Path<String>) -> Response {
+    let ctx = &shared.ctx;
+    if let Err(e) = ctx.control.link(&name) {
+        return control_error(e);
+    }
+    let figures = ctx
+        .metrics
+        .link_mirror(&name)
+        .map(|m| m.partitions())
+        .unwrap_or_default();
+    let producers = ctx.dedupe.producers_by_partition();
+    let topic_id = |topic: &str| {
+        ctx.topics
+            .id(topic)
+            .or_else(|| ctx.state.as_ref().and_then(|s| s.topic_id(topic)))
+            .unwrap_or_else(uuid::Uuid::nil)
+    };
+    let rows: Vec<serde_json::Value> = figures
+        .iter()
+        .map(|(topic, partition, f)| {
+            let mut row = crate::control::links::partition_row(topic, *partition, Some(f));
+            let id = crate::mirror::origins::PartitionId {
+                topic_id: topic_id(topic),
+                partition: *partition,
+            };
+            row["producers"] = producers.get(&id).copied().unwrap_or(0).into();
+            row
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        serde_json::json!({ "link": name, "now_ms": crate::state::now_ms(), "partitions": rows }),
+    )
+}
+
+/// The value of `key` in a query string.
+fn query_param<'q>(query: Option<&'q str>, key: &str) -> Option<&'q str> {
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, "true"));
+        (k == key).then_some(v)
+    })
+}
+
+/// A boolean query parameter: absent false; `true`/`1`, `false`/`0`.
+fn query_flag(query: Option<&str>, key: &str) -> Result<bool, String> {
+    match query_param(query, key) {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1" | "") => Ok(true),
+        Some(v) => Err(format!("{key} must be true or false, not {v:?}")),
+    }
+}
+
+/// The pre-check a failover request asks for (`max_delay`, `force`).
+fn precheck(query: Option<&str>) -> Result<crate::control::links::Precheck, String> {
+    let max_delay = match query_param(query, "max_delay") {
+        None => None,
+        Some(raw) => {
+            let secs: f64 = raw
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                .ok_or_else(|| format!("max_delay must be a number of seconds, not {raw:?}"))?;
+            // Cut before converting, as for `wait`: 1e30 s would panic.
+            Some(Duration::from_secs_f64(secs.min(1e9)))
+        }
+    };
+    Ok(crate::control::links::Precheck {
+        max_delay,
+        force: query_flag(query, "force")?,
+    })
+}
+
+/// The dry run of a failover: 200 with what `POST` would do now (with the
+/// same `max_delay` and `force`), changing nothing. A GET, so that a proxy
+/// without pre-checks answers 405 instead of failing the link over.
+async fn failover_dry_run(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    request: Request,
+) -> Response {
+    let check = match precheck(request.uri().query()) {
+        Ok(check) => check,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match shared.ctx.control.failover_dry_run(&name, check).await {
+        Ok(report) => json_response(StatusCode::OK, report),
+        Err(e) => control_error(e),
+    }
+}
+
 /// 200 with the per-partition results when the failover is complete, 202
-/// with the progress so far when `wait` ran out first.
+/// with the progress so far when `wait` ran out first. With
+/// `max_delay=SECONDS`, 412 (nothing changed) while a partition's
+/// replication delay is above it, unless `force=true`.
 async fn failover(
     State(shared): State<Arc<Shared>>,
     Path(name): Path<String>,
@@ -286,7 +390,24 @@ async fn failover(
             "wait must be a number of seconds (e.g. ?wait=30)",
         );
     };
-    match shared.ctx.control.failover(&name, wait).await {
+    let query = request.uri().query();
+    // A POST never is a dry run: refused whole rather than taken for a
+    // failover (or ignored).
+    if query_param(query, "dry_run").is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("a dry run is GET /links/{name}/failover; this POST changed nothing"),
+        );
+    }
+    let check = match precheck(query) {
+        Ok(check) => check,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let control = &shared.ctx.control;
+    if let Err(e) = control.check_failover(&name, check) {
+        return control_error(e);
+    }
+    match control.failover(&name, wait).await {
         Ok((report, true)) => json_response(StatusCode::OK, report),
         Ok((report, false)) => json_response(StatusCode::ACCEPTED, report),
         Err(e) => control_error(e),

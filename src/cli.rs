@@ -7,9 +7,12 @@
 //! tested with fixed documents); `AdminClient` does the I/O.
 //!
 //! Exit codes: 0 every partition of the failover completed (accepted, or
-//! refused and recorded); 2 a partition failed, an instance did not
-//! confirm, or the failover had not finished when `--wait` ran out;
-//! 3 the API answered 404 or 409; 1 any other error (connection, auth).
+//! refused and recorded), or a `--dry-run` found nothing holding the
+//! failover back; 2 a partition failed, an instance did not confirm, or
+//! the failover had not finished when `--wait` ran out; 3 the API answered
+//! 404, 409 or 412 (`--max-delay` exceeded), or a `--dry-run` found the
+//! failover would be refused or held back; 1 any other error (connection,
+//! auth).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -59,7 +62,8 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Status {
-                status: 404 | 409, ..
+                status: 404 | 409 | 412,
+                ..
             } => EXIT_REFUSED,
             _ => EXIT_ERROR,
         }
@@ -259,19 +263,173 @@ pub async fn start(
     Ok(EXIT_OK)
 }
 
+/// The pre-check options of `failover NAME`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FailoverChecks {
+    /// Report what would happen; change nothing.
+    pub dry_run: bool,
+    /// Refuse to start while a partition's replication delay is above
+    /// this many seconds.
+    pub max_delay: Option<f64>,
+    /// Start even so.
+    pub force: bool,
+}
+
+impl FailoverChecks {
+    /// The query parameters of these checks (`&`-prefixed each).
+    pub fn query(&self) -> String {
+        let mut q = String::new();
+        if let Some(max) = self.max_delay {
+            let _ = write!(q, "&max_delay={max}");
+        }
+        if self.force {
+            q.push_str("&force=true");
+        }
+        q
+    }
+}
+
+/// The dry run's path (a GET: a proxy without pre-checks answers 405).
+fn dry_run_path(name: &str, checks: FailoverChecks) -> String {
+    let query = checks.query();
+    match query.strip_prefix('&') {
+        Some(q) => format!("/links/{}/failover?{q}", segment(name)),
+        None => format!("/links/{}/failover", segment(name)),
+    }
+}
+
+/// `failover NAME --dry-run`: what a failover would do; exit 0 when it
+/// would proceed, 3 when it would be refused or held back by `--max-delay`.
+async fn failover_dry_run(
+    client: &AdminClient,
+    name: &str,
+    checks: FailoverChecks,
+    json: bool,
+) -> Result<u8, CliError> {
+    let answer = client
+        .call(
+            Method::GET,
+            &dry_run_path(name, checks),
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await?;
+    if json {
+        print_json(&answer.body);
+    } else {
+        print!("{}", render_dry_run(&answer.body));
+    }
+    Ok(match answer.body["would_proceed"].as_bool() {
+        Some(true) => EXIT_OK,
+        _ => EXIT_REFUSED,
+    })
+}
+
+/// A dry run's report as text.
+pub fn render_dry_run(r: &Value) -> String {
+    let mut out = String::new();
+    let link = text(r.get("link"));
+    let action = match r["action"].as_str() {
+        Some("start") => "start a new failover",
+        Some("resume") => "resume the failover in progress",
+        _ => "be refused",
+    };
+    let _ = writeln!(out, "link            {link} ({})", text(r.get("state")));
+    let _ = writeln!(out, "dry run         a failover would {action}");
+    if let Some(why) = r["refused"].as_str() {
+        let _ = writeln!(out, "refused         {why}");
+    }
+    if let Some(max) = r["max_delay_seconds"].as_f64() {
+        let over = r["over_max_delay"].as_array().map_or(0, Vec::len);
+        let verdict = match (over, r["force"].as_bool() == Some(true)) {
+            (0, _) => "no partition above it".to_string(),
+            (n, true) => format!("{n} partition(s) above it; forced"),
+            (n, false) => format!("{n} partition(s) above it: held back (--force to proceed)"),
+        };
+        let _ = writeln!(out, "max delay       {max} s: {verdict}");
+    }
+    let live = match &r["live_instances"] {
+        Value::Array(a) => a
+            .iter()
+            .map(|v| text(Some(v)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        other => text(other.get("error")),
+    };
+    let _ = writeln!(out, "live instances  {live}");
+    let _ = writeln!(
+        out,
+        "partitions      {} ({} without a delay measured on this instance)",
+        text(r.get("partitions_total")),
+        text(r.get("partitions_without_delay"))
+    );
+    if let Some(e) = r["partitions_error"].as_str() {
+        let _ = writeln!(out, "partitions error {e}");
+    }
+    let rows: Vec<Vec<String>> = r["partitions"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .map(|p| {
+                    vec![
+                        text(p.get("topic")),
+                        text(p.get("partition")),
+                        p["delay_seconds"]
+                            .as_f64()
+                            .map_or_else(|| "-".to_string(), |d| format!("{d:.3}")),
+                        text(p.get("last_offset")),
+                        time(p.get("last_mirrored_ms")),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !rows.is_empty() {
+        out.push_str(&table(
+            &[
+                "TOPIC",
+                "PARTITION",
+                "DELAY(S)",
+                "LAST OFFSET",
+                "LAST MIRRORED",
+            ],
+            &rows,
+        ));
+    }
+    out
+}
+
 /// `failover NAME`: start it (POST with wait=0), then follow it with GET
 /// until it completes or `wait` runs out; a progress bar on a terminal.
+/// With `checks.dry_run`, only report what it would do.
 pub async fn failover(
     client: &AdminClient,
     name: &str,
     wait: Duration,
+    checks: FailoverChecks,
     json: bool,
 ) -> Result<u8, CliError> {
+    if checks.dry_run {
+        return failover_dry_run(client, name, checks, json).await;
+    }
+    if checks.max_delay.is_some() {
+        // The proxy checks `max_delay` itself when asked to fail over; one
+        // that does not know it would ignore it, so the dry run (a GET such
+        // a proxy refuses) is asked first, and any error stops here.
+        client
+            .call(
+                Method::GET,
+                &dry_run_path(name, checks),
+                None,
+                REQUEST_TIMEOUT,
+            )
+            .await?;
+    }
     let path = format!("/links/{}", segment(name));
     let started = client
         .call(
             Method::POST,
-            &format!("{path}/failover?wait=0"),
+            &format!("{path}/failover?wait=0{}", checks.query()),
             None,
             REQUEST_TIMEOUT,
         )

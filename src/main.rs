@@ -69,14 +69,28 @@ enum Command {
     },
     /// Fail a link over and follow it until it completes. Exit code 0 when
     /// every partition completed, 2 when one failed, an instance did not
-    /// confirm or --wait ran out, 3 for an unknown link or a refused
-    /// transition, 1 for other errors.
+    /// confirm or --wait ran out, 3 for an unknown link, a refused
+    /// transition or a replication delay above --max-delay, 1 for other
+    /// errors.
     Failover {
         name: String,
         /// Seconds to follow the failover before giving up waiting (it
         /// goes on in the proxy).
         #[arg(long, default_value_t = 300)]
         wait: u64,
+        /// Report what a failover would do (partitions, live instances,
+        /// each partition's replication delay) and change nothing; exit 0
+        /// when it would proceed, 3 when it would not.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse to start the failover while a partition's replication
+        /// delay (as the instance asked measured it) is above this many
+        /// seconds.
+        #[arg(long)]
+        max_delay: Option<f64>,
+        /// Start the failover even with a delay above --max-delay.
+        #[arg(long)]
+        force: bool,
         #[arg(long)]
         json: bool,
     },
@@ -97,10 +111,26 @@ fn main() -> ExitCode {
         Command::Links { json } => {
             return admin_command(|c| async move { cli::links(&c, json).await })
         }
-        Command::Failover { name, wait, json } => {
+        Command::Failover {
+            name,
+            wait,
+            dry_run,
+            max_delay,
+            force,
+            json,
+        } => {
+            if max_delay.is_some_and(|d| !d.is_finite() || d < 0.0) {
+                eprintln!("kafka-mirror-proxy: --max-delay must be a number of seconds, 0 or more");
+                return ExitCode::from(cli::EXIT_ERROR);
+            }
+            let checks = cli::FailoverChecks {
+                dry_run,
+                max_delay,
+                force,
+            };
             return admin_command(|c| async move {
-                cli::failover(&c, &name, Duration::from_secs(wait), json).await
-            })
+                cli::failover(&c, &name, Duration::from_secs(wait), checks, json).await
+            });
         }
         Command::Start {
             name,

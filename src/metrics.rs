@@ -19,6 +19,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+pub mod mirrored;
+use mirrored::LinkMirror;
+
 /// `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
@@ -117,6 +120,8 @@ struct LinkMetrics {
     name: Arc<str>,
     remapped: Counter,
     dropped: Counter,
+    /// What the link mirrored (counters, delay, per-partition figures).
+    mirror: Arc<LinkMirror>,
 }
 
 /// Every metric the proxy exports.
@@ -360,6 +365,9 @@ impl Metrics {
             Counter::clone(&producer_state_offsets_beyond_bound),
         );
 
+        let mirrored = mirrored::Families::new();
+        mirrored.register(&mut registry);
+
         let state = StateMetrics::register(&mut registry);
         let control = ControlMetrics::register(&mut registry);
 
@@ -373,6 +381,7 @@ impl Metrics {
                 let link = LinkMetrics {
                     remapped: batches_remapped.get_or_create_owned(&label),
                     dropped: control_batches_dropped.get_or_create_owned(&label),
+                    mirror: Arc::new(mirrored.link(&label)),
                     name: label.link,
                 };
                 (name.to_string(), link)
@@ -629,8 +638,16 @@ impl Metrics {
             .inc();
     }
 
+    /// What configured link `link` mirrored (`None`: no such link).
+    pub fn link_mirror(&self, link: &str) -> Option<&Arc<LinkMirror>> {
+        self.links.get(link).map(|l| &l.mirror)
+    }
+
     /// Everything, in the Prometheus text format 0.0.4.
     pub fn render(&self) -> String {
+        for link in self.links.values() {
+            link.mirror.refresh_gauge();
+        }
         let mut out = String::new();
         // Writing into a String does not fail; an encoding error would only
         // cut the output short.

@@ -40,6 +40,9 @@ use crate::mirror::state_records::{DrainedKey, DrainedValue};
 use crate::net::tasks::Tasks;
 use crate::state::{now_ms, StateStore};
 
+mod precheck;
+pub use precheck::{partition_row, Precheck};
+
 #[cfg(test)]
 mod tests;
 
@@ -63,6 +66,10 @@ pub enum ControlError {
     NotLoaded(String),
     #[error("writing the link state to the state topic failed: {0}")]
     Write(String),
+    /// `max_delay` held a new failover back (the message names the
+    /// partitions and their delays).
+    #[error("{0}")]
+    DelayTooHigh(String),
 }
 
 /// One partition of a failover, as the operator sees it.

@@ -23,13 +23,18 @@ use tower::Layer;
 
 use super::addresses::{self, Learnt};
 use super::{pass, rebuild, Context, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
+use crate::metrics::mirrored::LinkMirror;
 use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, RebuildReason, Tracked};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::origins::PartitionId;
-use crate::mirror::produce::{self, LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicKey};
+use crate::mirror::produce::{
+    self, LocalOutcome, LocalPartition, MirroredPartition, ProducePlan, Refusal, TopicKey, TopicRef,
+};
+use crate::mirror::produce_response::{Answers, PartitionAnswer};
 use crate::state::StateStore;
 use crate::wire::header::{produce_acks, RequestHeaderPeek};
 use crate::wire::produce_response_walk::Walked;
+use smallvec::SmallVec;
 
 /// What becomes of a Produce request.
 pub enum ProduceAction {
@@ -57,6 +62,10 @@ pub struct ProduceState {
     version: i16,
     local: Vec<LocalPartition>,
     tracked: Tracked,
+    /// A link write's forwarded partitions, for its figures once answered
+    /// (empty for a local write).
+    mirrored: Vec<MirroredPartition>,
+    link: Option<Arc<LinkMirror>>,
 }
 
 /// The Produce filter of a connection: both halves of the Produce path.
@@ -102,7 +111,10 @@ impl<'a> ProduceFilter<'a> {
         let version = h.api_version;
         let body_offset = h.body_offset(&frame, ApiKey::Produce.request_header_version(version))?;
         let replies = Replies::new(h, &frame, body_offset)?;
-        let forward = |frame, local, tracked| replies.forward(frame, local, tracked);
+        let link_mirror = ctx.metrics.link_mirror(link.name());
+        let forward = |frame, local, tracked, mirrored| {
+            replies.forward(frame, local, tracked, mirrored, link_mirror.cloned())
+        };
         let answered = |local: &[LocalPartition]| replies.answered(local);
         // Every partition of the request answered here with `refusal`.
         let refuse_request = |link: &str, refusal: Refusal, message: &str| {
@@ -312,11 +324,12 @@ impl<'a> ProduceFilter<'a> {
             .try_into_mut()
             .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
         plan.apply(&mut buf)?;
+        let mirrored = std::mem::take(&mut plan.mirrored);
         if plan.local.is_empty() {
-            return Ok(forward(buf, Vec::new(), tracked));
+            return Ok(forward(buf, Vec::new(), tracked, mirrored));
         }
         let reduced = produce::without_local_partitions(&buf, &index, &plan.local);
-        Ok(forward(reduced, plan.local, tracked))
+        Ok(forward(reduced, plan.local, tracked, mirrored))
     }
 
     /// A local Produce (not a link's), as far as it goes without waiting:
@@ -402,6 +415,8 @@ impl<'a> ProduceFilter<'a> {
                     reduced,
                     plan.local,
                     Tracked::none(),
+                    Vec::new(),
+                    None,
                 )));
             }
         }
@@ -410,6 +425,8 @@ impl<'a> ProduceFilter<'a> {
             frame,
             Vec::new(),
             Tracked::none(),
+            Vec::new(),
+            None,
         )))
     }
 
@@ -427,13 +444,22 @@ impl<'a> ProduceFilter<'a> {
             version,
             local,
             tracked,
+            mirrored,
+            link,
         } = state;
         // Every response that can name brokers (v10+), or that answers
         // tracked partitions, gets one walk: it reads the answers and stops
         // at leader endpoints (KIP-951: only when a leader moved), which only
         // then are rewritten by a walk of the response's schema.
-        let mut answers = tracked.answers();
-        let walk = !tracked.is_empty() || addresses::carries_addresses(ApiKey::Produce, version);
+        // A link write's answers are looked for in every forwarded
+        // partition (the tracked ones among them), for its figures.
+        let mut answers = match mirrored.is_empty() {
+            true => tracked.answers(),
+            false => Answers::new(mirrored.iter().map(|m| (&*m.topic, m.partition))),
+        };
+        let walk = !tracked.is_empty()
+            || !mirrored.is_empty()
+            || addresses::carries_addresses(ApiKey::Produce, version);
         let mut learnt = None;
         let frame = match walk {
             true => match answers.walk(&frame, version)? {
@@ -448,10 +474,21 @@ impl<'a> ProduceFilter<'a> {
             false => frame,
         };
         let found = answers.into_found();
+        let now = crate::state::now_ms();
         // A response that cannot be walked returned above and dropped
         // `tracked`: its batches fail.
-        if !tracked.is_empty() {
-            tracked.settle(&found, crate::state::now_ms());
+        if mirrored.is_empty() {
+            if !tracked.is_empty() {
+                tracked.settle(&found, now);
+            }
+        } else {
+            if let Some(link) = &link {
+                acknowledged(ctx, link, &mirrored, &found, now);
+            }
+            if !tracked.is_empty() {
+                let of_tracked = tracked_answers(&tracked, &mirrored, &found);
+                tracked.settle(&of_tracked, now);
+            }
         }
         if local.is_empty() {
             return Ok((frame, learnt));
@@ -500,12 +537,16 @@ impl Replies {
         frame: BytesMut,
         local: Vec<LocalPartition>,
         tracked: Tracked,
+        mirrored: Vec<MirroredPartition>,
+        link: Option<Arc<LinkMirror>>,
     ) -> ProduceAction {
         let state = match self.expects_response {
             true => Some(ProduceState {
                 version: self.version,
                 local,
                 tracked,
+                mirrored,
+                link,
             }),
             false => {
                 tracked.unanswered();
@@ -933,6 +974,11 @@ fn count_local(ctx: &Context, link: &str, local: &[LocalPartition]) {
                 duplicates += 1;
                 duplicate_batches += batches;
                 ctx.metrics.duplicates_answered(link, *batches as u64);
+                if let (Some(m), Some(topic)) =
+                    (ctx.metrics.link_mirror(link), topic_of(ctx, &l.topic))
+                {
+                    m.duplicates(&topic, l.partition, *batches as u64);
+                }
             }
             LocalOutcome::Refused { refusal, message } => {
                 refused += 1;
@@ -952,4 +998,60 @@ fn count_local(ctx: &Context, link: &str, local: &[LocalPartition]) {
             "answered mirrored retries as duplicates"
         );
     }
+}
+
+/// The name of a topic as a request names it: its own before v13, else
+/// looked up by its id (`None` while unknown).
+fn topic_of<'t>(ctx: &Context, topic: &'t TopicRef) -> Option<TopicName<'t>> {
+    match topic.topic_id.is_nil() {
+        true => Some(TopicName::Request(topic.name.0.as_str())),
+        false => ctx.topics.name(topic.topic_id).map(TopicName::Known),
+    }
+}
+
+/// Record the link write's partitions the broker appended (error NONE) in
+/// the link's figures, answered at `now_ms`.
+fn acknowledged(
+    ctx: &Context,
+    link: &LinkMirror,
+    mirrored: &[MirroredPartition],
+    found: &[Option<PartitionAnswer>],
+    now_ms: i64,
+) {
+    for (m, answer) in mirrored.iter().zip(found) {
+        let Some(a) = answer.filter(|a| a.error_code == 0 && a.base_offset >= 0) else {
+            continue;
+        };
+        let topic = topic_of(ctx, &m.topic);
+        link.acknowledged(
+            topic.as_deref(),
+            m.partition,
+            &m.batches,
+            a.base_offset,
+            now_ms,
+        );
+    }
+}
+
+/// The answers of `tracked`'s partitions, in its order, out of those found
+/// for `mirrored` (every forwarded partition, the tracked ones among them,
+/// in the same order: found by one forward scan).
+fn tracked_answers(
+    tracked: &Tracked,
+    mirrored: &[MirroredPartition],
+    found: &[Option<PartitionAnswer>],
+) -> SmallVec<[Option<PartitionAnswer>; 2]> {
+    let mut from = 0;
+    tracked
+        .asked()
+        .map(|(topic, partition)| {
+            let at = (from..mirrored.len())
+                .chain(0..from.min(mirrored.len()))
+                .find(|&k| {
+                    std::ptr::eq(&*mirrored[k].topic, topic) && mirrored[k].partition == partition
+                })?;
+            from = at + 1;
+            found.get(at).copied().flatten()
+        })
+        .collect()
 }

@@ -304,6 +304,17 @@ impl Dedupe {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Producers held now, per partition (a scan of every producer under
+    /// the lock, bounded by `PRODUCER_STATE_MAX_ENTRIES`: for the admin API).
+    pub fn producers_by_partition(&self) -> HashMap<PartitionId, usize> {
+        let inner = self.lock();
+        let mut out = HashMap::new();
+        for (partition, _) in inner.states.partition_keys() {
+            *out.entry(*partition).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// Producers held now.
     pub fn len(&self) -> usize {
         self.lock().states.len()
@@ -552,6 +563,14 @@ impl Tracked {
     /// Nothing was begun.
     pub fn is_empty(&self) -> bool {
         self.partitions.is_empty()
+    }
+
+    /// The begun partitions as the request names them, in the order
+    /// [`settle`](Self::settle) takes their answers.
+    pub fn asked(&self) -> impl Iterator<Item = (&TopicRef, i32)> + '_ {
+        self.partitions
+            .iter()
+            .map(|bp| (&*bp.topic, bp.partition.partition))
     }
 
     /// A visitor of the Produce response that finds the answers to the

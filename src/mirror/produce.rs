@@ -24,6 +24,7 @@ use kafka_protocol::ResponseError;
 use smallvec::SmallVec;
 use uuid::Uuid;
 
+use crate::metrics::mirrored::MirroredBatches;
 use crate::mirror::link::{ControlBatchPolicy, Link};
 use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::pid::{cluster_hash, map_pid, Mapping, NO_PRODUCER_ID};
@@ -263,6 +264,19 @@ pub struct ProducePlan {
     /// Forwarded partitions holding batches with a sequence, for the
     /// mirrored producer state (their batches with the mapped PID).
     pub tracked: Vec<TrackedPartition>,
+    /// Every forwarded partition entry with records, in request order (the
+    /// tracked ones among them), with what its batch headers say, for the
+    /// link's figures once the broker acknowledges it.
+    pub mirrored: Vec<MirroredPartition>,
+}
+
+/// A forwarded partition entry of a link write and its batches' figures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MirroredPartition {
+    /// The same `Arc` as its [`TrackedPartition`]'s, if it has one.
+    pub topic: Arc<TopicRef>,
+    pub partition: i32,
+    pub batches: MirroredBatches,
 }
 
 /// The tracked batches of one partition: inline room for one, as a
@@ -605,9 +619,15 @@ fn plan_entry(
         Ok(PartitionPlan::Forward {
             batch_count,
             tracked,
+            mirrored,
         }) => {
             plan.forwarded_partitions += 1;
             plan.remapped_batches += plan.patches.len() - patches;
+            plan.mirrored.push(MirroredPartition {
+                topic: topic.topic.clone(),
+                partition: p.index,
+                batches: mirrored,
+            });
             if !tracked.is_empty() {
                 plan.tracked.push(TrackedPartition {
                     topic: topic.topic.clone(),
@@ -700,6 +720,7 @@ enum PartitionPlan {
     Forward {
         batch_count: usize,
         tracked: TrackedBatches,
+        mirrored: MirroredBatches,
     },
     DropControl(usize),
 }
@@ -722,6 +743,8 @@ fn plan_partition(
     let mut offset_delta: i64 = 0;
     let mut batches = 0;
     let mut control = 0;
+    // From the headers parsed here anyway: a few additions per batch.
+    let mut mirrored = MirroredBatches::default();
     let source = link.current_source();
     for batch in Batches::new(records) {
         let batch = batch.map_err(|e| {
@@ -741,6 +764,14 @@ fn plan_partition(
         if header.is_control() {
             control += 1;
         }
+        mirrored.add(
+            header.total_len(),
+            header.record_count(),
+            header.last_offset_delta(),
+            header.attributes(),
+            header.is_control(),
+            header.max_timestamp(),
+        );
         let delta = offset_delta;
         offset_delta += i64::from(header.last_offset_delta()) + 1;
         let pid = header.producer_id();
@@ -803,6 +834,7 @@ fn plan_partition(
         Ok(PartitionPlan::Forward {
             batch_count: batches,
             tracked,
+            mirrored,
         })
     }
 }

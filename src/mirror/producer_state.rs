@@ -427,6 +427,12 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         }
     }
 
+    /// The partition key of every producer held (a scan: for the admin
+    /// API, not the hot path).
+    pub fn partition_keys(&self) -> impl Iterator<Item = &P> + '_ {
+        self.entries.iter().map(|(k, _)| &k.0)
+    }
+
     /// Producers held.
     pub fn len(&self) -> usize {
         self.entries.len()

@@ -1,0 +1,188 @@
+//! Failover pre-checks: what a failover of a link would do, without doing
+//! it (the link's partitions, the live instances that would drain it, each
+//! partition's replication delay as this instance measured it), and the
+//! `max_delay` guard that refuses to start a failover while a partition's
+//! delay is above it, unless forced.
+//!
+//! The delays are this instance's (`metrics::mirrored`): with several
+//! instances, a partition whose link writes went through another one has no
+//! delay here (`null`), and does not hold a failover back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{Control, ControlError};
+use crate::control::io::{BarrierPlacer, Group, Store};
+use crate::metrics::mirrored::PartitionFigures;
+use crate::mirror::link_state;
+
+/// What the operator asked of a failover's pre-check.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Precheck {
+    /// Refuse to start while a partition's delay is above this.
+    pub max_delay: Option<Duration>,
+    /// Start even so.
+    pub force: bool,
+}
+
+/// Partitions named in a refusal's message, at most.
+const NAMED_IN_MESSAGE: usize = 20;
+
+impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
+    /// This instance's figures of `link`'s partitions.
+    fn figures(&self, link: &str) -> Vec<(Arc<str>, i32, PartitionFigures)> {
+        self.metrics
+            .link_mirror(link)
+            .map(|m| m.partitions())
+            .unwrap_or_default()
+    }
+
+    /// The partitions of `link` whose delay is above `max`, as (topic,
+    /// partition, delay in seconds).
+    fn over(&self, link: &str, max: Duration) -> Vec<(Arc<str>, i32, f64)> {
+        let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+        self.figures(link)
+            .into_iter()
+            .filter(|(_, _, f)| f.delay_ms > max_ms)
+            .map(|(t, p, f)| (t, p, f.delay_ms as f64 / 1000.0))
+            .collect()
+    }
+
+    /// Refuses (412) to start a new failover of `name` while a partition's
+    /// delay is above `check.max_delay`, unless forced. Resuming a failover
+    /// in progress is never held back: the link is STOPPING already.
+    pub fn check_failover(&self, name: &str, check: Precheck) -> Result<(), ControlError> {
+        let link = self.link_by_name(name)?;
+        let (Some(max), false) = (check.max_delay, check.force) else {
+            return Ok(());
+        };
+        if !link_state::failover_from(name, &self.status(link))? {
+            return Ok(());
+        }
+        let over = self.over(name, max);
+        if over.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<String> = over
+            .iter()
+            .take(NAMED_IN_MESSAGE)
+            .map(|(t, p, d)| format!("{t}-{p} ({d:.3} s)"))
+            .collect();
+        let more = over.len().saturating_sub(NAMED_IN_MESSAGE);
+        let message = format!(
+            "failover of link '{name}' not started: {} partition(s) have a replication delay above max_delay {} s: {}{}; retry once the replicator has caught up, or force it (force=true, --force)",
+            over.len(),
+            max.as_secs_f64(),
+            named.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() },
+        );
+        tracing::warn!(
+            link = name,
+            partitions = over.len(),
+            max_delay_s = max.as_secs_f64(),
+            "refused to start a failover: replication delay above max_delay"
+        );
+        Err(ControlError::DelayTooHigh(message))
+    }
+
+    /// What a failover of `name` would do now, changing nothing: whether it
+    /// would start (or resume, or be refused, and why), the live instances
+    /// that would have to drain the link, and every partition of the link's
+    /// topics with its replication delay on this instance.
+    pub async fn failover_dry_run(
+        &self,
+        name: &str,
+        check: Precheck,
+    ) -> Result<Value, ControlError> {
+        let link = Arc::clone(self.link_by_name(name)?);
+        let status = self.status(&link);
+        let (action, refused) = match link_state::failover_from(name, &status) {
+            Ok(true) => ("start", None),
+            Ok(false) => ("resume", None),
+            Err(conflict) => ("refuse", Some(conflict.to_string())),
+        };
+        let live = match self.live_instances().await {
+            Ok(live) => json!(live),
+            Err(e) => json!({ "error": e.to_string() }),
+        };
+        let figures = self.figures(name);
+        let figure = |topic: &str, partition: i32| {
+            figures
+                .iter()
+                .find(|(t, p, _)| &**t == topic && *p == partition)
+                .map(|(_, _, f)| *f)
+        };
+        let (partitions, partitions_error) = match &self.barriers {
+            Some(placer) => match placer.partitions(&link).await {
+                Ok(mut all) => {
+                    all.sort();
+                    (all, None)
+                }
+                Err(e) => (Vec::new(), Some(format!("listing the link's topics: {e}"))),
+            },
+            None => (Vec::new(), Some("no state store".to_string())),
+        };
+        let rows: Vec<Value> = partitions
+            .iter()
+            .map(|(topic, partition)| {
+                let f = figure(topic, *partition);
+                partition_row(topic, *partition, f.as_ref())
+            })
+            .collect();
+        let over: Vec<Value> = check
+            .max_delay
+            .map(|max| self.over(name, max))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(t, p, d)| json!({ "topic": &*t, "partition": p, "delay_seconds": d }))
+            .collect();
+        let held_back = action == "start" && !over.is_empty() && !check.force;
+        let unknown = rows.iter().filter(|r| r["delay_seconds"].is_null()).count();
+        Ok(json!({
+            "link": name,
+            "dry_run": true,
+            "state": status.state.as_str(),
+            "action": action,
+            "refused": refused,
+            "would_proceed": refused.is_none() && !held_back,
+            "max_delay_seconds": check.max_delay.map(|d| d.as_secs_f64()),
+            "force": check.force,
+            "over_max_delay": over,
+            "live_instances": live,
+            "partitions_total": rows.len(),
+            "partitions_without_delay": unknown,
+            "partitions": rows,
+            "partitions_error": partitions_error,
+        }))
+    }
+}
+
+/// One partition's row, as the pre-check and `GET /links/{name}/partitions`
+/// show it.
+pub fn partition_row(topic: &str, partition: i32, f: Option<&PartitionFigures>) -> Value {
+    let known = |v: i64| (v >= 0).then_some(v);
+    match f {
+        None => json!({
+            "topic": topic,
+            "partition": partition,
+            "delay_seconds": null,
+            "last_offset": null,
+            "last_timestamp_ms": null,
+            "last_mirrored_ms": null,
+        }),
+        Some(f) => json!({
+            "topic": topic,
+            "partition": partition,
+            "delay_seconds": known(f.delay_ms).map(|d| d as f64 / 1000.0),
+            "last_offset": known(f.last_offset),
+            "last_timestamp_ms": known(f.newest_create_ms),
+            "last_mirrored_ms": known(f.mirrored_at_ms),
+            "records": f.records,
+            "batches": f.batches,
+            "bytes": f.bytes,
+            "duplicates_answered": f.duplicates_answered,
+        }),
+    }
+}

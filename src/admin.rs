@@ -612,6 +612,41 @@ mod tests {
         assert_eq!(allowance(&req("POST", "/links/a/start"), limit), limit);
     }
 
+    #[test]
+    fn failover_precheck_parameters() {
+        use crate::control::links::Precheck;
+        assert_eq!(precheck(None), Ok(Precheck::default()));
+        assert_eq!(
+            precheck(Some("wait=0&max_delay=1.5&force=true")),
+            Ok(Precheck {
+                max_delay: Some(Duration::from_millis(1500)),
+                force: true
+            })
+        );
+        assert_eq!(
+            precheck(Some("max_delay=60&force")),
+            Ok(Precheck {
+                max_delay: Some(Duration::from_secs(60)),
+                force: true
+            })
+        );
+        // Past what a Duration holds: cut, not a panic.
+        assert!(precheck(Some("max_delay=1e300")).is_ok());
+        for bad in [
+            "max_delay=soon",
+            "max_delay=-1",
+            "max_delay=inf",
+            "force=maybe",
+        ] {
+            assert!(precheck(Some(bad)).is_err(), "{bad}");
+        }
+        assert_eq!(query_flag(Some("dry_run=0"), "dry_run"), Ok(false));
+        assert_eq!(
+            query_param(Some("a=1&dry_run=true"), "dry_run"),
+            Some("true")
+        );
+    }
+
     #[tokio::test]
     async fn a_slow_request_is_answered_503() {
         let app = Router::new()

@@ -839,6 +839,44 @@ mod tests {
     }
 
     #[test]
+    fn dry_run_report_and_path() {
+        let checks = FailoverChecks {
+            dry_run: true,
+            max_delay: Some(60.0),
+            force: false,
+        };
+        assert_eq!(dry_run_path("x", checks), "/links/x/failover?max_delay=60");
+        assert_eq!(
+            dry_run_path("x", FailoverChecks::default()),
+            "/links/x/failover"
+        );
+        let report = json!({
+            "link": "x", "state": "MIRRORING", "action": "start", "refused": null,
+            "would_proceed": false, "max_delay_seconds": 60.0, "force": false,
+            "over_max_delay": [{"topic": "m", "partition": 0, "delay_seconds": 90.5}],
+            "live_instances": ["a", "b"], "partitions_total": 2,
+            "partitions_without_delay": 1, "partitions_error": null,
+            "partitions": [
+                {"topic": "m", "partition": 0, "delay_seconds": 90.5, "last_offset": 4,
+                 "last_mirrored_ms": 1_700_000_000_000_i64},
+                {"topic": "m", "partition": 1, "delay_seconds": null, "last_offset": null,
+                 "last_mirrored_ms": null}
+            ]
+        });
+        let text = render_dry_run(&report);
+        assert!(
+            text.contains("a failover would start a new failover"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 partition(s) above it: held back"),
+            "{text}"
+        );
+        assert!(text.contains("live instances  a, b"), "{text}");
+        assert!(text.contains("90.500"), "{text}");
+    }
+
+    #[test]
     fn admin_urls() {
         let c = AdminClient::new("http://127.0.0.1:9190", Some("t".into())).expect("ok");
         assert_eq!((c.addr.as_str(), c.prefix.as_str()), ("127.0.0.1:9190", ""));

@@ -183,7 +183,7 @@ fn link_writes_are_counted_with_their_delay_per_link_and_per_partition() -> Resu
     assert_eq!(doc["partitions"][0]["records"], 3, "{doc:#}");
     assert_eq!(total("mirror_records_total")?, Some(6.0));
 
-    // A local write to another topic is not the link's.
+    // An unknown link has no partitions to show.
     let (code, e) = admin(&p, "GET", "/links/nope/partitions")?;
     assert_eq!(code, 404, "{e}");
     Ok(())

@@ -19,7 +19,9 @@
 //! the link mirrors), at most [`MAX_PARTITIONS`] per link; past that, the
 //! counters go on and new partitions are left out of the table.
 
-use std::collections::HashMap;
+// foldhash: looked up for every acknowledged link write, like the
+// producer state's maps.
+use foldhash::{HashMap, HashMapExt};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -272,7 +274,9 @@ impl LinkMirror {
                 t.insert(partition, f);
             }
             None => {
-                table.insert(Arc::from(topic), HashMap::from([(partition, f)]));
+                let mut t = HashMap::with_capacity(1);
+                t.insert(partition, f);
+                table.insert(Arc::from(topic), t);
             }
         }
     }

@@ -672,6 +672,46 @@ fn batches_with_a_sequence_are_tracked_with_their_mapped_pid_and_offset_delta() 
 }
 
 #[test]
+fn every_forwarded_partition_carries_its_batch_figures() {
+    use crate::metrics::mirrored::MirroredBatches;
+    let link = link(ControlBatchPolicy::Drop);
+    let (b1, b2, b3) = (
+        batch(5, false, &["a", "b"]),
+        batch(-1, false, &["c"]),
+        batch(-1, false, &["x"]),
+    );
+    let mut records = BytesMut::new();
+    records.extend_from_slice(&b1);
+    records.extend_from_slice(&b2);
+    let frame = request(
+        13,
+        "mirror-east",
+        &[("orders", 0, records.freeze()), ("orders", 1, b3.clone())],
+    );
+    let (plan, _) = rewrite(frame, 13, &link);
+    // Both partitions, the untracked one too, in request order, sharing
+    // the tracked partition's topic.
+    assert_eq!(plan.mirrored.len(), 2);
+    assert!(Arc::ptr_eq(&plan.mirrored[0].topic, &plan.tracked[0].topic));
+    assert_eq!(plan.mirrored[1].partition, 1);
+    assert_eq!(
+        plan.mirrored[0].batches,
+        MirroredBatches {
+            records: 3,
+            batches: 2,
+            bytes: (b1.len() + b2.len()) as u64,
+            offsets: 3,
+            newest_create_ms: 1_700_000_000_001,
+        }
+    );
+    assert_eq!(plan.mirrored[1].batches.newest_create_ms, 1_700_000_000_000);
+    // A dropped control batch is answered here: not mirrored.
+    let frame = request(9, "mirror-east", &[("orders", 0, batch(5, true, &["m"]))]);
+    let (plan, _) = rewrite(frame, 9, &link);
+    assert!(plan.mirrored.is_empty());
+}
+
+#[test]
 fn any_topic_sees_each_topic_once_by_name_or_by_id() {
     let parts = [
         ("orders", 0, batch(-1, false, &["a"])),

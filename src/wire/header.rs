@@ -133,6 +133,26 @@ pub fn produce_acks(frame: &[u8], body_offset: usize, version: i16) -> Result<i1
     c.i16().map_err(acks)
 }
 
+/// The `timeout_ms` of a Produce request (after `acks`): how long the
+/// broker may wait for the replication `acks` asks for.
+pub fn produce_timeout_ms(
+    frame: &[u8],
+    body_offset: usize,
+    version: i16,
+) -> Result<i32, HeaderError> {
+    let txn_id = |_| HeaderError::Body("transactional_id");
+    let timeout = |_| HeaderError::Body("timeout_ms");
+    let mut c = Cursor::at(frame, body_offset);
+    let txn_id_len = if version >= 9 {
+        c.uvarint().map_err(txn_id)?.saturating_sub(1) as usize
+    } else {
+        c.i16().map_err(txn_id)?.max(0) as usize
+    };
+    c.skip(txn_id_len).map_err(timeout)?;
+    c.i16().map_err(timeout)?;
+    c.i32().map_err(timeout)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

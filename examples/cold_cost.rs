@@ -203,7 +203,12 @@ fn main() {
         ),
     );
     let view = RwLock::new(view);
-    let dedupe = Dedupe::new(10_000, 1 << 20, Arc::new(Metrics::new(["east"])));
+    let dedupe = Dedupe::new(
+        10_000,
+        1 << 20,
+        std::time::Duration::from_secs(10),
+        Arc::new(Metrics::new(["east"])),
+    );
     dedupe.assume_rebuilt(at);
 
     let b = batch(15);

@@ -164,6 +164,9 @@ pub struct Config {
     pub failover_drain_timeout_ms: u64,
     /// Bytes of a partition's tail read to rebuild that state.
     pub producer_state_rebuild_bytes: i32,
+    /// The longest a link batch whose answer never came is waited out
+    /// before a log tail without it is taken to mean it was never appended.
+    pub unknown_outcome_wait_ms: u64,
     /// This process's id in the instances' group (`control::members`);
     /// `None`: a random UUID per process.
     pub instance_id: Option<String>,
@@ -227,6 +230,7 @@ impl fmt::Debug for Config {
                 "producer_state_rebuild_bytes",
                 &self.producer_state_rebuild_bytes,
             )
+            .field("unknown_outcome_wait_ms", &self.unknown_outcome_wait_ms)
             .finish()
     }
 }
@@ -272,6 +276,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),
     ("FAILOVER_DRAIN_TIMEOUT_MS", "30000", "How long a failover waits for every live proxy instance to confirm it closed the link's connections before placing the barriers anyway; instances that did not confirm are named in the failover's result."),
     ("PRODUCER_STATE_REBUILD_BYTES", "4194304", "Bytes of a mirrored partition's log tail the proxy reads, on the first link Produce to it after start-up (and after an unknown outcome, a leader move or a truncation), to rebuild the producer state (so that a retry of a batch appended before a restart or a lost answer is still answered as a duplicate). Batches older than the tail that fits are not deduplicated (counted: `mirror_producer_state_offsets_beyond_bound`)."),
+    ("UNKNOWN_OUTCOME_WAIT_MS", "10000", "A link Produce sent to the broker whose answer never came (the connection was lost) may still be appended later: the broker handles a request it read even after the connection closed, and one may wait in its queue or on the network. Until the request's own `timeout_ms`, capped by this, has passed since the loss was seen, its producer's batches on that partition are answered with the retriable NOT_ENOUGH_REPLICAS (`outcome_unknown`) unless the log tail shows the lost batch (then the retry is answered as a duplicate); after it, a stable re-read of the tail without the batch is taken to mean it was never appended. A lost request the broker appends later than this is appended twice: raise it where requests can sit longer (a loaded broker, a slow network)."),
     ("INSTANCE_ID", "a random UUID per process", "This process's name among the proxy instances sharing the state topic (1 to 200 characters of [a-zA-Z0-9._-]); it appears in the instances' group as the member client id `kafka-mirror-proxy/<id>`. Two running processes must not share one."),
     ("INSTANCE_SESSION_TIMEOUT_MS", "10000", "With links: the instances' group coordinator drops an instance that has not heartbeaten for this long (a killed proxy stops being counted as live within it). Must lie within the brokers' `group.min.session.timeout.ms` (6000) and `group.max.session.timeout.ms` (1800000). Half of it is each instance's state-topic lease: an instance that has not read the state topic to its end for that long forwards no link batch (retriable NOT_ENOUGH_REPLICAS), and a failover that an instance did not confirm waits that long before its barriers."),
     ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
@@ -578,6 +583,7 @@ impl Config {
         let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
         let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
         let failover_drain_timeout_ms = ms("FAILOVER_DRAIN_TIMEOUT_MS", 30_000);
+        let unknown_outcome_wait_ms = ms("UNKNOWN_OUTCOME_WAIT_MS", 10_000);
         let instance_session_timeout_ms = ms("INSTANCE_SESSION_TIMEOUT_MS", 10_000);
         let read_only_error = env
             .parse(
@@ -698,6 +704,7 @@ impl Config {
                 read_only_error,
                 failover_drain_timeout_ms,
                 producer_state_rebuild_bytes,
+                unknown_outcome_wait_ms,
                 instance_id,
                 instance_session_timeout_ms,
             })
@@ -1292,6 +1299,7 @@ mod tests {
         let c = Config::from_vars(&vars(&base)).expect("valid");
         assert_eq!(c.read_only_error, ReadOnlyError::PolicyViolation);
         assert_eq!(c.failover_drain_timeout_ms, 30_000);
+        assert_eq!(c.unknown_outcome_wait_ms, 10_000);
         let east = c.links.iter().next().expect("one link");
         assert_eq!(east.initial_state(), LinkState::Mirroring);
 

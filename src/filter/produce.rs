@@ -32,7 +32,7 @@ use crate::mirror::produce::{
 };
 use crate::mirror::produce_response::{Answers, PartitionAnswer};
 use crate::state::StateStore;
-use crate::wire::header::{produce_acks, RequestHeaderPeek};
+use crate::wire::header::{produce_acks, produce_timeout_ms, RequestHeaderPeek};
 use crate::wire::produce_response_walk::Walked;
 use smallvec::SmallVec;
 
@@ -149,6 +149,7 @@ impl<'a> ProduceFilter<'a> {
             }
         };
         let index = produce::index(&frame, body_offset, version)?;
+        let timeout_ms = produce_timeout_ms(&frame, body_offset, version)?;
         if produce::any_topic(&frame, &index, |t| unknown_id(ctx, t)) {
             Box::pin(learn_topic_ids(ctx)).await;
         }
@@ -195,7 +196,10 @@ impl<'a> ProduceFilter<'a> {
             let now = tokio::time::Instant::now();
             let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
             let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait) {
-                Begin::Begun(tracked) => {
+                Begin::Begun(mut tracked) => {
+                    // If its answer never comes, the broker may still append
+                    // it until its own timeout (capped) has passed.
+                    tracked.set_timeout_ms(timeout_ms);
                     if duplicates_checked || tracked.duplicates().is_empty() {
                         break tracked;
                     }
@@ -782,16 +786,32 @@ async fn rebuild(
         .map_or_else(|| claim.topic().name.0.to_string(), |n| n.to_string());
     let owner = |mapped: i64| state.view().owner(partition, mapped);
     let floor = state.barrier_floor(partition).unwrap_or(0);
-    let read = rebuild::read_tail(
+    // Batches whose answer never came and whose wait is over: what this
+    // read does not hold of them is taken as never appended, so the read
+    // must be stable (the log end the same when read again after it).
+    let confirming = claim.confirming();
+    let read = rebuild::read_tail_stable(
         state.client(),
         &name,
         partition.partition,
         floor,
         claim.rebuild_bytes(),
+        if confirming { STABLE_READS } else { 0 },
     );
     let error = match tokio::time::timeout(REBUILD_TIMEOUT, read).await {
-        Ok(Ok(tail)) => {
-            let r = claim.apply(tail.start, tail.end, tail.from, &tail.records, &owner);
+        Ok(Ok((_, _, false))) if confirming => format!(
+            "its log end kept moving over {STABLE_READS} reads, so whether a request whose answer was lost was appended cannot be told yet"
+        ),
+        Ok(Ok((tail, read_at, stable))) => {
+            let r = claim.apply(
+                tail.start,
+                tail.end,
+                tail.from,
+                &tail.records,
+                &owner,
+                read_at,
+                stable,
+            );
             if r.replayed.untaken > 0 {
                 // Not made ready: the state would miss batches the log holds.
                 ctx.metrics.producer_state_rebuilt("failed", 0);
@@ -818,6 +838,10 @@ async fn rebuild(
                 log_end_offset = r.log_end_offset,
                 batches = r.replayed.batches,
                 taken = r.replayed.taken,
+                lost_found = r.doubts.found,
+                lost_absent = r.doubts.absent,
+                lost_in_doubt = r.doubts.left,
+                stable,
                 "rebuilt the mirrored producer state from the log tail"
             );
             return;
@@ -832,6 +856,11 @@ async fn rebuild(
     );
     Dedupe::refuse_partition(plan, partition, message);
 }
+
+/// How many times a rebuild that must settle lost batches reads the tail
+/// for a log end that stays put before the partition is answered
+/// retriable.
+const STABLE_READS: u32 = 3;
 
 /// How long a duplicate's check waits for its batch to become readable
 /// (past the high watermark) before taking it as not held.

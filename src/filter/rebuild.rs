@@ -4,7 +4,7 @@
 //! pure side, [`RebuildClaim::apply`](crate::mirror::dedupe::RebuildClaim::apply).
 
 use bytes::Bytes;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::client::protocol::OffsetSpec;
 use crate::client::{Client, ClientError};
@@ -72,6 +72,38 @@ pub async fn read_tail(
         from,
         records,
     })
+}
+
+/// [`read_tail`], and when it was begun; with `attempts` > 0, until the
+/// log end read again after the records is the one the tail was read to
+/// (a stable tail: nothing was appended while it was read), at most
+/// `attempts` times. Returns the last tail read, when it was begun, and
+/// whether it was stable (`false` when `attempts` is 0).
+pub async fn read_tail_stable(
+    client: &Client,
+    topic: &str,
+    partition: i32,
+    floor: i64,
+    max_bytes: i32,
+    attempts: u32,
+) -> Result<(Tail, Instant, bool), ClientError> {
+    let mut n = 0;
+    loop {
+        let read_at = Instant::now();
+        let tail = read_tail(client, topic, partition, floor, max_bytes).await?;
+        if attempts == 0 {
+            return Ok((tail, read_at, false));
+        }
+        let end = client
+            .list_offset(topic, partition, OffsetSpec::Latest)
+            .await?
+            .offset;
+        n += 1;
+        let stable = end == tail.end;
+        if stable || n >= attempts {
+            return Ok((tail, read_at, stable));
+        }
+    }
 }
 
 /// The end offset of the whole batches of `records`.

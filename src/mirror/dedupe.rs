@@ -29,13 +29,23 @@
 //! an idle partition answers nothing, a duplicate answer is checked against
 //! the log first (`filter::produce`, with [`Tracked::duplicates`]): it must
 //! name a batch the log still holds.
+//!
+//! A batch whose answer never came may still be appended after the tail
+//! was read (the broker handles a request it read even once its connection
+//! closed, and one may sit in its queue or on the network): such batches
+//! are held in [`Doubts`] until a tail holds them (settled: the retry is a
+//! duplicate) or their wait is over and a stable tail read after it does
+//! not (never appended); meanwhile their producer's batches on that
+//! partition are answered retriable ([`Refusal::OutcomeUnknown`]).
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
+use crate::mirror::doubt::{Doubts, Resolved, Verdict};
 use crate::mirror::origins::{OriginId, PartitionId};
 use crate::mirror::produce::{
     LocalOutcome, LocalPartition, ProducePlan, Refusal, TopicRef, TrackedBatches,
@@ -57,6 +67,10 @@ pub struct Dedupe {
     changed: tokio::sync::Notify,
     /// Bound on the bytes of a partition's tail read for a rebuild.
     rebuild_bytes: i32,
+    /// The longest a batch whose answer never came is waited out before a
+    /// tail without it is taken to mean it was never appended
+    /// (`MIRROR_PROXY_UNKNOWN_OUTCOME_WAIT_MS`).
+    unknown_wait: Duration,
 }
 
 /// Everything behind the one lock: the states and, per partition, whether
@@ -74,6 +88,8 @@ struct Inner {
     /// after it was known and answered below it means the log was
     /// truncated. One word per partition.
     known_end: HashMap<PartitionId, i64>,
+    /// Batches sent whose answer never came, until a tail settles them.
+    doubts: Doubts<StateKey>,
 }
 
 /// Why a partition needs its state rebuilt again.
@@ -110,6 +126,8 @@ pub struct Rebuilt {
     /// The log end offset when read.
     pub log_end_offset: i64,
     pub replayed: Replayed,
+    /// What the read did to the batches whose answer never came.
+    pub doubts: Resolved,
 }
 
 /// The batches of one request that were begun (marked in flight), for the
@@ -121,6 +139,9 @@ pub struct Tracked {
     /// The partitions answered as duplicates, for a check that the log
     /// still holds what the answer names (empty, unallocated, otherwise).
     duplicates: Vec<DuplicateAnswer>,
+    /// If the answer never comes, how long the broker may still append the
+    /// batches (the request's `timeout_ms`, capped).
+    wait: Duration,
 }
 
 struct BegunPartition {
@@ -183,6 +204,17 @@ impl RebuildClaim {
         self.dedupe.rebuild_bytes
     }
 
+    /// Whether the partition has batches whose answer never came and whose
+    /// wait is over: the tail must then be read stable (the log end the
+    /// same when read again), and what it does not hold of them is taken
+    /// as never appended.
+    pub fn confirming(&self) -> bool {
+        self.dedupe
+            .lock()
+            .doubts
+            .confirming(&self.partition, Instant::now())
+    }
+
     /// With the tail read (`filter::rebuild`): `records` from offset
     /// `from`, the log spanning `start..end`. Replays them into the state
     /// (emptied of the partition's appended batches when claimed; mapped
@@ -191,7 +223,11 @@ impl RebuildClaim {
     /// unless it was marked meanwhile or a batch found no room (the bound
     /// reached with every producer held busy: `replayed.untaken`, then the
     /// caller answers the partition retriable), and wakes the requests
-    /// waiting for it.
+    /// waiting for it. The partition's batches whose answer never came are
+    /// settled if the tail holds them, or dropped as never appended if
+    /// `read_at` (when the log end was read) is past their wait and the
+    /// read was `stable` ([`Doubts::after_tail`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn apply(
         self,
         start: i64,
@@ -199,12 +235,18 @@ impl RebuildClaim {
         from: i64,
         records: &[u8],
         owner: &(dyn Fn(i64) -> Option<OriginId> + Sync),
+        read_at: Instant,
+        stable: bool,
     ) -> Rebuilt {
         let d = &self.dedupe;
         let partition = self.partition;
         let mut inner = d.lock();
         let replayed = inner.states.replay_records_keyed(records, |mapped| {
             owner(mapped).map(|origin| (partition, origin))
+        });
+        let Inner { states, doubts, .. } = &mut *inner;
+        let doubts = doubts.after_tail(&partition, read_at, stable, |k, b| {
+            states.holds_appended(k, b)
         });
         let marked_meanwhile = inner.rebuilding.remove(&partition).unwrap_or(true);
         if !marked_meanwhile && replayed.untaken == 0 {
@@ -224,6 +266,7 @@ impl RebuildClaim {
             log_start_offset: start,
             log_end_offset: end,
             replayed,
+            doubts,
         }
     }
 }
@@ -243,17 +286,26 @@ impl Drop for RebuildClaim {
 impl Dedupe {
     /// At most `max_entries` producers over all partitions; a rebuild
     /// reads at most about `rebuild_bytes` of a partition's tail.
-    pub fn new(max_entries: usize, rebuild_bytes: i32, metrics: Arc<Metrics>) -> Arc<Dedupe> {
+    /// A batch whose answer never came is waited out for at most
+    /// `unknown_wait` before a tail without it is trusted.
+    pub fn new(
+        max_entries: usize,
+        rebuild_bytes: i32,
+        unknown_wait: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Dedupe> {
         Arc::new(Dedupe {
             inner: Mutex::new(Inner {
                 states: ProducerStates::new(max_entries),
                 ready: HashSet::new(),
                 rebuilding: HashMap::new(),
                 known_end: HashMap::new(),
+                doubts: Doubts::default(),
             }),
             metrics,
             changed: tokio::sync::Notify::new(),
             rebuild_bytes,
+            unknown_wait,
         })
     }
 
@@ -329,7 +381,10 @@ impl Dedupe {
     /// requests have drained: an answer settled later records its batch
     /// again.
     pub fn expire_partition(&self, partition: PartitionId) -> usize {
-        let n = self.lock().states.clear_where(|(p, _)| *p == partition);
+        let mut inner = self.lock();
+        let n = inner.states.clear_where(|(p, _)| *p == partition);
+        inner.doubts.clear(&partition);
+        drop(inner);
         self.changed.notify_waiters();
         n
     }
@@ -365,6 +420,7 @@ impl Dedupe {
             dedupe: None,
             partitions: Vec::new(),
             duplicates: Vec::new(),
+            wait: self.unknown_wait,
         };
         if plan.tracked.is_empty() {
             return Begin::Begun(tracked);
@@ -375,11 +431,24 @@ impl Dedupe {
             ready,
             rebuilding,
             known_end,
+            doubts,
         } = &mut *inner;
+        let now = Instant::now();
         let mut claims: Vec<RebuildClaim> = Vec::new();
         let mut waiting: Vec<PartitionId> = Vec::new();
         for tp in &plan.tracked {
             let p = tp.partition;
+            // A producer with a lost batch whose wait is over: its tail is
+            // read again (stable) before anything of it begins.
+            if doubts.any(&p)
+                && ready.contains(&p)
+                && tp
+                    .batches
+                    .iter()
+                    .any(|b| doubts.check(&p, &(p, b.origin), now) == Verdict::Confirm)
+            {
+                ready.remove(&p);
+            }
             if ready.contains(&p) || claims.iter().any(|c| c.partition == p) || waiting.contains(&p)
             {
                 continue;
@@ -419,6 +488,22 @@ impl Dedupe {
             let mut duplicate: Option<(i64, usize, BatchId)> = None;
             let mut outcome = None;
             for (k, b) in tp.batches.iter().enumerate() {
+                if let Verdict::Wait { deadline } =
+                    doubts.check(&tp.partition, &(tp.partition, b.origin), now)
+                {
+                    outcome = Some(LocalOutcome::Refused {
+                        refusal: Refusal::OutcomeUnknown,
+                        message: format!(
+                            "mirror link '{link}': partition {}: producer {} epoch {}: an earlier request of it was sent and its answer lost with the broker connection; the broker may still append it, so nothing more of this producer is appended for up to {} ms, until the log shows whether it was; retry",
+                            tp.partition.partition,
+                            b.id.producer_id,
+                            b.id.epoch,
+                            deadline.saturating_duration_since(now).as_millis()
+                        )
+                        .into(),
+                    });
+                    break;
+                }
                 match states.begin(&(tp.partition, b.origin), &b.id) {
                     Check::Append => begun.push(k),
                     Check::Duplicate { base_offset } => {
@@ -548,7 +633,18 @@ impl Tracked {
             dedupe: None,
             partitions: Vec::new(),
             duplicates: Vec::new(),
+            wait: Duration::ZERO,
         }
+    }
+
+    /// The request's Produce `timeout_ms`: if its answer never comes, its
+    /// batches are waited out that long (at most the configured cap) from
+    /// when the loss is seen. Kafka bounds no request's time in its queue,
+    /// so the cap is what bounds the wait; the request's own timeout only
+    /// shortens it.
+    pub fn set_timeout_ms(&mut self, timeout_ms: i32) {
+        let ms = u64::try_from(timeout_ms).unwrap_or(0);
+        self.wait = self.wait.min(Duration::from_millis(ms));
     }
 
     /// The partitions answered as duplicates: before the answer leaves,
@@ -727,9 +823,13 @@ impl Drop for Tracked {
         }
         let mut inner = dedupe.lock();
         let mut marked = 0u64;
+        // Seen lost now, after it was sent: its wait counts from here.
+        let deadline = Instant::now() + self.wait;
         for bp in self.partitions.drain(..) {
             for b in &bp.batches {
-                inner.states.failed(&(bp.partition, b.origin), &b.id);
+                let key = (bp.partition, b.origin);
+                inner.states.failed(&key, &b.id);
+                inner.doubts.lost(bp.partition, key, b.id, deadline);
             }
             mark(&mut inner, bp.partition);
             marked += 1;

@@ -11,6 +11,7 @@
 pub mod barrier;
 pub mod control_records;
 pub mod dedupe;
+pub mod doubt;
 pub mod link;
 pub mod link_state;
 pub mod origins;

@@ -116,6 +116,10 @@ pub enum Refusal {
     /// A client's write to the proxy's state topic, which only the proxy
     /// writes: TOPIC_AUTHORIZATION_FAILED.
     StateTopic,
+    /// Mirrored producer state: an earlier batch of the same producer was
+    /// sent and its answer lost; the broker may still append it, so the
+    /// producer waits (retriable) until the log shows whether it did.
+    OutcomeUnknown,
 }
 
 /// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
@@ -157,6 +161,7 @@ impl Refusal {
             Refusal::ProducerStateFull => "producer_state_full",
             Refusal::DuplicatePartition => "duplicate_partition",
             Refusal::StateTopic => "state_topic",
+            Refusal::OutcomeUnknown => "outcome_unknown",
         }
     }
 
@@ -169,9 +174,10 @@ impl Refusal {
             // Both retriable for every Kafka client (Java: RetriableException;
             // librdkafka retries them), and neither makes a client refresh
             // anything it should not.
-            Refusal::StateNotLoaded | Refusal::StateNotRebuilt | Refusal::ProducerStateFull => {
-                ResponseError::NotEnoughReplicas
-            }
+            Refusal::StateNotLoaded
+            | Refusal::StateNotRebuilt
+            | Refusal::ProducerStateFull
+            | Refusal::OutcomeUnknown => ResponseError::NotEnoughReplicas,
             Refusal::StateWriteFailed => ResponseError::NotEnoughReplicasAfterAppend,
             Refusal::InvalidProducerEpoch => ResponseError::InvalidProducerEpoch,
             Refusal::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,

@@ -464,6 +464,13 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
         self.entries.peek(&(*partition, producer_id))
     }
 
+    /// Whether `batch` is one of the producer's retained appended batches
+    /// (does not count as a use).
+    pub fn holds_appended(&self, partition: &P, batch: &BatchId) -> bool {
+        self.entry(partition, batch.producer_id)
+            .is_some_and(|e| e.find_duplicate(batch).is_some())
+    }
+
     fn touch(&mut self, partition: &P, producer_id: i64) -> Option<&mut ProducerStateEntry> {
         self.entries.get_mut(&(*partition, producer_id))
     }

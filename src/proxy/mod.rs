@@ -484,6 +484,7 @@ impl Proxy {
         let dedupe = crate::mirror::dedupe::Dedupe::new(
             config.producer_state_max_entries,
             config.producer_state_rebuild_bytes,
+            Duration::from_millis(config.unknown_outcome_wait_ms),
             Arc::clone(&metrics),
         );
         if let Some(state) = &state {

@@ -119,8 +119,32 @@ fn skip_tagged_fields(buf: &[u8], pos: usize) -> Option<usize> {
 /// decoding it: a fire-and-forget (`acks=0`) request gets no response, so
 /// the proxy must not wait for one.
 pub fn produce_acks(frame: &[u8], body_offset: usize, version: i16) -> Result<i16, HeaderError> {
+    let mut c = after_transactional_id(frame, body_offset, version, "acks")?;
+    c.i16().map_err(|_| HeaderError::Body("acks"))
+}
+
+/// The `timeout_ms` of a Produce request (after `acks`): how long the
+/// broker may wait for the replication `acks` asks for.
+pub fn produce_timeout_ms(
+    frame: &[u8],
+    body_offset: usize,
+    version: i16,
+) -> Result<i32, HeaderError> {
+    let timeout = |_| HeaderError::Body("timeout_ms");
+    let mut c = after_transactional_id(frame, body_offset, version, "timeout_ms")?;
+    c.i16().map_err(timeout)?;
+    c.i32().map_err(timeout)
+}
+
+/// A cursor on a Produce body past its transactional id; `next` names the
+/// field that follows, for the error when the id overruns the frame.
+fn after_transactional_id<'f>(
+    frame: &'f [u8],
+    body_offset: usize,
+    version: i16,
+    next: &'static str,
+) -> Result<Cursor<'f>, HeaderError> {
     let txn_id = |_| HeaderError::Body("transactional_id");
-    let acks = |_| HeaderError::Body("acks");
     let mut c = Cursor::at(frame, body_offset);
     let txn_id_len = if version >= 9 {
         // Compact nullable string: length + 1 as an unsigned varint, 0 = null.
@@ -128,9 +152,9 @@ pub fn produce_acks(frame: &[u8], body_offset: usize, version: i16) -> Result<i1
     } else {
         c.i16().map_err(txn_id)?.max(0) as usize
     };
-    // A transactional id that overruns the frame leaves no room for acks.
-    c.skip(txn_id_len).map_err(acks)?;
-    c.i16().map_err(acks)
+    // A transactional id that overruns the frame leaves no room for what follows.
+    c.skip(txn_id_len).map_err(|_| HeaderError::Body(next))?;
+    Ok(c)
 }
 
 #[cfg(test)]
@@ -152,6 +176,14 @@ mod tests {
         assert_eq!(h.body_offset(&PRODUCE_V9, 2), Ok(13));
         assert_eq!(h.body_offset(&PRODUCE_V9, 1), Ok(12));
         assert_eq!(produce_acks(&PRODUCE_V9, 13, 9), Ok(-1));
+        // Cut inside timeout_ms: an error, not a guess.
+        assert_eq!(
+            produce_timeout_ms(&PRODUCE_V9, 13, 9),
+            Err(HeaderError::Body("timeout_ms"))
+        );
+        let mut whole = PRODUCE_V9.to_vec();
+        whole.extend([0, 0x75, 0x30]); // timeout_ms = 30000
+        assert_eq!(produce_timeout_ms(&whole, 13, 9), Ok(30_000));
     }
 
     #[test]

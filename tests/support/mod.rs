@@ -2,7 +2,7 @@
 //! (`kafka`), Kafka's own Java command-line tools (`tools`), the proxy binary
 //! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
 //! crate's own client set up for tests (`crate_client`) and a TCP relay that
-//! breaks connections (`relay`).
+//! breaks connections (`relay`) and one that holds a request (`hold_relay`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -10,6 +10,7 @@
 pub mod capture;
 pub mod certs;
 pub mod crate_client;
+pub mod hold_relay;
 pub mod kafka;
 pub mod proxy;
 pub mod relay;

@@ -98,7 +98,35 @@ fn response(partition: i32, error_code: i16, base_offset: i64) -> ProduceRespons
 }
 
 fn dedupe() -> Arc<Dedupe> {
-    Dedupe::new(100, 1 << 20, Arc::new(Metrics::default()))
+    dedupe_waiting(std::time::Duration::from_secs(60))
+}
+
+/// A lost batch is waited out for `wait` before a tail without it counts.
+fn dedupe_waiting(wait: std::time::Duration) -> Arc<Dedupe> {
+    Dedupe::new(100, 1 << 20, wait, Arc::new(Metrics::default()))
+}
+
+/// Rebuild partition `partition` (which must need it) from a stable tail
+/// of `batches` read now.
+fn rebuild_stable(d: &Arc<Dedupe>, partition: i32, batches: &[(i64, i32, usize)]) -> Rebuilt {
+    let owner = |pid: i64| (pid == PID).then(|| origin(5));
+    let mut p = plan(partition, &[(id(0, 1000, 1000), 0)]);
+    let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true));
+    let claim = claims.pop().expect("one claim");
+    let end = batches
+        .iter()
+        .map(|&(base, _, n)| base + n as i64)
+        .max()
+        .unwrap_or(0);
+    claim.apply(
+        0,
+        end,
+        0,
+        &tail(batches),
+        &owner,
+        std::time::Instant::now(),
+        true,
+    )
 }
 
 /// [`Dedupe::begin`] on partitions taken as rebuilt from their log: `Some`
@@ -194,7 +222,8 @@ fn a_retry_while_in_flight_is_answered_retriable_and_never_forwarded() {
 
 #[test]
 fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
-    let d = dedupe();
+    // Lost batches are not waited out here (see the tests of doubts below).
+    let d = dedupe_waiting(std::time::Duration::ZERO);
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     begin(&d, &mut p, "east", false)
         .expect("begun")
@@ -202,6 +231,9 @@ fn an_error_or_a_lost_response_ends_the_flight_without_recording() {
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     drop(begin(&d, &mut p, "east", false).expect("begun")); // the connection was lost
     assert!(p.local.is_empty());
+    // A stable tail without it, read past its (zero) wait: never appended.
+    let r = rebuild_stable(&d, 0, &[]);
+    assert_eq!(r.doubts.absent, 1, "{r:?}");
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     let t = begin(&d, &mut p, "east", false).expect("begun");
     assert!(p.local.is_empty(), "{:?}", p.local);
@@ -432,7 +464,7 @@ fn nothing_begins_before_the_partition_is_rebuilt_and_one_request_rebuilds_it() 
 
 #[test]
 fn an_unknown_outcome_or_a_leader_move_marks_the_partition_for_a_rebuild() {
-    let d = dedupe();
+    let d = dedupe_waiting(std::time::Duration::ZERO);
     // The connection was lost with the batch in flight.
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
     drop(begin(&d, &mut p, "east", false).expect("begun"));
@@ -441,6 +473,8 @@ fn an_unknown_outcome_or_a_leader_move_marks_the_partition_for_a_rebuild() {
     let (claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
     assert_eq!(claims.len(), 1);
     drop(claims);
+    // Settled as never appended by a stable tail past its (zero) wait.
+    assert_eq!(rebuild_stable(&d, 0, &[]).doubts.absent, 1);
     // A timeout answer leaves the outcome open too; a leader named in the
     // answer, or NOT_LEADER_OR_FOLLOWER, means another log.
     for (error_code, leader) in [(7, -1), (20, -1), (6, -1), (2, 3)] {
@@ -507,7 +541,15 @@ fn a_rebuild_merges_with_what_was_recorded_meanwhile() {
     let Begin::Begun(t) = t else { panic!("begun") };
     t.settle_with(&response(0, 0, 20));
     // The tail read before that append: batches 0..9 and 10..19.
-    let r = claim.apply(0, 20, 0, &tail(&[(0, 0, 10), (10, 10, 10)]), &owner);
+    let r = claim.apply(
+        0,
+        20,
+        0,
+        &tail(&[(0, 0, 10), (10, 10, 10)]),
+        &owner,
+        std::time::Instant::now(),
+        false,
+    );
     assert_eq!((r.replayed.batches, r.replayed.taken), (2, 2));
     assert!(d.is_ready(&at(0)));
     // All three are known, the recorded one is not lost.
@@ -530,7 +572,15 @@ fn a_mark_during_a_rebuild_leaves_the_partition_for_another_rebuild() {
     let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true));
     d.mark_for_rebuild(at(0), RebuildReason::UnknownOutcome);
     let claim = claims.pop().expect("one claim");
-    claim.apply(0, 10, 0, &tail(&[(0, 0, 10)]), &owner);
+    claim.apply(
+        0,
+        10,
+        0,
+        &tail(&[(0, 0, 10)]),
+        &owner,
+        std::time::Instant::now(),
+        false,
+    );
     assert!(!d.is_ready(&at(0)), "read before the mark: read again");
     let (claims, _) = must_rebuild(d.begin(&mut p, "east", true));
     assert_eq!(claims.len(), 1);
@@ -564,7 +614,15 @@ fn a_rebuild_after_a_truncation_replaces_what_the_log_lost() {
     let mut retry = plan(0, &[(id(0, 10, 19), 0)]);
     let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
     let claim = claims.pop().expect("one claim");
-    let r = claim.apply(0, 10, 0, &tail(&[(0, 0, 10)]), &owner);
+    let r = claim.apply(
+        0,
+        10,
+        0,
+        &tail(&[(0, 0, 10)]),
+        &owner,
+        std::time::Instant::now(),
+        false,
+    );
     assert_eq!((r.replayed.batches, r.replayed.taken), (1, 1));
     assert!(d.is_ready(&at(0)));
     // The lost batch's retry is appended, not answered "duplicate, 10".
@@ -628,7 +686,12 @@ fn answers_settled_out_of_order_are_no_truncation() {
 
 #[test]
 fn a_new_producer_is_answered_retriable_when_the_state_is_full_of_batches_in_flight() {
-    let d = Dedupe::new(1, 1 << 20, Arc::new(Metrics::default()));
+    let d = Dedupe::new(
+        1,
+        1 << 20,
+        std::time::Duration::from_secs(60),
+        Arc::new(Metrics::default()),
+    );
     let mut first = plan_from(0, origin(5), &[(id(0, 0, 9), 0)]);
     let t = begin(&d, &mut first, "east", false).expect("begun");
     let mut other = plan_from(0, origin(6), &[(id(0, 0, 9), 0)]);
@@ -651,4 +714,101 @@ fn a_new_producer_is_answered_retriable_when_the_state_is_full_of_batches_in_fli
     let mut other = plan_from(0, origin(6), &[(id(0, 0, 9), 0)]);
     let t2 = begin(&d, &mut other, "east", false).expect("begun");
     assert!(other.local.is_empty() && !t2.is_empty());
+}
+
+/// The refusal of `p`'s only partition, if refused.
+fn refusal(p: &ProducePlan) -> Option<Refusal> {
+    match p.local.first().map(|l| &l.outcome) {
+        Some(LocalOutcome::Refused { refusal, .. }) => Some(*refusal),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_lost_batch_holds_its_producer_until_a_tail_shows_it() {
+    let d = dedupe();
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    drop(begin(&d, &mut p, "east", false).expect("begun")); // answer lost
+                                                            // The retry's rebuild reads a tail without it: not settled (the broker
+                                                            // may still append it), the retry is answered retriable.
+    let r = rebuild_stable(&d, 0, &[]);
+    assert_eq!((r.doubts.found, r.doubts.left), (0, 1), "{r:?}");
+    let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
+    let t = d.begin(&mut retry, "east", true);
+    assert!(matches!(t, Begin::Begun(ref t) if t.is_empty()));
+    assert_eq!(refusal(&retry), Some(Refusal::OutcomeUnknown));
+    // So is the producer's next batch: nothing of it overtakes the lost one.
+    let mut next = plan(0, &[(id(0, 10, 19), 0)]);
+    let _ = d.begin(&mut next, "east", true);
+    assert_eq!(refusal(&next), Some(Refusal::OutcomeUnknown));
+    // Another producer on the partition, and the producer elsewhere, go on.
+    let mut other = plan_from(0, origin(6), &[(id(0, 0, 9), 0)]);
+    let Begin::Begun(t) = d.begin(&mut other, "east", true) else {
+        panic!("another producer waits");
+    };
+    assert!(!t.is_empty() && other.local.is_empty());
+    t.settle_with(&response(0, 0, 0));
+    let mut elsewhere = plan(1, &[(id(0, 0, 9), 0)]);
+    let t = begin(&d, &mut elsewhere, "east", true).expect("begun");
+    assert!(!t.is_empty() && elsewhere.local.is_empty());
+    t.settle_with(&response(0, 0, 0));
+    // The broker appended it late: the next tail holding it settles it, and
+    // the retry is answered with its offset, never appended again.
+    d.mark_for_rebuild(at(0), RebuildReason::UnknownOutcome);
+    let r = rebuild_stable(&d, 0, &[(10, 0, 10)]);
+    assert_eq!((r.doubts.found, r.doubts.left), (1, 0), "{r:?}");
+    let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
+    let Begin::Begun(t) = d.begin(&mut retry, "east", true) else {
+        panic!("not begun");
+    };
+    assert!(t.is_empty());
+    assert!(matches!(
+        retry.local[0].outcome,
+        LocalOutcome::Duplicate {
+            base_offset: 10,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_lost_batch_absent_from_a_stable_tail_past_its_wait_was_never_appended() {
+    let d = dedupe_waiting(std::time::Duration::from_millis(50));
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    let mut t = begin(&d, &mut p, "east", false).expect("begun");
+    // The request's own timeout is longer: the cap holds.
+    t.set_timeout_ms(30_000);
+    drop(t);
+    let r = rebuild_stable(&d, 0, &[]);
+    assert_eq!(r.doubts.left, 1, "read within the wait: {r:?}");
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    // Past the wait the retry asks for a confirming read first.
+    let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
+    let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
+    let claim = claims.pop().expect("a claim");
+    assert!(claim.confirming());
+    let owner = |pid: i64| (pid == PID).then(|| origin(5));
+    let at_read = std::time::Instant::now();
+    // A read whose log end moved proves nothing...
+    let r = claim.apply(0, 0, 0, &[], &owner, at_read, false);
+    assert_eq!(r.doubts.left, 1, "{r:?}");
+    // ...a stable one does: the retry is appended.
+    let r = rebuild_stable(&d, 0, &[]);
+    assert_eq!(r.doubts.absent, 1, "{r:?}");
+    let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
+    let Begin::Begun(t) = d.begin(&mut retry, "east", true) else {
+        panic!("not begun");
+    };
+    assert!(!t.is_empty() && retry.local.is_empty(), "{:?}", retry.local);
+}
+
+#[test]
+fn a_short_request_timeout_shortens_the_wait() {
+    let d = dedupe();
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    let mut t = begin(&d, &mut p, "east", false).expect("begun");
+    t.set_timeout_ms(0);
+    drop(t);
+    // Its wait (0 ms) is over at once: a stable tail without it settles it.
+    assert_eq!(rebuild_stable(&d, 0, &[]).doubts.absent, 1);
 }

@@ -419,3 +419,69 @@ fn sni_routing_without_tls_is_a_startup_error() -> Result<()> {
     );
     Ok(())
 }
+
+/// Writes `contents` to `path` through a temp file and a rename, so the
+/// proxy never reads half a file.
+fn replace_file(path: &Path, contents: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// The DER of the first certificate in `pem`.
+fn der(pem: &str) -> Result<Vec<u8>> {
+    let cert = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .context("no certificate")??;
+    Ok(cert.as_ref().to_vec())
+}
+
+#[test]
+fn the_sni_listener_serves_a_rotated_certificate_and_still_refuses_unknown_names() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = KafkaMultiCluster::start(KafkaOptions::default(), &[1])?;
+    let (proxy, _, ca) = sni_proxy(dir.path(), &cluster.bootstrap())?;
+    let addr = proxy.bootstrap.clone();
+    // The second certificate, from another CA, for the same names.
+    let dir2 = tempfile::tempdir()?;
+    let ca2 = TestCa::new(dir2.path())?;
+    let next = ca2.server_for("proxy", &["*.kafka.test"])?;
+    let want = der(&next.cert)?;
+    let peer = |tls: &Tls| {
+        tls.conn
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.as_ref().to_vec())
+    };
+    let first = handshake(&addr, BOOTSTRAP, &ca).map_err(|e| anyhow::anyhow!("{e}"))?;
+    ensure!(
+        peer(&first) != Some(want.clone()),
+        "served the new certificate already"
+    );
+
+    // The files the proxy was started with (sni_proxy's, in `dir`).
+    replace_file(&dir.path().join("proxy.key"), &next.key)?;
+    replace_file(&dir.path().join("proxy.pem"), &next.cert)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // Trusting the new CA only: the handshake succeeds once it is served.
+        if let Ok(tls) = handshake(&addr, BOOTSTRAP, &ca2) {
+            ensure!(peer(&tls) == Some(want.clone()), "unexpected certificate");
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the new certificate was not served within 30 s:\n{}",
+                tools::tail_str(&proxy.logs(), 20)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(first);
+    match handshake(&addr, "other.kafka.test", &ca2) {
+        Err(rustls::Error::AlertReceived(rustls::AlertDescription::AccessDenied)) => Ok(()),
+        Ok(_) => bail!("an unknown name was served after the rotation"),
+        Err(e) => bail!("expected the alert access_denied, got {e}"),
+    }
+}

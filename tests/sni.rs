@@ -88,8 +88,17 @@ pub unsafe extern "C" fn getaddrinfo(
     unsafe { real(node, service, hints, res) }
 }
 
+/// Removes the hosts file when the test ends.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The hosts file the Java tools of this process resolve with.
-fn java_hosts_file(names: &[String]) -> Result<PathBuf> {
+fn java_hosts_file(names: &[String]) -> Result<RemoveOnDrop> {
     let path = std::env::temp_dir().join(format!("kmp-sni-hosts-{}", std::process::id()));
     let mut text = String::from("127.0.0.1 localhost\n");
     if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
@@ -100,7 +109,7 @@ fn java_hosts_file(names: &[String]) -> Result<PathBuf> {
     }
     std::fs::write(&path, text)?;
     tools::set_tools_jvm_args(&[&format!("-Djdk.net.hosts.file={}", path.display())])?;
-    Ok(path)
+    Ok(RemoveOnDrop(path))
 }
 
 fn node_name(node: u32) -> String {
@@ -201,7 +210,7 @@ fn values(prefix: &str, n: usize) -> Vec<String> {
 
 #[test]
 fn java_and_librdkafka_reach_every_node_through_one_sni_port_also_one_that_joins() -> Result<()> {
-    java_hosts_file(&[BOOTSTRAP.to_string(), node_name(1), node_name(JOINER)])?;
+    let _hosts = java_hosts_file(&[BOOTSTRAP.to_string(), node_name(1), node_name(JOINER)])?;
     let dir = tempfile::tempdir()?;
     let mut cluster = KafkaMultiCluster::start(KafkaOptions::default(), &[1])?;
     let (proxy, bootstrap, ca) = sni_proxy(dir.path(), &cluster.bootstrap())?;

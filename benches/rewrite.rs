@@ -276,6 +276,7 @@ fn produce_response(c: &mut Criterion) {
     let adv = Advertised {
         host: "proxy".into(),
         port_base: 19093,
+        sni: None,
     };
     let mut group = c.benchmark_group("produce_response_v11_32_partitions");
     group.bench_function("walk_and_pass", |b| {

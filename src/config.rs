@@ -21,6 +21,9 @@ use crate::mirror::link_state::LinkState;
 use crate::mirror::pid::ClusterId;
 use crate::wire::sasl::{Credentials, Mechanism};
 
+pub mod sni;
+pub use sni::{SniNames, SniRoute};
+
 /// The prefix shared by every variable the proxy reads.
 pub const PREFIX: &str = "MIRROR_PROXY_";
 
@@ -117,6 +120,9 @@ pub struct Config {
     pub listen: SocketAddr,
     pub advertised_host: String,
     pub broker_port_base: u16,
+    /// SNI routing on the one TLS listener instead of a port per node;
+    /// `None`: a port per node (ADVERTISED_HOST, BROKER_PORT_BASE).
+    pub sni: Option<SniRouting>,
     pub admin_listen: SocketAddr,
     pub admin_token: Option<String>,
     pub max_frame_bytes: usize,
@@ -174,6 +180,15 @@ pub struct Config {
     pub instance_session_timeout_ms: u64,
 }
 
+/// SNI routing: every broker node is advertised as its own host name on
+/// one port, and each TLS connection is routed by its ClientHello's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SniRouting {
+    pub names: SniNames,
+    /// The port advertised for every node; `None`: the LISTEN port (as bound).
+    pub advertised_port: Option<u16>,
+}
+
 /// The error a local Produce to a read-only mirrored topic gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadOnlyError {
@@ -192,6 +207,7 @@ impl fmt::Debug for Config {
             .field("listen", &self.listen)
             .field("advertised_host", &self.advertised_host)
             .field("broker_port_base", &self.broker_port_base)
+            .field("sni", &self.sni)
             .field("admin_listen", &self.admin_listen)
             .field("max_frame_bytes", &self.max_frame_bytes)
             .field("max_buffered_bytes", &self.max_buffered_bytes)
@@ -240,8 +256,11 @@ impl fmt::Debug for Config {
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("BOOTSTRAP_SERVERS", "(required)", "Comma-separated host:port of the destination brokers the proxy bootstraps from."),
     ("LISTEN", "0.0.0.0:9092", "Bootstrap listener address (host:port)."),
-    ("ADVERTISED_HOST", "host of LISTEN", "Host name clients are told to connect to for every broker; required when LISTEN binds all interfaces."),
-    ("BROKER_PORT_BASE", "port of LISTEN + 1", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n). Must be above the LISTEN port, so that no node id maps onto the bootstrap listener."),
+    ("ADVERTISED_HOST", "host of LISTEN", "Host name clients are told to connect to for every broker; required when LISTEN binds all interfaces. Port-per-node routing only (not with SNI_HOST_PATTERN)."),
+    ("BROKER_PORT_BASE", "port of LISTEN + 1", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n). Must be above the LISTEN port, so that no node id maps onto the bootstrap listener. Port-per-node routing only (not with SNI_HOST_PATTERN)."),
+    ("SNI_HOST_PATTERN", "(none)", "Enables SNI routing instead of a port per node: broker node n is advertised as this host name with `$(nodeId)` replaced by n (e.g. `broker-$(nodeId).kafka.example.com`), on the one LISTEN port, and each client connection goes to the node its TLS ClientHello names. Requires TLS_CERT (a certificate valid for the bootstrap name and every node name, e.g. a wildcard) and SNI_BOOTSTRAP_HOST; ADVERTISED_HOST and BROKER_PORT_BASE must not be set. A connection without SNI, or naming neither the bootstrap nor a known node, is refused with a TLS access_denied alert."),
+    ("SNI_BOOTSTRAP_HOST", "(required with SNI_HOST_PATTERN)", "With SNI routing: the host name clients bootstrap at; a connection naming it goes to any of BOOTSTRAP_SERVERS."),
+    ("SNI_ADVERTISED_PORT", "port of LISTEN", "With SNI routing: the port advertised for every node, when clients reach the listener through another port (a load balancer's)."),
     ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
     ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
     ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
@@ -438,6 +457,7 @@ impl Config {
             )
             .unwrap_or(listen_default);
 
+        let sni_pattern = env.raw("SNI_HOST_PATTERN");
         let advertised_host = match env.raw("ADVERTISED_HOST") {
             Some(h)
                 if h.contains(':')
@@ -452,7 +472,7 @@ impl Config {
                 String::new()
             }
             Some(h) => h,
-            None if listen.ip().is_unspecified() => {
+            None if listen.ip().is_unspecified() && sni_pattern.is_none() => {
                 env.problem("ADVERTISED_HOST", None, "the host clients reach the proxy at (required because MIRROR_PROXY_LISTEN binds all interfaces)");
                 String::new()
             }
@@ -653,6 +673,7 @@ impl Config {
             .unwrap_or(LogFormat::Text);
 
         let client_tls = Self::client_tls(&mut env);
+        let sni = Self::sni(&mut env, client_tls.is_some());
         let upstream_tls = Self::upstream_tls(&mut env);
         let upstream_sasl = Self::upstream_sasl(&mut env);
         let links = Self::links(&mut env, client_tls.as_ref(), true);
@@ -677,6 +698,7 @@ impl Config {
                 listen,
                 advertised_host,
                 broker_port_base,
+                sni,
                 admin_listen,
                 admin_token,
                 max_frame_bytes,
@@ -728,6 +750,58 @@ impl Config {
             Ok(links)
         } else {
             Err(ConfigError(env.problems))
+        }
+    }
+
+    /// SNI routing, when SNI_HOST_PATTERN is set. The port-per-node
+    /// variables are refused beside it: an operator who set them expects
+    /// ports the proxy would not open.
+    fn sni(env: &mut Env<'_>, tls: bool) -> Option<SniRouting> {
+        let Some(pattern) = env.raw("SNI_HOST_PATTERN") else {
+            for name in ["SNI_BOOTSTRAP_HOST", "SNI_ADVERTISED_PORT"] {
+                if let Some(v) = env.raw(name) {
+                    env.problem(name, Some(v), "unset, because MIRROR_PROXY_SNI_HOST_PATTERN is not set (SNI routing is off)");
+                }
+            }
+            return None;
+        };
+        if !tls && env.raw("TLS_CERT").is_none() {
+            env.problem(
+                "TLS_CERT",
+                None,
+                "a server certificate: SNI routing (MIRROR_PROXY_SNI_HOST_PATTERN) reads the host name from the TLS ClientHello, so it needs TLS on the client listener",
+            );
+        }
+        for name in ["ADVERTISED_HOST", "BROKER_PORT_BASE"] {
+            if let Some(v) = env.raw(name) {
+                env.problem(name, Some(v), "unset with SNI routing: nodes are advertised by MIRROR_PROXY_SNI_HOST_PATTERN on the MIRROR_PROXY_LISTEN port");
+            }
+        }
+        let advertised_port = env.parse("SNI_ADVERTISED_PORT", "a port number (1-65535)", |s| {
+            s.parse::<u16>().ok().filter(|p| *p > 0)
+        });
+        let Some(bootstrap) = env.raw("SNI_BOOTSTRAP_HOST") else {
+            env.problem(
+                "SNI_BOOTSTRAP_HOST",
+                None,
+                "the host name clients bootstrap at (required with MIRROR_PROXY_SNI_HOST_PATTERN)",
+            );
+            return None;
+        };
+        match SniNames::new(&pattern, &bootstrap) {
+            Ok(names) => Some(SniRouting {
+                names,
+                advertised_port,
+            }),
+            Err(e) if e.starts_with("bootstrap: ") => {
+                let e = e.trim_start_matches("bootstrap: ").to_string();
+                env.problem("SNI_BOOTSTRAP_HOST", Some(bootstrap), e);
+                None
+            }
+            Err(e) => {
+                env.problem("SNI_HOST_PATTERN", Some(pattern), e);
+                None
+            }
         }
     }
 
@@ -1001,6 +1075,56 @@ mod tests {
             Ok(_) => Vec::new(),
             Err(e) => e.0,
         }
+    }
+
+    fn problem_for<'a>(p: &'a [ConfigProblem], var: &str) -> Option<&'a ConfigProblem> {
+        p.iter().find(|p| p.variable == format!("{PREFIX}{var}"))
+    }
+
+    #[test]
+    fn sni_routing_without_tls_is_a_startup_error() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "0.0.0.0:9092"),
+            ("SNI_HOST_PATTERN", "broker-$(nodeId).kafka.example.com"),
+            ("SNI_BOOTSTRAP_HOST", "bootstrap.kafka.example.com"),
+        ]);
+        let tls = problem_for(&p, "TLS_CERT").expect("TLS_CERT named");
+        assert!(tls.expected.contains("SNI routing"), "{tls:?}");
+        // Not required in SNI mode, even on all interfaces.
+        assert!(problem_for(&p, "ADVERTISED_HOST").is_none(), "{p:?}");
+        assert_eq!(p.len(), 1, "{p:?}");
+    }
+
+    #[test]
+    fn sni_routing_refuses_port_per_node_settings_and_bad_names() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("SNI_HOST_PATTERN", "broker.kafka.example.com"),
+            ("SNI_BOOTSTRAP_HOST", "bootstrap.kafka.example.com"),
+            ("BROKER_PORT_BASE", "19100"),
+            ("ADVERTISED_HOST", "proxy.example.com"),
+            ("SNI_ADVERTISED_PORT", "0"),
+        ]);
+        for var in [
+            "SNI_HOST_PATTERN",
+            "BROKER_PORT_BASE",
+            "ADVERTISED_HOST",
+            "SNI_ADVERTISED_PORT",
+            "TLS_CERT",
+        ] {
+            assert!(problem_for(&p, var).is_some(), "{var} not named: {p:?}");
+        }
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("SNI_HOST_PATTERN", "broker-$(nodeId).kafka.example.com"),
+        ]);
+        assert!(problem_for(&p, "SNI_BOOTSTRAP_HOST").is_some(), "{p:?}");
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("SNI_BOOTSTRAP_HOST", "bootstrap.kafka.example.com"),
+        ]);
+        assert!(problem_for(&p, "SNI_BOOTSTRAP_HOST").is_some(), "{p:?}");
     }
 
     #[test]

@@ -317,6 +317,9 @@ fn env_of(container: &Value) -> Result<BTreeMap<String, Value>> {
 const CHART_MANAGED: &[&str] = &[
     "LISTEN",
     "BROKER_PORT_BASE",
+    "SNI_HOST_PATTERN",
+    "SNI_BOOTSTRAP_HOST",
+    "SNI_ADVERTISED_PORT",
     "ADMIN_LISTEN",
     "ADMIN_TOKEN",
     "INSTANCE_ID",
@@ -585,11 +588,85 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
             ),
         }
     }
+
+    // SNI routing: one Service port, the SNI variables instead of the
+    // port-per-node ones, every other variable as before.
     let mut sni = values.clone();
     sni["routing"]["mode"] = json!("sni");
-    match render(&helm, &sni)? {
-        Ok(_) => bail!("routing.mode sni was accepted"),
-        Err(e) => ensure!(e.contains("only nodePorts"), "{e}"),
+    sni["routing"]["sni"] = json!({
+        "hostPattern": "broker-$(nodeId).kafka.example.com",
+        "bootstrapHost": "bootstrap.kafka.example.com",
+        "advertisedPort": 443,
+    });
+    // Port-per-node only: refused beside SNI (by the proxy, and the chart).
+    let with_host = sni.clone();
+    if let Some(config) = sni["config"].as_object_mut() {
+        config.remove("ADVERTISED_HOST");
+    }
+    let docs = rendered(&helm, &sni)?;
+    let c = container(&docs)?;
+    let env = env_of(c)?;
+    let mut want_env = expected.clone();
+    want_env.remove(&format!("{PREFIX}ADVERTISED_HOST"));
+    want_env.remove(&format!("{PREFIX}BROKER_PORT_BASE"));
+    for (name, value) in [
+        // Kubernetes expands `$(NAME)` in env values from the container's
+        // other variables; `$$(` is its escape for a literal `$(`.
+        ("SNI_HOST_PATTERN", "broker-$$(nodeId).kafka.example.com"),
+        ("SNI_BOOTSTRAP_HOST", "bootstrap.kafka.example.com"),
+        ("SNI_ADVERTISED_PORT", "443"),
+    ] {
+        want_env.insert(format!("{PREFIX}{name}"), json!(value));
+    }
+    ensure!(
+        env == want_env,
+        "SNI mode environment: rendered {env:?}, expected {want_env:?}"
+    );
+    let service = find(&docs, "Service", "kmp-kafka-mirror-proxy")?;
+    let ports: Vec<(String, String)> = service["spec"]["ports"]
+        .as_array()
+        .context("no ports")?
+        .iter()
+        .map(|p| (text_of(&p["name"]), text_of(&p["port"])))
+        .collect();
+    ensure!(
+        ports == [("bootstrap".to_string(), "19092".to_string())],
+        "SNI Service ports {ports:?}"
+    );
+    let container_ports: BTreeSet<String> = c["ports"]
+        .as_array()
+        .context("no container ports")?
+        .iter()
+        .map(|p| text_of(&p["containerPort"]))
+        .collect();
+    ensure!(
+        container_ports == BTreeSet::from(["19092".to_string(), "19190".to_string()]),
+        "SNI container ports {container_ports:?}"
+    );
+    // What SNI mode cannot run without, refused with the setting named.
+    let mut no_tls = sni.clone();
+    no_tls["tls"]["client"] = json!({});
+    let mut no_pattern = sni.clone();
+    no_pattern["routing"]["sni"]["hostPattern"] = json!("broker.kafka.example.com");
+    let mut bad_mode = sni.clone();
+    bad_mode["routing"]["mode"] = json!("ports");
+    for (what, bad, needle) in [
+        ("sni without TLS", no_tls, "tls.client.secretName"),
+        ("a pattern without $(nodeId)", no_pattern, "$(nodeId)"),
+        (
+            "ADVERTISED_HOST with sni",
+            with_host,
+            "config.ADVERTISED_HOST",
+        ),
+        ("an unknown mode", bad_mode, "routing.mode"),
+    ] {
+        match render(&helm, &bad)? {
+            Ok(_) => bail!("{what} was accepted"),
+            Err(e) => ensure!(
+                e.contains(needle),
+                "{what}: refused without naming {needle}: {e}"
+            ),
+        }
     }
     Ok(())
 }

@@ -208,6 +208,7 @@ fn check(e: &Exchange, link: &Link, seeds: &mut Vec<(&'static str, Vec<u8>)>) ->
     let adv = Advertised {
         host: "proxy.example".into(),
         port_base: 30000,
+        sni: None,
     };
     if api == ApiKey::ApiVersions {
         addresses::clamp_api_versions(version, response)?;

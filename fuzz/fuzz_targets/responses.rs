@@ -22,6 +22,7 @@ fuzz_target!(|data: &[u8]| {
     let adv = Advertised {
         host: "proxy.example".into(),
         port_base: 20000,
+        sni: None,
     };
     if api == ApiKey::ApiVersions {
         if let Ok(Some(out)) = addresses::clamp_api_versions(version, frame) {

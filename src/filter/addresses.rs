@@ -1,5 +1,6 @@
 //! Keeping clients on the proxy: broker addresses in responses are replaced
-//! by proxy addresses (node `n` → advertised host, port base + n), and the
+//! by proxy addresses (node `n` → advertised host, port base + n; with SNI
+//! routing, node `n` → its name from the pattern, the listener's port), and the
 //! ApiVersions response is limited to the versions the proxy can walk.
 //!
 //! Pure: a response frame goes in; the frame to send (or `None` when nothing
@@ -22,6 +23,7 @@ use std::future::{ready, Future};
 use futures_util::future::Either;
 
 use super::{pass, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
+use crate::config::SniNames;
 use crate::wire::header::response_body_offset;
 use crate::wire::schema::{self, Field};
 use crate::wire::walk::{self, Edit, Value, Visitor, WalkError};
@@ -50,10 +52,24 @@ pub enum RewriteError {
 pub struct Advertised {
     pub host: String,
     pub port_base: u16,
+    /// SNI routing: node `n` is its own name on this one port (`host` and
+    /// `port_base` are not used).
+    pub sni: Option<(SniNames, u16)>,
 }
 
 impl Advertised {
+    /// The host clients are told broker `node` is at.
+    pub fn host(&self, node: i32) -> std::borrow::Cow<'_, str> {
+        match &self.sni {
+            Some((names, _)) => names.node_host(node).into(),
+            None => self.host.as_str().into(),
+        }
+    }
+
     pub fn port(&self, node: i32) -> Result<u16, RewriteError> {
+        if let Some((_, port)) = &self.sni {
+            return Ok(*port);
+        }
         i32::from(self.port_base)
             .checked_add(node)
             .and_then(|p| u16::try_from(p).ok())
@@ -254,10 +270,11 @@ impl Visitor for SwapAddresses<'_> {
                 ("NodeId" | "BrokerId", Value::Int(id)) => self.node = id as i32,
                 ("Host", Value::Str(host)) if self.node >= 0 => {
                     self.host = String::from_utf8_lossy(host.unwrap_or_default()).into_owned();
-                    if self.host != self.adv.host {
+                    let advertised = self.adv.host(self.node);
+                    if self.host != advertised {
                         self.changes = true;
                     }
-                    return Edit::Str(self.adv.host.clone());
+                    return Edit::Str(advertised.into_owned());
                 }
                 ("Port", Value::Int(port)) if self.node >= 0 => {
                     self.learnt.brokers.push((
@@ -600,6 +617,7 @@ mod tests {
         Advertised {
             host: "proxy.example".into(),
             port_base: 19000,
+            sni: None,
         }
     }
 
@@ -669,6 +687,61 @@ mod tests {
     }
 
     #[test]
+    fn sni_routing_advertises_one_name_per_node_on_one_port() {
+        let names = SniNames::new("broker-$(nodeId).kafka.example", "bootstrap.kafka.example")
+            .expect("valid");
+        let adv = Advertised {
+            host: "unused".into(),
+            port_base: 1,
+            sni: Some((names, 9092)),
+        };
+        // Node ids of any size: no port arithmetic.
+        let body = MetadataResponse::default().with_brokers(vec![
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(1))
+                .with_host(StrBytes::from_static_str("10.0.0.5"))
+                .with_port(9092),
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(100_000))
+                .with_host(StrBytes::from_static_str("10.0.0.6"))
+                .with_port(9093),
+        ]);
+        let version = 12;
+        let (out, learnt) = rewrite(
+            ApiKey::Metadata,
+            version,
+            &frame(ApiKey::Metadata, version, &body),
+            &adv,
+        )
+        .expect("rewrite");
+        let (_, decoded) = decode::<MetadataResponse>(
+            ApiKey::Metadata,
+            version,
+            &out.expect("rewritten").freeze(),
+        )
+        .expect("decode");
+        let addrs: Vec<(String, i32)> = decoded
+            .brokers
+            .iter()
+            .map(|b| (b.host.as_str().to_string(), b.port))
+            .collect();
+        assert_eq!(
+            addrs,
+            vec![
+                ("broker-1.kafka.example".into(), 9092),
+                ("broker-100000.kafka.example".into(), 9092)
+            ]
+        );
+        assert_eq!(
+            learnt.brokers,
+            vec![
+                (1, "10.0.0.5".into(), 9092),
+                (100_000, "10.0.0.6".into(), 9093)
+            ]
+        );
+    }
+
+    #[test]
     fn find_coordinator_single_and_batched() {
         for version in FindCoordinatorResponse::VERSIONS.min..=FindCoordinatorResponse::VERSIONS.max
         {
@@ -721,6 +794,7 @@ mod tests {
         let adv = Advertised {
             host: "h".into(),
             port_base: 65535,
+            sni: None,
         };
         assert!(matches!(
             adv.port(1),

@@ -1,6 +1,10 @@
 //! TLS on both sides, with rustls: the acceptor for client listeners (with
 //! optional client certificates) and the connector towards brokers.
 //!
+//! With SNI routing the client listener reads the ClientHello first
+//! ([`ServerTls::accept_routed`]): its server name picks the broker, and a
+//! name that routes nowhere gets a TLS `access_denied` alert.
+//!
 //! Both are reloaded from their files without a restart: [`reload_all`]
 //! (called every [`RELOAD_INTERVAL`] and on SIGHUP) reads the files again and,
 //! when their contents changed, builds a new acceptor or connector that new
@@ -18,7 +22,7 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor, TlsConnector};
 
 use crate::config::{ClientTls, UpstreamTls};
 use crate::mirror::link::CertSubject;
@@ -208,6 +212,81 @@ impl ServerTls {
     pub fn accept<IO: AsyncRead + AsyncWrite + Unpin>(&self, io: IO) -> tokio_rustls::Accept<IO> {
         self.0.current().accept(io)
     }
+
+    /// A TLS handshake routed by the ClientHello's server name: `route`
+    /// sees the name (`None`: the client sent none) before any certificate
+    /// is chosen. A name it accepts completes the handshake with the
+    /// certificate current now (so rotation applies); one it refuses gets a
+    /// fatal `access_denied` alert and the connection ends.
+    pub async fn accept_routed<IO, T, R>(
+        &self,
+        io: IO,
+        route: impl FnOnce(Option<&str>) -> Result<T, R>,
+    ) -> Result<(tokio_rustls::server::TlsStream<IO>, T), SniFailure<R>>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
+            .await
+            .map_err(SniFailure::Handshake)?;
+        match route(start.client_hello().server_name()) {
+            Ok(routed) => {
+                let config = Arc::clone(self.0.current().config());
+                let stream = start
+                    .into_stream(config)
+                    .await
+                    .map_err(SniFailure::Handshake)?;
+                Ok((stream, routed))
+            }
+            Err(refused) => {
+                // The handshake fails by design (no certificate resolves):
+                // what matters is the alert it sends on its way.
+                if let Some(config) = refusing_config() {
+                    let _ = start.into_stream(config).await;
+                }
+                Err(SniFailure::Refused(refused))
+            }
+        }
+    }
+}
+
+/// Why [`ServerTls::accept_routed`] gave no connection.
+#[derive(Debug)]
+pub enum SniFailure<R> {
+    /// Not a ClientHello, or the handshake failed after routing.
+    Handshake(std::io::Error),
+    /// `route` refused the name; the client was sent `access_denied`.
+    Refused(R),
+}
+
+/// Resolves no certificate, so that rustls refuses the handshake with a
+/// fatal alert (access_denied) instead of the connection just closing.
+#[derive(Debug)]
+struct NoCertificate;
+
+impl rustls::server::ResolvesServerCert for NoCertificate {
+    fn resolve(
+        &self,
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        None
+    }
+}
+
+/// The configuration a refused ClientHello is answered with (built once).
+fn refusing_config() -> Option<Arc<ServerConfig>> {
+    static CONFIG: std::sync::OnceLock<Option<Arc<ServerConfig>>> = std::sync::OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let builder = ServerConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .ok()?;
+            let config = builder
+                .with_no_client_auth()
+                .with_cert_resolver(Arc::new(NoCertificate));
+            Some(Arc::new(config))
+        })
+        .clone()
 }
 
 /// The connector towards brokers, replaced when its files change.

@@ -6,6 +6,11 @@
 //! opened the first time a response names the node, before that response
 //! reaches the client.
 //!
+//! With SNI routing (`MIRROR_PROXY_SNI_HOST_PATTERN`) there is only the one
+//! TLS listener: each connection's ClientHello names the bootstrap or a
+//! node ([`Shared::sni_target`]), and a name that routes nowhere, or to a
+//! broker that is unreachable, is refused during the handshake.
+//!
 //! Listeners enforce `MAX_CONNECTIONS`; `Proxy::shutdown` stops them and
 //! waits for the connections to deliver what they owe. A listener is closed
 //! while the proxy cannot reach its broker (see [`health`]).
@@ -23,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, SniRoute};
 use crate::filter::addresses::{self, Advertised, Learnt};
 use crate::filter::{Context, TopicTable};
 use crate::metrics::Metrics;
@@ -46,12 +51,40 @@ pub enum StartError {
     Tls(#[from] crate::net::tls::TlsSetupError),
     #[error(transparent)]
     NodePort(#[from] addresses::RewriteError),
+    #[error("SNI routing (MIRROR_PROXY_SNI_HOST_PATTERN) needs TLS on the client listener: set MIRROR_PROXY_TLS_CERT and MIRROR_PROXY_TLS_KEY")]
+    SniWithoutTls,
     #[error("broker node id {node} would be served at port {port}, which {taken_by} already uses: set MIRROR_PROXY_BROKER_PORT_BASE so that base + {node} is a free port")]
     NodePortTaken {
         node: i32,
         port: u16,
         taken_by: &'static str,
     },
+}
+
+/// Why a connection to the SNI listener was refused during its handshake
+/// (the client got a TLS `access_denied` alert).
+#[derive(Debug, thiserror::Error)]
+pub enum SniRefusal {
+    #[error("the ClientHello names no server (SNI): with SNI routing clients must connect by host name, not IP address")]
+    NoName,
+    #[error("server name {0:?} is neither MIRROR_PROXY_SNI_BOOTSTRAP_HOST nor a node name of MIRROR_PROXY_SNI_HOST_PATTERN")]
+    UnknownName(String),
+    #[error("server name {name:?} is broker node {node}, which no response has named yet")]
+    UnknownNode { name: String, node: i32 },
+    #[error("the broker behind {0} is unreachable (its name is refused until it answers again)")]
+    BrokerDown(String),
+}
+
+impl SniRefusal {
+    /// Metric label (`connections_refused_total{reason}`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            SniRefusal::NoName => "sni_missing",
+            SniRefusal::UnknownName(_) => "sni_unknown_name",
+            SniRefusal::UnknownNode { .. } => "sni_unknown_node",
+            SniRefusal::BrokerDown(_) => "broker_unreachable",
+        }
+    }
 }
 
 /// Which broker a listener stands for.
@@ -187,6 +220,33 @@ impl Shared {
                 .get(&n)
                 .map(|e| Arc::clone(&e.health)),
         }
+    }
+
+    /// Where an SNI-routed connection goes: the node (or bootstrap) its
+    /// ClientHello names, if that broker is known and reachable. Refused
+    /// otherwise, as the node's own port would be in port-per-node mode.
+    pub fn sni_target(&self, name: Option<&str>) -> Result<Target, SniRefusal> {
+        let Some(names) = self.ctx.advertised.sni.as_ref().map(|(names, _)| names) else {
+            return Err(SniRefusal::NoName);
+        };
+        let name = name.ok_or(SniRefusal::NoName)?;
+        let target = match names.route(name) {
+            None => return Err(SniRefusal::UnknownName(name.to_string())),
+            Some(SniRoute::Bootstrap) => Target::Bootstrap,
+            Some(SniRoute::Node(node)) => {
+                if self.node_address(node).is_none() {
+                    return Err(SniRefusal::UnknownNode {
+                        name: name.to_string(),
+                        node,
+                    });
+                }
+                Target::Node(node)
+            }
+        };
+        if self.health(target).is_some_and(|h| !h.is_up()) {
+            return Err(SniRefusal::BrokerDown(target.label()));
+        }
+        Ok(target)
     }
 
     /// The broker addresses behind `target`.
@@ -333,7 +393,8 @@ impl Shared {
             tracing::info!(node, old = %entry.address, new = %address, "broker address changed");
             entry.address = address;
         }
-        if entry.listening {
+        // With SNI routing the node is reached through the one listener.
+        if entry.listening || self.ctx.advertised.sni.is_some() {
             return Ok(());
         }
         let port = self.ctx.advertised.port(node)?;
@@ -383,7 +444,7 @@ fn spawn_accept_loop(
                 biased;
                 _ = shared.shutting_down() => break,
                 _ = health.down() => {}
-                _ = accept_while_open(&shared, &listener, target) => {}
+                _ = accept_while_open(&shared, &listener, Some(target)) => {}
             }
             drop(listener);
             tracing::info!(listener = %target.label(), %addr, "port closed while its broker is unreachable");
@@ -409,26 +470,44 @@ fn spawn_accept_loop(
     });
 }
 
-/// Accepts connections until the task is cancelled.
-async fn accept_while_open(shared: &Arc<Shared>, listener: &TcpListener, target: Target) {
+/// The SNI listener: one port for every broker, open until shutdown (a
+/// broker that is down is refused by name, in [`Shared::sni_target`]).
+fn spawn_sni_accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let tasks = shared.tasks.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = shared.shutting_down() => {}
+            _ = accept_while_open(&shared, &listener, None) => {}
+        }
+        tracing::debug!(listener = "sni", "stopped accepting");
+    });
+}
+
+/// Accepts connections until the task is cancelled; `target` `None`: the
+/// SNI listener, whose connections are routed by their ClientHello.
+async fn accept_while_open(shared: &Arc<Shared>, listener: &TcpListener, target: Option<Target>) {
     loop {
         match listener.accept().await {
             Ok((tcp, peer)) => {
                 let Some(slot) = ConnectionSlot::take(shared) else {
-                    shared.refuse(peer, target);
+                    shared.refuse(peer, target.unwrap_or(Target::Bootstrap));
                     drop(tcp);
                     continue;
                 };
                 let _ = tcp.set_nodelay(true);
                 let shared = Arc::clone(shared);
                 tokio::spawn(async move {
-                    session::serve(shared, tcp, peer, target).await;
+                    match target {
+                        Some(target) => session::serve(shared, tcp, peer, target).await,
+                        None => session::serve_sni(shared, tcp, peer).await,
+                    }
                     drop(slot);
                 });
             }
             Err(e) => {
                 // Usually out of file descriptors: back off instead of spinning.
-                tracing::warn!(listener = %target.label(), error = %e, "accept failed");
+                let listener = target.map_or_else(|| "sni".to_string(), Target::label);
+                tracing::warn!(%listener, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -457,6 +536,9 @@ impl Proxy {
             .as_ref()
             .map(crate::net::tls::ServerTls::new)
             .transpose()?;
+        if config.sni.is_some() && acceptor.is_none() {
+            return Err(StartError::SniWithoutTls);
+        }
         let upstream = Upstream::from_config(&config)?;
         let listener = bind_std(config.listen).map_err(|source| StartError::Bind {
             what: "bootstrap".into(),
@@ -509,6 +591,10 @@ impl Proxy {
             advertised: Advertised {
                 host: config.advertised_host.clone(),
                 port_base: config.broker_port_base,
+                sni: config.sni.as_ref().map(|sni| {
+                    let port = sni.advertised_port.unwrap_or(bootstrap_addr.port());
+                    (sni.names.clone(), port)
+                }),
             },
             topics: TopicTable::default(),
             shutdown: shutdown.subscribe(),
@@ -530,14 +616,19 @@ impl Proxy {
             tasks,
         });
         shared.ctx.control.start();
-        let health = Arc::clone(&shared.bootstrap_health);
-        spawn_accept_loop(
-            Arc::clone(&shared),
-            listener,
-            bootstrap_addr,
-            Target::Bootstrap,
-            health,
-        );
+        if let Some((names, port)) = &shared.ctx.advertised.sni {
+            tracing::info!(addr = %bootstrap_addr, bootstrap = names.bootstrap_host(), node0 = %names.node_host(0), advertised_port = port, "SNI routing: one TLS listener for the bootstrap and every broker node");
+            spawn_sni_accept_loop(Arc::clone(&shared), listener);
+        } else {
+            let health = Arc::clone(&shared.bootstrap_health);
+            spawn_accept_loop(
+                Arc::clone(&shared),
+                listener,
+                bootstrap_addr,
+                Target::Bootstrap,
+                health,
+            );
+        }
         Ok(Proxy {
             shared,
             bootstrap_addr,

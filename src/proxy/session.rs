@@ -187,11 +187,69 @@ impl Activity {
     }
 }
 
+/// A client connection as accepted.
+enum ClientIo {
+    /// TCP, to be TLS-accepted if the client listener has TLS.
+    Tcp(TcpStream),
+    /// TLS, already accepted (routed by its ClientHello).
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// Serve one connection of the SNI listener: route it by its ClientHello,
+/// then serve it as a connection to that broker. A connection that cannot
+/// be routed is refused during its handshake (one WARN line, counted).
+pub async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
+    use crate::metrics::Listener;
+    use crate::net::tls::SniFailure;
+    let Some(tls) = shared.acceptor.clone() else {
+        // Proxy::start refuses SNI routing without TLS.
+        return;
+    };
+    let ms = shared.config.tls_handshake_timeout_ms;
+    let handshake = tokio::time::timeout(
+        Duration::from_millis(ms),
+        tls.accept_routed(tcp, |name| shared.sni_target(name)),
+    );
+    let routed = tokio::select! {
+        r = handshake => r,
+        _ = shared.shutting_down() => return,
+    };
+    let refused = |reason: &'static str| {
+        shared
+            .ctx
+            .metrics
+            .connection_refused(Listener::Bootstrap, reason)
+    };
+    match routed {
+        Ok(Ok((stream, target))) => {
+            serve_io(shared, ClientIo::Tls(Box::new(stream)), peer, target).await
+        }
+        Ok(Err(SniFailure::Refused(why))) => {
+            tracing::warn!(%peer, listener = "sni", reason = %why, "refused client connection: sent TLS alert access_denied");
+            refused(why.label());
+        }
+        Ok(Err(SniFailure::Handshake(e))) => {
+            let e = SessionError::TlsHandshake(e);
+            tracing::warn!(%peer, listener = "sni", reason = %e, "closing client connection");
+            refused(e.label());
+        }
+        Err(_) => {
+            let e = SessionError::TlsHandshakeTimeout { ms };
+            tracing::warn!(%peer, listener = "sni", reason = %e, "closing client connection");
+            refused(e.label());
+        }
+    }
+}
+
 /// Serve one accepted client connection until either side closes.
 pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
+    serve_io(shared, ClientIo::Tcp(tcp), peer, target).await
+}
+
+async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, target: Target) {
     let active = shared.ctx.metrics.connection_opened(target.into());
     tracing::debug!(%peer, listener = %target.label(), "client connected");
-    let reason = match run(&shared, tcp, peer, target).await {
+    let reason = match run(&shared, client, peer, target).await {
         Ok(End::ClientClosed) => {
             tracing::debug!(%peer, "client closed the connection");
             "client_closed"
@@ -246,7 +304,7 @@ fn is_disconnect(e: &std::io::Error) -> bool {
 
 async fn run(
     shared: &Arc<Shared>,
-    tcp: TcpStream,
+    tcp: ClientIo,
     peer: SocketAddr,
     target: Target,
 ) -> Result<End, SessionError> {
@@ -307,24 +365,30 @@ async fn run(
 /// the connection to the broker.
 async fn connect(
     shared: &Arc<Shared>,
-    tcp: TcpStream,
+    client: ClientIo,
     peer: SocketAddr,
     target: Target,
 ) -> Result<(BoxStream, Option<CertSubject>, BoxStream), SessionError> {
-    let (client, subject): (BoxStream, Option<CertSubject>) = match &shared.acceptor {
-        None => (Box::new(tcp), None),
-        Some(acceptor) => {
+    let subject_of = |tls: &tokio_rustls::server::TlsStream<TcpStream>| {
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .and_then(crate::net::tls::subject)
+    };
+    let (client, subject): (BoxStream, Option<CertSubject>) = match (client, &shared.acceptor) {
+        (ClientIo::Tls(tls), _) => {
+            let subject = subject_of(&tls);
+            (tls, subject)
+        }
+        (ClientIo::Tcp(tcp), None) => (Box::new(tcp), None),
+        (ClientIo::Tcp(tcp), Some(acceptor)) => {
             let ms = shared.config.tls_handshake_timeout_ms;
             let tls = tokio::time::timeout(Duration::from_millis(ms), acceptor.accept(tcp))
                 .await
                 .map_err(|_| SessionError::TlsHandshakeTimeout { ms })?
                 .map_err(SessionError::TlsHandshake)?;
-            let subject = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|certs| certs.first())
-                .and_then(crate::net::tls::subject);
+            let subject = subject_of(&tls);
             (Box::new(tls), subject)
         }
     };

@@ -1,5 +1,6 @@
 //! Test certificates made with rcgen: a CA, a server certificate for
-//! 127.0.0.1/localhost and client certificates, written as PEM files.
+//! 127.0.0.1/localhost (and more names for SNI routing) and client
+//! certificates, written as PEM files.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -46,8 +47,14 @@ impl TestCa {
     }
 
     fn issue(&self, name: &str, cn: &str, server: bool) -> Result<Pem> {
+        self.issue_for(name, cn, server, &[])
+    }
+
+    fn issue_for(&self, name: &str, cn: &str, server: bool, dns: &[&str]) -> Result<Pem> {
         let mut params = if server {
-            CertificateParams::new(vec!["localhost".to_string()])?
+            let mut names = vec!["localhost".to_string()];
+            names.extend(dns.iter().map(|d| d.to_string()));
+            CertificateParams::new(names)?
         } else {
             CertificateParams::new(Vec::<String>::new())?
         };
@@ -77,6 +84,12 @@ impl TestCa {
     /// A server certificate valid for 127.0.0.1 and localhost.
     pub fn server(&self, name: &str) -> Result<Pem> {
         self.issue(name, "localhost", true)
+    }
+
+    /// A server certificate valid for 127.0.0.1, localhost and `dns` (host
+    /// names or wildcards such as `*.kafka.test`), e.g. for SNI routing.
+    pub fn server_for(&self, name: &str, dns: &[&str]) -> Result<Pem> {
+        self.issue_for(name, "localhost", true, dns)
     }
 
     /// A client certificate with common name `cn`.

@@ -277,6 +277,9 @@ pub struct KafkaNode {
     /// `controller.quorum.voters` of a multi-node cluster, set once every
     /// node has its ports; empty for a node of its own.
     voters: String,
+    /// A broker-only node joining a running cluster whose controllers are
+    /// `voters` ([`KafkaMultiCluster::add_broker`]).
+    broker_only: bool,
     local: LocalBroker,
 }
 
@@ -396,6 +399,7 @@ impl KafkaNode {
             port: 0,
             cluster_size,
             voters: String::new(),
+            broker_only: false,
             local: LocalBroker {
                 dir,
                 controller_port: 0,
@@ -543,7 +547,16 @@ impl KafkaNode {
         let n = self.cluster_size.max(1).to_string();
         let min_isr = if self.cluster_size > 1 { "2" } else { "1" };
         let client = self.opts.security.listener();
-        let mut listeners = format!("{client}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}");
+        let mut listeners = if self.broker_only {
+            format!("{client}://127.0.0.1:{port}")
+        } else {
+            format!("{client}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}")
+        };
+        let roles = if self.broker_only {
+            "broker"
+        } else {
+            "broker,controller"
+        };
         let mut advertised = format!("{client}://127.0.0.1:{port}");
         let mut protocol_map = format!("CONTROLLER:PLAINTEXT,{client}:{client}");
         let mut inter_broker = client.to_string();
@@ -556,7 +569,7 @@ impl KafkaNode {
             inter_broker = "INTERNAL".into();
         }
         let mut props: Vec<(String, String)> = [
-            ("process.roles", "broker,controller".to_string()),
+            ("process.roles", roles.to_string()),
             ("node.id", node.to_string()),
             ("controller.quorum.voters", voters),
             ("controller.listener.names", "CONTROLLER".into()),
@@ -972,6 +985,33 @@ impl KafkaMultiCluster {
             .iter()
             .find(|n| n.node_id() == id)
             .with_context(|| format!("no node {id} in {:?}", self.node_ids()))
+    }
+
+    /// Starts a broker-only node `id` that joins the running cluster (its
+    /// controllers stay the first nodes'), and waits until it is ready.
+    pub fn add_broker(&mut self, id: u32) -> Result<()> {
+        if self.nodes.iter().any(|n| n.node_id() == id) {
+            bail!("node {id} is already in {:?}", self.node_ids());
+        }
+        let first = self.nodes.first().context("no nodes")?;
+        let voters = if first.voters.is_empty() {
+            first.voter()
+        } else {
+            first.voters.clone()
+        };
+        let opts = first.opts.clone().node_id(id);
+        let mut node = KafkaNode::new(opts, self.cluster_id.clone(), self.nodes.len())?;
+        node.voters = voters;
+        node.broker_only = true;
+        let started = Instant::now();
+        start_nodes(std::slice::from_mut(&mut node))?;
+        eprintln!(
+            "kafka: broker {id} joined cluster {} in {:.1} s",
+            self.cluster_id,
+            started.elapsed().as_secs_f64()
+        );
+        self.nodes.push(node);
+        Ok(())
     }
 
     /// One node, to stop, kill or restart it.

@@ -101,6 +101,19 @@ pub fn java_with_input(
     run_java(FAST_JVM_ARGS, class, args, stdin, timeout)
 }
 
+/// JVM arguments every tool run of this test process gets after its own
+/// (e.g. `-Djdk.net.hosts.file=…` so that the tools resolve test host
+/// names without a system file being edited). Set once per process.
+static TOOLS_EXTRA_JVM_ARGS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Sets [`TOOLS_EXTRA_JVM_ARGS`]; fails if it was set to something else.
+pub fn set_tools_jvm_args(args: &[&str]) -> Result<()> {
+    let want: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let set = TOOLS_EXTRA_JVM_ARGS.get_or_init(|| want.clone());
+    ensure!(*set == want, "tool JVM arguments already set to {set:?}");
+    Ok(())
+}
+
 fn run_java(
     jvm_args: &[&str],
     class: &str,
@@ -111,6 +124,7 @@ fn run_java(
     let libs = jars_dir()?;
     let mut cmd = Command::new(java_bin());
     cmd.args(jvm_args)
+        .args(TOOLS_EXTRA_JVM_ARGS.get().into_iter().flatten())
         .arg(format!(
             "-Dlog4j2.configurationFile={}",
             tools_log_config(&libs)?.display()

@@ -40,15 +40,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Refuse what the chart cannot render, before anything is applied. */}}
 {{- define "kmp.validate" -}}
-{{- if ne .Values.routing.mode "nodePorts" -}}
-{{- fail (printf "routing.mode %q: only nodePorts is implemented (SNI routing is not in the proxy yet)" .Values.routing.mode) -}}
+{{- if not (has .Values.routing.mode (list "nodePorts" "sni")) -}}
+{{- fail (printf "routing.mode %q: nodePorts (a port per broker node) or sni (one TLS port, routed by host name)" .Values.routing.mode) -}}
 {{- end -}}
-{{- if le (int .Values.routing.brokerPortBase) (int .Values.routing.bootstrapPort) -}}
+{{- if eq .Values.routing.mode "sni" -}}
+{{- if not .Values.tls.client.secretName -}}
+{{- fail "routing.mode sni needs tls.client.secretName: SNI routing reads the host name from the TLS ClientHello" -}}
+{{- end -}}
+{{- if not .Values.routing.sni.hostPattern -}}
+{{- fail "routing.mode sni needs routing.sni.hostPattern (e.g. broker-$(nodeId).kafka.example.com)" -}}
+{{- end -}}
+{{- if not (contains "$(nodeId)" .Values.routing.sni.hostPattern) -}}
+{{- fail (printf "routing.sni.hostPattern %q must hold $(nodeId)" .Values.routing.sni.hostPattern) -}}
+{{- end -}}
+{{- if not .Values.routing.sni.bootstrapHost -}}
+{{- fail "routing.mode sni needs routing.sni.bootstrapHost (e.g. bootstrap.kafka.example.com)" -}}
+{{- end -}}
+{{- if .Values.config.ADVERTISED_HOST -}}
+{{- fail "config.ADVERTISED_HOST is for routing.mode nodePorts: with sni, nodes are advertised by routing.sni.hostPattern" -}}
+{{- end -}}
+{{- else if le (int .Values.routing.brokerPortBase) (int .Values.routing.bootstrapPort) -}}
 {{- fail "routing.brokerPortBase must be above routing.bootstrapPort (the proxy refuses a node port on the bootstrap listener)" -}}
 {{- end -}}
 {{- $managed := dict
     "LISTEN" "routing.bootstrapPort"
     "BROKER_PORT_BASE" "routing.brokerPortBase"
+    "SNI_HOST_PATTERN" "routing.sni.hostPattern"
+    "SNI_BOOTSTRAP_HOST" "routing.sni.bootstrapHost"
+    "SNI_ADVERTISED_PORT" "routing.sni.advertisedPort"
     "ADMIN_LISTEN" "admin.port"
     "ADMIN_TOKEN" "admin.existingSecret or admin.token"
     "ADMIN_URL" "admin.port"
@@ -93,11 +112,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The proxy's MIRROR_PROXY_* variables. */}}
 {{- define "kmp.env" -}}
 {{- $_ := required "config.BOOTSTRAP_SERVERS is required (the destination brokers, host:port,...)" .Values.config.BOOTSTRAP_SERVERS -}}
-{{- $_ := required "config.ADVERTISED_HOST is required (the host name clients reach the Service at)" .Values.config.ADVERTISED_HOST -}}
 - name: MIRROR_PROXY_LISTEN
   value: {{ printf "0.0.0.0:%d" (int .Values.routing.bootstrapPort) | quote }}
+{{- if eq .Values.routing.mode "sni" }}
+{{- /* $$ keeps Kubernetes from reading $(nodeId) as a reference to another variable */}}
+- name: MIRROR_PROXY_SNI_HOST_PATTERN
+  value: {{ .Values.routing.sni.hostPattern | replace "$(" "$$(" | quote }}
+- name: MIRROR_PROXY_SNI_BOOTSTRAP_HOST
+  value: {{ .Values.routing.sni.bootstrapHost | quote }}
+{{- with .Values.routing.sni.advertisedPort }}
+- name: MIRROR_PROXY_SNI_ADVERTISED_PORT
+  value: {{ . | int | toString | quote }}
+{{- end }}
+{{- else }}
+{{- $_ := required "config.ADVERTISED_HOST is required with routing.mode nodePorts (the host name clients reach the Service at)" .Values.config.ADVERTISED_HOST }}
 - name: MIRROR_PROXY_BROKER_PORT_BASE
   value: {{ .Values.routing.brokerPortBase | int | toString | quote }}
+{{- end }}
 - name: MIRROR_PROXY_ADMIN_LISTEN
   value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
 - name: MIRROR_PROXY_ADMIN_TOKEN
@@ -112,8 +143,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- $sni := eq .Values.routing.mode "sni" }}
 {{- range $key, $value := .Values.config }}
-{{- if not (kindIs "invalid" $value) }}
+{{- /* values.yaml's empty ADVERTISED_HOST is for nodePorts only */}}
+{{- if not (or (kindIs "invalid" $value) (and $sni (eq $key "ADVERTISED_HOST"))) }}
 - name: MIRROR_PROXY_{{ $key }}
   value: {{ $value | toString | quote }}
 {{- end }}

@@ -243,8 +243,17 @@ fn failover_dry_run_changes_nothing_and_max_delay_refuses_unless_forced() -> Res
     ensure!(r.0 == NONE, "{r:?}");
     let age = (before - BATCH_TIME_MS) as f64 / 1000.0;
 
-    // The API's dry run: what would happen, with the delays.
-    let (code, d) = admin(&p, "GET", "/links/x/failover?max_delay=60")?;
+    // The API's dry run: what would happen, with the delays. Until the
+    // instance group has answered once, `live_instances` holds the error
+    // (a loaded machine can take seconds): ask again, for up to 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (code, d) = loop {
+        let (code, d) = admin(&p, "GET", "/links/x/failover?max_delay=60")?;
+        if code != 200 || d["live_instances"].is_array() || std::time::Instant::now() > deadline {
+            break (code, d);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert_eq!(code, 200, "{d}");
     assert_eq!(d["dry_run"], true);
     assert_eq!(d["state"], "MIRRORING");
@@ -252,7 +261,9 @@ fn failover_dry_run_changes_nothing_and_max_delay_refuses_unless_forced() -> Res
     assert_eq!(d["would_proceed"], false, "held back by max_delay: {d:#}");
     assert_eq!(d["partitions_total"], 2, "{d:#}");
     assert_eq!(d["partitions_without_delay"], 1, "{d:#}");
-    let live = d["live_instances"].as_array().context("live instances")?;
+    let live = d["live_instances"]
+        .as_array()
+        .with_context(|| format!("live instances: {d:#}"))?;
     assert_eq!(live.len(), 1, "this instance: {d:#}");
     let d0 = d["partitions"][0]["delay_seconds"]
         .as_f64()

@@ -957,9 +957,11 @@ fn run(rng: &mut Rng, seed: u64, secs: u64, dir: &Path) -> Result<()> {
         instance.save_log(dir);
     }
 
-    // The checks.
+    // The checks: every partition checked (each failure kept), the summary
+    // printed, then the failures, if any.
     let source_records = read_all(&source.bootstrap(), "chaos-verify-source")?;
     let dest_records = read_all(&kafka.bootstrap(), "chaos-verify-destination")?;
+    let mut failures: Vec<String> = Vec::new();
     let mut compared = 0usize;
     let mut aborted_seen = 0usize;
     for key in partitions() {
@@ -975,27 +977,37 @@ fn run(rng: &mut Rng, seed: u64, secs: u64, dir: &Path) -> Result<()> {
             .cloned()
             .collect();
         aborted_seen += d.iter().filter(|(_, v)| v.contains("-aborted-")).count();
-        ensure!(
-            !s.iter().any(|(_, v)| v.contains("-aborted-")),
-            "the source read read_committed shows aborted records"
-        );
+        if s.iter().any(|(_, v)| v.contains("-aborted-")) {
+            failures.push(format!(
+                "{key:?}: the source read read_committed shows aborted records"
+            ));
+        }
         let pre_end = pre_ends.get(&key).copied().unwrap_or(0);
-        check_partition(&key, s, &d, pre_end)?;
+        if let Err(e) = check_partition(&key, s, &d, pre_end) {
+            failures.push(format!("{e:#}"));
+        }
         compared += d.len();
     }
-    ensure!(
-        aborted_seen == 0,
-        "{aborted_seen} aborted records visible read_committed on the destination"
-    );
+    if aborted_seen > 0 {
+        failures.push(format!(
+            "{aborted_seen} aborted records visible read_committed on the destination"
+        ));
+    }
     let mut dumped = 0;
     for (key, leo) in &barriers {
-        let node = leader(&rt, &dest, &key.0, key.1)?;
-        dumped += check_barrier(&kafka, node, key, *leo)?;
+        let checked = leader(&rt, &dest, &key.0, key.1)
+            .and_then(|node| check_barrier(&kafka, node, key, *leo));
+        match checked {
+            Ok(n) => dumped += n,
+            Err(e) => failures.push(format!("{e:#}")),
+        }
     }
 
     let source_total: usize = source_records.values().map(Vec::len).sum();
     let aborted_txns = written.aborted_txns + tail_written.aborted_txns;
-    ensure!(aborted_txns > 0, "no transaction was aborted: {written:?}");
+    if aborted_txns == 0 {
+        failures.push(format!("no transaction was aborted: {written:?}"));
+    }
     let duplicates: i64 = instances.iter().map(Instance::duplicates_total).sum();
     let per_instance: Vec<String> = instances
         .iter()
@@ -1022,6 +1034,12 @@ fn run(rng: &mut Rng, seed: u64, secs: u64, dir: &Path) -> Result<()> {
         written.committed_txns + tail_written.committed_txns,
         aborted_txns,
         written.txn_producers + tail_written.txn_producers,
+    );
+    ensure!(
+        failures.is_empty(),
+        "seed {seed}: {} check(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
     );
     Ok(())
 }

@@ -30,7 +30,6 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
@@ -45,6 +44,7 @@ use kafka_mirror_proxy::client::Client;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
+use support::replicator::replicator_bin;
 use support::tools;
 
 const IDEM: &str = "idem";
@@ -69,36 +69,6 @@ fn idem_value(partition: i32, i: usize) -> String {
 fn txn_value(committed: bool, t: usize, partition: i32, i: usize) -> String {
     let kind = if committed { "committed" } else { "aborted" };
     format!("txn-{kind}-{t}-p{partition}-{i}")
-}
-
-/// The replicator binary, built on first use with the cargo that builds
-/// this test (into the same target directory), or `REPLICATOR_TEST_BIN`.
-fn replicator_bin() -> Result<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(bin) = std::env::var("REPLICATOR_TEST_BIN") {
-            return Ok(PathBuf::from(bin));
-        }
-        // <target dir>/debug/kafka-mirror-proxy: the example goes into
-        // <target dir>/debug/examples.
-        let profile_dir = Path::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
-            .parent()
-            .ok_or("no profile directory")?;
-        let target_dir = profile_dir.parent().ok_or("no target directory")?;
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "replicator", "--manifest-path"])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(target_dir)
-            .status()
-            .map_err(|e| format!("running cargo: {e}"))?;
-        if !status.success() {
-            return Err(format!("cargo build --example replicator: {status}"));
-        }
-        Ok(profile_dir.join("examples").join("replicator"))
-    })
-    .clone()
-    .map_err(|e| anyhow!(e))
 }
 
 /// One replicator process, its output in files of the test's directory.

@@ -1,8 +1,9 @@
 //! Shared support for the integration tests: real Apache Kafka brokers
 //! (`kafka`), Kafka's own Java command-line tools (`tools`), the proxy binary
 //! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
-//! crate's own client set up for tests (`crate_client`) and a TCP relay that
-//! breaks connections (`relay`) and one that holds a request (`hold_relay`).
+//! crate's own client set up for tests (`crate_client`), a TCP relay that
+//! breaks connections (`relay`), one that holds a request (`hold_relay`)
+//! and the example replicator's binary (`replicator`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -14,5 +15,6 @@ pub mod hold_relay;
 pub mod kafka;
 pub mod proxy;
 pub mod relay;
+pub mod replicator;
 pub mod tools;
 pub mod wire;

@@ -85,6 +85,20 @@ pub struct ProxyProcess {
     pub admin: String,
     pub port_base: u16,
     logs: Arc<Mutex<Vec<String>>>,
+    /// How it was started, so [`ProxyProcess::restart`] can start it again
+    /// on the same ports.
+    spec: Spec,
+}
+
+/// Everything [`ProxyProcess::spawn_with`] needs to start a proxy.
+#[derive(Clone)]
+struct Spec {
+    upstream: String,
+    extra: Vec<(String, String)>,
+    listen: u16,
+    port_base: Option<u16>,
+    admin: u16,
+    wait_for_state: bool,
 }
 
 impl ProxyProcess {
@@ -176,19 +190,39 @@ impl ProxyProcess {
             }
             admin = free_port()?;
         }
+        let spec = Spec {
+            upstream: upstream.to_string(),
+            extra: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            listen,
+            port_base,
+            admin,
+            wait_for_state,
+        };
+        Self::launch(spec, Duration::from_secs(30), Duration::from_secs(60))
+    }
+
+    /// Starts the process `spec` describes and waits up to `ready` for
+    /// "proxy ready" and, with links, up to `loaded` for the state topic.
+    fn launch(spec: Spec, ready: Duration, loaded: Duration) -> Result<ProxyProcess> {
         let mut cmd = Command::new(proxy_bin());
         cmd.arg("run")
-            .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", upstream)
-            .env("MIRROR_PROXY_LISTEN", format!("127.0.0.1:{listen}"))
-            .env("MIRROR_PROXY_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
+            .env("MIRROR_PROXY_BOOTSTRAP_SERVERS", &spec.upstream)
+            .env("MIRROR_PROXY_LISTEN", format!("127.0.0.1:{}", spec.listen))
+            .env(
+                "MIRROR_PROXY_ADMIN_LISTEN",
+                format!("127.0.0.1:{}", spec.admin),
+            )
             .env("RUST_LOG", "info,kafka_mirror_proxy=debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        if let Some(base) = port_base {
+        if let Some(base) = spec.port_base {
             cmd.env("MIRROR_PROXY_BROKER_PORT_BASE", base.to_string());
         }
-        for (k, v) in extra {
+        for (k, v) in &spec.extra {
             cmd.env(format!("MIRROR_PROXY_{k}"), v);
         }
         let mut child = cmd.spawn().context("spawning kafka-mirror-proxy")?;
@@ -207,17 +241,37 @@ impl ProxyProcess {
         });
         let mut proxy = ProxyProcess {
             child,
-            bootstrap: format!("127.0.0.1:{listen}"),
-            admin: format!("127.0.0.1:{admin}"),
-            port_base: port_base.unwrap_or(listen + 1),
+            bootstrap: format!("127.0.0.1:{}", spec.listen),
+            admin: format!("127.0.0.1:{}", spec.admin),
+            port_base: spec.port_base.unwrap_or(spec.listen + 1),
             logs,
+            spec,
         };
-        proxy.wait_for_log("proxy ready", Duration::from_secs(30))?;
-        if wait_for_state && extra.iter().any(|(k, _)| *k == "LINKS") {
+        proxy.wait_for_log("proxy ready", ready)?;
+        if proxy.spec.wait_for_state && proxy.spec.extra.iter().any(|(k, _)| k == "LINKS") {
             // Link Produce requests get a retriable error until then.
-            proxy.wait_for_log("state topic loaded", Duration::from_secs(60))?;
+            proxy.wait_for_log("state topic loaded", loaded)?;
         }
         Ok(proxy)
+    }
+
+    /// SIGKILL, as a crash would, and reap the process.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// Starts the proxy again with the same configuration and ports
+    /// (bootstrap, node ports, admin), after [`ProxyProcess::kill`] or an
+    /// exit; waits up to `timeout` for it to be ready and, with links, for
+    /// its state topic. The log starts empty.
+    pub fn restart(&mut self, timeout: Duration) -> Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.kill()?;
+        }
+        *self = Self::launch(self.spec.clone(), timeout, timeout)?;
+        Ok(())
     }
 
     /// The proxy address clients are told for broker `node`.

@@ -496,13 +496,18 @@ async fn accept_while_open(shared: &Arc<Shared>, listener: &TcpListener, target:
                 };
                 let _ = tcp.set_nodelay(true);
                 let shared = Arc::clone(shared);
-                tokio::spawn(async move {
-                    match target {
-                        Some(target) => session::serve(shared, tcp, peer, target).await,
-                        None => session::serve_sni(shared, tcp, peer).await,
-                    }
-                    drop(slot);
-                });
+                // One task type per mode: an SNI connection's handshake
+                // state must not size every port-mode connection's task.
+                match target {
+                    Some(target) => tokio::spawn(async move {
+                        session::serve(shared, tcp, peer, target).await;
+                        drop(slot);
+                    }),
+                    None => tokio::spawn(async move {
+                        session::serve_sni(shared, tcp, peer).await;
+                        drop(slot);
+                    }),
+                };
             }
             Err(e) => {
                 // Usually out of file descriptors: back off instead of spinning.

@@ -365,7 +365,20 @@ fn instances_sharing_the_key_mirror_and_fail_over_together() -> Result<()> {
     ensure!(
         records.iter().all(Result::is_ok)
             && kinds(|r| matches!(r, StateRecord::Origin(..))) >= 1
-            && kinds(|r| matches!(r, StateRecord::LinkState(..))) == 2
+            // STOPPING once; STOPPED at least once (an instance that
+            // resumes the same failover may write it again, same id).
+            && kinds(|r| matches!(r, StateRecord::LinkState(_, Some(s)) if s.state == LinkState::Stopping)) == 1
+            && kinds(|r| matches!(r, StateRecord::LinkState(_, Some(s)) if s.state == LinkState::Stopped)) >= 1
+            && records
+                .iter()
+                .flatten()
+                .filter_map(|r| match r {
+                    StateRecord::LinkState(_, Some(s)) => Some(s.failover_id),
+                    _ => None,
+                })
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                == 1
             && kinds(|r| matches!(r, StateRecord::Barrier(..))) == 2
             && kinds(|r| matches!(r, StateRecord::Drained(..))) >= 1,
         "{records:#?}"

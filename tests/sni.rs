@@ -390,13 +390,20 @@ fn names_that_route_nowhere_and_a_missing_name_are_refused_with_a_tls_alert() ->
         let sample = format!(
             "kafka_mirror_proxy_connections_refused_total{{listener=\"bootstrap\",reason=\"{reason}\"}}"
         );
-        ensure!(proxy.metric(&sample)? >= 1, "{sample} not counted");
+        proxy.wait_metric(&sample, 1, Duration::from_secs(10))?;
+    }
+    // The log line, like the count, follows the alert: wait for the last.
+    let count_lines = |logs: &str| {
+        logs.lines()
+            .filter(|l| l.contains("refused client connection: sent TLS alert access_denied"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count_lines(&proxy.logs()) < refused.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
     }
     let logs = proxy.logs();
-    let lines = logs
-        .lines()
-        .filter(|l| l.contains("refused client connection: sent TLS alert access_denied"))
-        .count();
+    let lines = count_lines(&logs);
     ensure!(
         lines == refused.len(),
         "expected one log line per refused connection ({}), got {lines}:\n{}",

@@ -386,6 +386,24 @@ impl ProxyProcess {
             })
             .unwrap_or(0))
     }
+
+    /// Wait until a metric sample reaches `at_least`, returning its value;
+    /// fail when `timeout` passes first. The proxy counts an event after it
+    /// acted on it (an alert sent, a connection closed), so a client can
+    /// see the act before the count.
+    pub fn wait_metric(&self, sample: &str, at_least: i64, timeout: Duration) -> Result<i64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = self.metric(sample)?;
+            if v >= at_least {
+                return Ok(v);
+            }
+            if Instant::now() > deadline {
+                bail!("{sample} is {v} after {timeout:?}, expected at least {at_least}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Drop for ProxyProcess {

@@ -209,7 +209,8 @@ fn main() {
         std::time::Duration::from_secs(10),
         Arc::new(Metrics::new(["east"])),
     );
-    dedupe.assume_rebuilt(at);
+    let writer = dedupe.writer();
+    dedupe.assume_rebuilt(at, writer);
 
     let b = batch(15);
     let template = request(&b);
@@ -264,7 +265,7 @@ fn main() {
                 buf
             });
             let tracked = measure(&mut t, &mut a, 2, || {
-                match dedupe.begin(&mut plan, "east", false) {
+                match dedupe.begin(&mut plan, "east", false, writer) {
                     Begin::Begun(tracked) => tracked,
                     _ => panic!("not begun"),
                 }

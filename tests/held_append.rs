@@ -1,15 +1,11 @@
 //! Duplicates across proxy instances, as `tests/chaos.rs` found them,
-//! made deterministic; both tests fail on main (56e099f) and are ignored
-//! until fixed. The second test (below) needs one broker and no fault.
+//! made deterministic. Both failed on main before the fix (0614d1c): the
+//! retry was appended a second time.
 //!
-//! The first: the double-append window (issue 26, item 4) across instances: a link batch that the partition leader has
-//! appended but not yet committed (an `acks=all` Produce waiting for a
-//! follower that died, until the controller drops it from the ISR), whose
-//! proxy instance is killed meanwhile; the replicator's retry reaches the
-//! other instance, which reads the log tail (up to the high watermark, so
-//! without the held batch) and forwards the retry. Both copies are then
-//! committed: the batch is in the log twice.
-//!
+//! The first: a link batch the partition leader has appended but not yet
+//! committed (an `acks=all` Produce waiting for a follower that died,
+//! until the controller drops it from the ISR), whose proxy instance is
+//! killed meanwhile; the replicator's retry reaches the other instance.
 //! Real brokers and the proxy binary throughout: three KRaft nodes, topic
 //! `t` with one partition on nodes 1 (leader), 2 and 3,
 //! `min.insync.replicas=2`; two proxy instances on one state topic.
@@ -21,16 +17,15 @@
 //! 3. batch B (sequence 1) is sent through P1 (`acks=all`), its answer not
 //!    awaited; once node 1's log holds it (DumpLogSegments), P1 is killed
 //!    (SIGKILL);
-//! 4. B is sent again through P2, as the replicator's retry would be;
+//! 4. B is sent again through P2, as the replicator's retry would be,
+//!    again while answered retriable;
 //! 5. once answered, node 1's log must hold B once.
 //!
-//! On main at a0ceb65, and at 56e099f with item 4's unknown-outcome wait
-//! (`mirror::doubt`), the retry is answered NONE at offset 2 and node 1's
-//! log holds B at offsets 1 and 2 (same sequence and CRC): the lost batch
-//! is in doubt only in the killed instance's memory, and P2's rebuild reads
-//! the log to its high watermark, below the held batch (its INFO line says
-//! `log_end_offset=1 ... lost_in_doubt=0`). Ignored until that is closed
-//! (`cargo test --test held_append -- --ignored`).
+//! Before the fix P2's rebuild read the log to its high watermark, below
+//! the held batch, and forwarded the retry (B at offsets 1 and 2). Now a
+//! rebuild reads only once the high watermark covers the leader's log end
+//! (`filter::rebuild`): until the ISR shrinks, the retry is answered
+//! retriable; then it is B's duplicate.
 
 mod support;
 
@@ -54,6 +49,7 @@ use support::wire::{record_batch_at, RawClient};
 const LINK_CLIENT: &str = "mirror-x";
 const TOPIC: &str = "t";
 const NONE: i16 = 0;
+const NOT_ENOUGH_REPLICAS: i16 = 19;
 const PRODUCE_VERSION: i16 = 9;
 /// Generous: three brokers, their tools and two proxies share 2 cores.
 const WAIT: Duration = Duration::from_secs(120);
@@ -113,7 +109,6 @@ fn copies(batches: &[DumpedBatch], seq: i32) -> Vec<&DumpedBatch> {
 }
 
 #[test]
-#[ignore = "issue 26 item 4 across instances, open on main: B twice in the log; run with --ignored, un-ignore with the fix"]
 fn a_retry_through_another_instance_of_a_batch_held_for_acks_all_is_not_appended_again(
 ) -> Result<()> {
     let mut kafka = KafkaMultiCluster::start(KafkaOptions::default(), &[1, 2, 3])?;
@@ -168,9 +163,20 @@ fn a_retry_through_another_instance_of_a_batch_held_for_acks_all_is_not_appended
     }
     p1.kill()?;
 
-    // 4. The retry through P2.
-    let (mut c, k) = send_link(&p2, 1, b)?;
-    let retry = answer(&mut c, k)?;
+    // 4. The retry through P2, again while answered retriable: until the
+    //    ISR drops node 3, B is above the high watermark and P2 cannot
+    //    read whether it is in the log.
+    let deadline = Instant::now() + WAIT;
+    let mut retriable = 0;
+    let retry = loop {
+        let (mut c, k) = send_link(&p2, 1, b.clone())?;
+        let retry = answer(&mut c, k)?;
+        if retry.0 != NOT_ENOUGH_REPLICAS || Instant::now() > deadline {
+            break retry;
+        }
+        retriable += 1;
+        thread::sleep(Duration::from_millis(500));
+    };
 
     // 5. B once in the leader's log.
     let leader_log = log(kafka.node(1)?)?;
@@ -179,7 +185,7 @@ fn a_retry_through_another_instance_of_a_batch_held_for_acks_all_is_not_appended
         held.len(),
         1,
         "B is in node 1's log {} times (the retry through the other instance answered \
-         {retry:?}): {leader_log:?}\n{}",
+         {retry:?}, after {retriable} retriable answers): {leader_log:?}\n{}",
         held.len(),
         tools::tail_str(&p2.logs(), 30)
     );
@@ -194,15 +200,15 @@ fn a_retry_through_another_instance_of_a_batch_held_for_acks_all_is_not_appended
 /// was not in use while the other one appended a producer's batches still
 /// holds that producer's older batches; the retry of a batch the other
 /// instance appended (its answer lost when that instance was killed, or a
-/// replicator's re-send after a restart) is a forward gap for it, and is
-/// appended again, with no rebuild. One broker, two instances:
+/// replicator's re-send after a restart) was a forward gap for it, and was
+/// appended again. Now a connection new to a partition rebuilds it first
+/// (`mirror::dedupe`). One broker, two instances, a connection per request:
 ///
 /// 1. A (sequence 0) through P2: P2 knows the producer up to sequence 0;
 /// 2. B (sequence 1) through P1, acknowledged;
 /// 3. B again through P2, as a retry after a switch: answered as B's
 ///    duplicate, B once in the log.
 #[test]
-#[ignore = "open on main: a retry through an instance with older producer state is appended again; run with --ignored, un-ignore with the fix"]
 fn a_retry_through_an_instance_with_older_state_of_the_producer_is_not_appended_again() -> Result<()>
 {
     let kafka = support::kafka::KafkaCluster::start(KafkaOptions::default())?;

@@ -644,6 +644,12 @@ pub enum OffsetSpec {
     Earliest,
     /// The log end offset (the high watermark for read-uncommitted).
     Latest,
+    /// The leader's log end offset itself, above the high watermark when
+    /// the leader holds batches not yet replicated: what a debugging
+    /// replica (`replica_id` -2) is answered, which Kafka serves without
+    /// an isolation level (`ReplicaManager.fetchOffset`: `isolationLevelOpt`
+    /// is `None` unless the request is a consumer's).
+    LeaderLogEnd,
     /// The first offset whose timestamp is at least this (ms).
     Timestamp(i64),
 }
@@ -652,7 +658,7 @@ impl OffsetSpec {
     fn timestamp(self) -> i64 {
         match self {
             OffsetSpec::Earliest => -2,
-            OffsetSpec::Latest => -1,
+            OffsetSpec::Latest | OffsetSpec::LeaderLogEnd => -1,
             OffsetSpec::Timestamp(t) => t,
         }
     }
@@ -671,7 +677,10 @@ pub fn list_offsets_request(
         partition = partition.with_current_leader_epoch(of.leader_epoch);
     }
     let mut request = ListOffsetsRequest::default()
-        .with_replica_id(BrokerId(-1))
+        .with_replica_id(BrokerId(match spec {
+            OffsetSpec::LeaderLogEnd => -2,
+            _ => -1,
+        }))
         .with_isolation_level(0)
         .with_topics(vec![ListOffsetsTopic::default()
             .with_name(topic_name(of.topic))

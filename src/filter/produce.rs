@@ -24,7 +24,7 @@ use tower::Layer;
 use super::addresses::{self, Learnt};
 use super::{pass, rebuild, Context, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
 use crate::metrics::mirrored::LinkMirror;
-use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, RebuildReason, Tracked};
+use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, RebuildReason, Tracked, Writer};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::origins::PartitionId;
 use crate::mirror::produce::{
@@ -83,6 +83,7 @@ impl<'a> ProduceFilter<'a> {
     /// request (`frame`, whose header is `h`).
     pub async fn request(
         &self,
+        writer: Writer,
         origin: &Origin,
         subject: Option<&CertSubject>,
         h: &RequestHeaderPeek,
@@ -195,7 +196,7 @@ impl<'a> ProduceFilter<'a> {
         let tracked = loop {
             let now = tokio::time::Instant::now();
             let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
-            let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait) {
+            let deadline = match ctx.dedupe.begin(&mut plan, link.name(), wait, writer) {
                 Begin::Begun(mut tracked) => {
                     // If its answer never comes, the broker may still append
                     // it until its own timeout (capped) has passed.
@@ -597,6 +598,7 @@ impl<'a, S> Layer<S> for ProduceLayer<'a> {
     fn layer(&self, inner: S) -> Produce<'a, S> {
         Produce {
             filter: ProduceFilter::new(self.ctx),
+            writer: self.ctx.dedupe.writer(),
             subject: self.subject,
             inner,
         }
@@ -606,6 +608,9 @@ impl<'a, S> Layer<S> for ProduceLayer<'a> {
 /// The filter: Produce requests go through [`ProduceFilter`].
 pub struct Produce<'a, S> {
     filter: ProduceFilter<'a>,
+    /// This connection, for the mirrored partitions it may write without
+    /// a rebuild.
+    writer: Writer,
     subject: Option<&'a CertSubject>,
     inner: S,
 }
@@ -669,7 +674,7 @@ impl<'a, S: Service> Produce<'a, S> {
         } = request;
         let action = self
             .filter
-            .request(&origin, self.subject, &header, frame.freeze())
+            .request(self.writer, &origin, self.subject, &header, frame.freeze())
             .await?;
         self.act(header, api, origin, action).await
     }

@@ -11,6 +11,27 @@ use crate::client::{Client, ClientError};
 use crate::mirror::producer_state::BatchId;
 use crate::wire::batch::{BatchHeader, Batches};
 
+/// How long a rebuild waits for the high watermark to reach batches the
+/// leader holds above it (a follower not yet caught up; one that died and
+/// is still in the ISR holds an `acks=all` batch until the controller drops
+/// it, seconds), polling every [`UNREPLICATED_POLL`]. Past it the rebuild
+/// fails and the partition is answered retriable: the retry of such a
+/// batch, read from below the high watermark, would look new.
+const UNREPLICATED_WAIT: Duration = Duration::from_secs(2);
+const UNREPLICATED_POLL: Duration = Duration::from_millis(20);
+
+/// Errors of a tail read.
+#[derive(Debug, thiserror::Error)]
+pub enum TailError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(
+        "the leader holds offsets {high_watermark}..{log_end} above the high watermark, not yet replicated (a follower lagging or dead); waited {} ms",
+        UNREPLICATED_WAIT.as_millis()
+    )]
+    Unreplicated { high_watermark: i64, log_end: i64 },
+}
+
 /// What was read of a partition's log.
 #[derive(Debug)]
 pub struct Tail {
@@ -37,11 +58,8 @@ pub async fn read_tail(
     partition: i32,
     floor: i64,
     max_bytes: i32,
-) -> Result<Tail, ClientError> {
-    let end = client
-        .list_offset(topic, partition, OffsetSpec::Latest)
-        .await?
-        .offset;
+) -> Result<Tail, TailError> {
+    let end = replicated_end(client, topic, partition).await?;
     let start = client
         .list_offset(topic, partition, OffsetSpec::Earliest)
         .await?
@@ -74,6 +92,35 @@ pub async fn read_tail(
     })
 }
 
+/// The high watermark, once it covers every batch the leader held when
+/// asked (see [`UNREPLICATED_WAIT`]). A tail read below it would miss a
+/// batch already appended (by another instance, or through a connection
+/// since lost) and waiting only for its followers: its retry would be
+/// appended again.
+async fn replicated_end(client: &Client, topic: &str, partition: i32) -> Result<i64, TailError> {
+    let deadline = Instant::now() + UNREPLICATED_WAIT;
+    let log_end = client
+        .list_offset(topic, partition, OffsetSpec::LeaderLogEnd)
+        .await?
+        .offset;
+    loop {
+        let high_watermark = client
+            .list_offset(topic, partition, OffsetSpec::Latest)
+            .await?
+            .offset;
+        if high_watermark >= log_end {
+            return Ok(high_watermark);
+        }
+        if Instant::now() >= deadline {
+            return Err(TailError::Unreplicated {
+                high_watermark,
+                log_end,
+            });
+        }
+        tokio::time::sleep(UNREPLICATED_POLL).await;
+    }
+}
+
 /// [`read_tail`], and when it was begun; with `attempts` > 0, until the
 /// log end read again after the records is the one the tail was read to
 /// (a stable tail: nothing was appended while it was read), at most
@@ -86,7 +133,7 @@ pub async fn read_tail_stable(
     floor: i64,
     max_bytes: i32,
     attempts: u32,
-) -> Result<(Tail, Instant, bool), ClientError> {
+) -> Result<(Tail, Instant, bool), TailError> {
     let mut n = 0;
     loop {
         let read_at = Instant::now();

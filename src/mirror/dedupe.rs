@@ -37,6 +37,15 @@
 //! duplicate) or their wait is over and a stable tail read after it does
 //! not (never appended); meanwhile their producer's batches on that
 //! partition are answered retriable ([`Refusal::OutcomeUnknown`]).
+//!
+//! Each instance's state is its own memory: another instance may have
+//! appended to a partition since this one last read it, and a retry of that
+//! batch through this instance would look new. So a partition's state is
+//! trusted only by the connections (writers) that have written it here
+//! since it was last read from the log: a connection new to a partition
+//! rebuilds it first, whatever it sends. A replicator reconnecting (to this
+//! instance or, after a kill, to another) is such a connection; one that
+//! keeps its connection writes through this instance and is seen here.
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -59,6 +68,17 @@ use crate::mirror::producer_state::{BatchId, Check, ProducerStates, Replayed};
 /// newcomer never inherits the expired one's batches.
 pub type StateKey = (PartitionId, OriginId);
 
+/// One connection's identity for the partitions it may write without a
+/// rebuild (see the module doc); unique for the life of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Writer(u64);
+
+/// Writers remembered per partition: more connections writing one
+/// partition at once are not expected of a replicator; past it, the
+/// longest-known writer rebuilds again on its next request (a cost, not a
+/// risk).
+const WRITERS_PER_PARTITION: usize = 16;
+
 /// The producer state of every mirrored partition, shared by all sessions.
 pub struct Dedupe {
     inner: Mutex<Inner>,
@@ -71,6 +91,8 @@ pub struct Dedupe {
     /// tail without it is taken to mean it was never appended
     /// (`MIRROR_PROXY_UNKNOWN_OUTCOME_WAIT_MS`).
     unknown_wait: Duration,
+    /// The next [`Writer`].
+    next_writer: std::sync::atomic::AtomicU64,
 }
 
 /// Everything behind the one lock: the states and, per partition, whether
@@ -78,8 +100,14 @@ pub struct Dedupe {
 /// partition was last marked).
 struct Inner {
     states: ProducerStates<StateKey>,
-    /// Partitions rebuilt and not marked since: their batches may begin.
+    /// Partitions rebuilt and not marked since: their batches may begin,
+    /// by the writers in `writers`.
     ready: HashSet<PartitionId>,
+    /// Per partition, the writers that claimed one of its rebuilds, or
+    /// were taken as having done so ([`Dedupe::assume_rebuilt`]): what they
+    /// send was seen here since the log was read, the rest rebuild first.
+    /// Closed connections' writers stay until pushed out (never reused).
+    writers: HashMap<PartitionId, SmallVec<[Writer; 2]>>,
     /// Partitions a request is rebuilding now; `true` once marked again
     /// meanwhile (then the rebuild ends without making it ready).
     rebuilding: HashMap<PartitionId, bool>,
@@ -187,6 +215,9 @@ pub struct RebuildClaim {
     dedupe: Arc<Dedupe>,
     partition: PartitionId,
     topic: Arc<TopicRef>,
+    /// The claiming request's connection: it may write the partition once
+    /// rebuilt (its request came before the tail was read).
+    writer: Writer,
 }
 
 impl RebuildClaim {
@@ -251,6 +282,7 @@ impl RebuildClaim {
         let marked_meanwhile = inner.rebuilding.remove(&partition).unwrap_or(true);
         if !marked_meanwhile && replayed.untaken == 0 {
             inner.ready.insert(partition);
+            add_writer(&mut inner.writers, partition, self.writer);
         }
         let known = inner.known_end.entry(partition).or_insert(end);
         *known = (*known).max(end);
@@ -298,6 +330,7 @@ impl Dedupe {
             inner: Mutex::new(Inner {
                 states: ProducerStates::new(max_entries),
                 ready: HashSet::new(),
+                writers: HashMap::new(),
                 rebuilding: HashMap::new(),
                 known_end: HashMap::new(),
                 doubts: Doubts::default(),
@@ -306,7 +339,16 @@ impl Dedupe {
             changed: tokio::sync::Notify::new(),
             rebuild_bytes,
             unknown_wait,
+            next_writer: std::sync::atomic::AtomicU64::new(1),
         })
+    }
+
+    /// A new writer, for a new connection.
+    pub fn writer(&self) -> Writer {
+        Writer(
+            self.next_writer
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Whether `partition`'s state is rebuilt and usable now.
@@ -314,10 +356,12 @@ impl Dedupe {
         self.lock().ready.contains(partition)
     }
 
-    /// Take `partition` as rebuilt without reading its log (a partition
-    /// known to be new, and the unit tests).
-    pub fn assume_rebuilt(&self, partition: PartitionId) {
-        self.lock().ready.insert(partition);
+    /// Take `partition` as rebuilt by `writer` without reading its log
+    /// (the unit tests and `examples/cold_cost.rs`).
+    pub fn assume_rebuilt(&self, partition: PartitionId, writer: Writer) {
+        let mut inner = self.lock();
+        inner.ready.insert(partition);
+        add_writer(&mut inner.writers, partition, writer);
     }
 
     /// `partition`'s state may miss what the log holds: the next request
@@ -415,7 +459,17 @@ impl Dedupe {
     /// unchanged), for the caller to wait for [`changed`](Self::changed)
     /// and begin again; else its partition is answered with the retriable
     /// [`Refusal::RetryInFlight`]. Never a second append.
-    pub fn begin(self: &Arc<Self>, plan: &mut ProducePlan, link: &str, wait: bool) -> Begin {
+    ///
+    /// A partition is begun only by a `writer` that claimed one of its
+    /// rebuilds: for another, the request rebuilds it first (see the
+    /// module doc).
+    pub fn begin(
+        self: &Arc<Self>,
+        plan: &mut ProducePlan,
+        link: &str,
+        wait: bool,
+        writer: Writer,
+    ) -> Begin {
         let mut tracked = Tracked {
             dedupe: None,
             partitions: Vec::new(),
@@ -429,6 +483,7 @@ impl Dedupe {
         let Inner {
             states,
             ready,
+            writers,
             rebuilding,
             known_end,
             doubts,
@@ -449,6 +504,12 @@ impl Dedupe {
             {
                 ready.remove(&p);
             }
+            // Ready for the writers that read it; a new one reads it again
+            // (everyone's requests wait meanwhile, as for any rebuild).
+            if ready.contains(&p) && !writers.get(&p).is_some_and(|w| w.contains(&writer)) {
+                ready.remove(&p);
+                self.metrics.producer_state_rebuild_marked("new_writer");
+            }
             if ready.contains(&p) || claims.iter().any(|c| c.partition == p) || waiting.contains(&p)
             {
                 continue;
@@ -465,6 +526,7 @@ impl Dedupe {
                         dedupe: Arc::clone(self),
                         partition: p,
                         topic: tp.topic.clone(),
+                        writer,
                     });
                 }
             }
@@ -780,6 +842,23 @@ fn batch_len(b: &BatchId) -> i64 {
 const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 const REQUEST_TIMED_OUT: i16 = 7;
 const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
+
+/// `writer` may begin `partition` (once ready): remembered, the longest
+/// known pushed out past [`WRITERS_PER_PARTITION`].
+fn add_writer(
+    writers: &mut HashMap<PartitionId, SmallVec<[Writer; 2]>>,
+    partition: PartitionId,
+    writer: Writer,
+) {
+    let list = writers.entry(partition).or_default();
+    if list.contains(&writer) {
+        return;
+    }
+    if list.len() >= WRITERS_PER_PARTITION {
+        list.remove(0);
+    }
+    list.push(writer);
+}
 
 /// Marks `partition` for a rebuild (see [`Dedupe::mark_for_rebuild`]).
 fn mark(inner: &mut Inner, partition: PartitionId) {

@@ -15,6 +15,9 @@ use crate::mirror::producer_state::BatchId;
 
 const TOPIC_ID: Uuid = Uuid::from_u128(7);
 const PID: i64 = -42;
+/// The connection every test's requests come from, unless said otherwise
+/// ([`Dedupe::writer`] starts at 1).
+const W: Writer = Writer(0);
 const V: i16 = 13;
 
 fn topic() -> TopicRef {
@@ -111,7 +114,7 @@ fn dedupe_waiting(wait: std::time::Duration) -> Arc<Dedupe> {
 fn rebuild_stable(d: &Arc<Dedupe>, partition: i32, batches: &[(i64, i32, usize)]) -> Rebuilt {
     let owner = |pid: i64| (pid == PID).then(|| origin(5));
     let mut p = plan(partition, &[(id(0, 1000, 1000), 0)]);
-    let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true));
+    let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true, W));
     let claim = claims.pop().expect("one claim");
     let end = batches
         .iter()
@@ -133,9 +136,9 @@ fn rebuild_stable(d: &Arc<Dedupe>, partition: i32, batches: &[(i64, i32, usize)]
 /// when begun, `None` when it must wait for a batch in flight.
 fn begin(d: &Arc<Dedupe>, plan: &mut ProducePlan, link: &str, wait: bool) -> Option<Tracked> {
     for tp in &plan.tracked {
-        d.assume_rebuilt(tp.partition);
+        d.assume_rebuilt(tp.partition, W);
     }
-    match d.begin(plan, link, wait) {
+    match d.begin(plan, link, wait, W) {
         Begin::Begun(t) => Some(t),
         Begin::InFlight => None,
         Begin::Rebuild { .. } => panic!("every partition was taken as rebuilt"),
@@ -442,7 +445,7 @@ async fn settling_wakes_a_waiter() {
 fn nothing_begins_before_the_partition_is_rebuilt_and_one_request_rebuilds_it() {
     let d = dedupe();
     let mut first = plan(0, &[(id(0, 0, 9), 0)]);
-    let (claims, waiting) = must_rebuild(d.begin(&mut first, "east", true));
+    let (claims, waiting) = must_rebuild(d.begin(&mut first, "east", true, W));
     assert_eq!(claims.len(), 1);
     assert_eq!(claims[0].partition(), at(0));
     assert!(waiting.is_empty());
@@ -450,7 +453,7 @@ fn nothing_begins_before_the_partition_is_rebuilt_and_one_request_rebuilds_it() 
     // A second request for the partition waits for that rebuild: it
     // neither begins nor claims it.
     let mut second = plan(0, &[(id(0, 10, 19), 0)]);
-    let (c2, w2) = must_rebuild(d.begin(&mut second, "east", true));
+    let (c2, w2) = must_rebuild(d.begin(&mut second, "east", true, W));
     assert!(c2.is_empty());
     assert_eq!(w2, [at(0)]);
     assert!(d.is_empty(), "nothing in flight");
@@ -458,7 +461,7 @@ fn nothing_begins_before_the_partition_is_rebuilt_and_one_request_rebuilds_it() 
     // for the next request to claim; it is still not ready.
     drop(claims);
     assert!(!d.is_ready(&at(0)));
-    let (c3, _) = must_rebuild(d.begin(&mut second, "east", true));
+    let (c3, _) = must_rebuild(d.begin(&mut second, "east", true, W));
     assert_eq!(c3.len(), 1);
 }
 
@@ -470,7 +473,7 @@ fn an_unknown_outcome_or_a_leader_move_marks_the_partition_for_a_rebuild() {
     drop(begin(&d, &mut p, "east", false).expect("begun"));
     assert!(!d.is_ready(&at(0)));
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let (claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
+    let (claims, _) = must_rebuild(d.begin(&mut retry, "east", true, W));
     assert_eq!(claims.len(), 1);
     drop(claims);
     // Settled as never appended by a stable tail past its (zero) wait.
@@ -531,13 +534,13 @@ fn a_rebuild_merges_with_what_was_recorded_meanwhile() {
     let d = dedupe();
     let owner = |pid: i64| (pid == PID).then(|| origin(5));
     let mut first = plan(0, &[(id(0, 0, 9), 0)]);
-    let (mut claims, _) = must_rebuild(d.begin(&mut first, "east", true));
+    let (mut claims, _) = must_rebuild(d.begin(&mut first, "east", true, W));
     let claim = claims.pop().expect("one claim");
     // While the tail is read, a request begun before a mark (another
     // connection) records batch 20..29 at offset 20.
-    d.assume_rebuilt(at(0));
+    d.assume_rebuilt(at(0), W);
     let mut other = plan(0, &[(id(0, 20, 29), 0)]);
-    let t = d.begin(&mut other, "east", false);
+    let t = d.begin(&mut other, "east", false, W);
     let Begin::Begun(t) = t else { panic!("begun") };
     t.settle_with(&response(0, 0, 20));
     // The tail read before that append: batches 0..9 and 10..19.
@@ -569,7 +572,7 @@ fn a_mark_during_a_rebuild_leaves_the_partition_for_another_rebuild() {
     let d = dedupe();
     let owner = |pid: i64| (pid == PID).then(|| origin(5));
     let mut p = plan(0, &[(id(0, 0, 9), 0)]);
-    let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true));
+    let (mut claims, _) = must_rebuild(d.begin(&mut p, "east", true, W));
     d.mark_for_rebuild(at(0), RebuildReason::UnknownOutcome);
     let claim = claims.pop().expect("one claim");
     claim.apply(
@@ -582,7 +585,7 @@ fn a_mark_during_a_rebuild_leaves_the_partition_for_another_rebuild() {
         false,
     );
     assert!(!d.is_ready(&at(0)), "read before the mark: read again");
-    let (claims, _) = must_rebuild(d.begin(&mut p, "east", true));
+    let (claims, _) = must_rebuild(d.begin(&mut p, "east", true, W));
     assert_eq!(claims.len(), 1);
 }
 
@@ -612,7 +615,7 @@ fn a_rebuild_after_a_truncation_replaces_what_the_log_lost() {
     // had 10..19). The partition is marked and rebuilt from that log.
     d.mark_for_rebuild(at(0), RebuildReason::LeaderMoved);
     let mut retry = plan(0, &[(id(0, 10, 19), 0)]);
-    let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
+    let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true, W));
     let claim = claims.pop().expect("one claim");
     let r = claim.apply(
         0,
@@ -626,7 +629,7 @@ fn a_rebuild_after_a_truncation_replaces_what_the_log_lost() {
     assert_eq!((r.replayed.batches, r.replayed.taken), (1, 1));
     assert!(d.is_ready(&at(0)));
     // The lost batch's retry is appended, not answered "duplicate, 10".
-    let t = d.begin(&mut retry, "east", false);
+    let t = d.begin(&mut retry, "east", false, W);
     let Begin::Begun(t) = t else { panic!("begun") };
     assert!(retry.local.is_empty(), "{:?}", retry.local);
     assert!(t.duplicates().is_empty());
@@ -734,16 +737,16 @@ fn a_lost_batch_holds_its_producer_until_a_tail_shows_it() {
     let r = rebuild_stable(&d, 0, &[]);
     assert_eq!((r.doubts.found, r.doubts.left), (0, 1), "{r:?}");
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let t = d.begin(&mut retry, "east", true);
+    let t = d.begin(&mut retry, "east", true, W);
     assert!(matches!(t, Begin::Begun(ref t) if t.is_empty()));
     assert_eq!(refusal(&retry), Some(Refusal::OutcomeUnknown));
     // So is the producer's next batch: nothing of it overtakes the lost one.
     let mut next = plan(0, &[(id(0, 10, 19), 0)]);
-    let _ = d.begin(&mut next, "east", true);
+    let _ = d.begin(&mut next, "east", true, W);
     assert_eq!(refusal(&next), Some(Refusal::OutcomeUnknown));
     // Another producer on the partition, and the producer elsewhere, go on.
     let mut other = plan_from(0, origin(6), &[(id(0, 0, 9), 0)]);
-    let Begin::Begun(t) = d.begin(&mut other, "east", true) else {
+    let Begin::Begun(t) = d.begin(&mut other, "east", true, W) else {
         panic!("another producer waits");
     };
     assert!(!t.is_empty() && other.local.is_empty());
@@ -758,7 +761,7 @@ fn a_lost_batch_holds_its_producer_until_a_tail_shows_it() {
     let r = rebuild_stable(&d, 0, &[(10, 0, 10)]);
     assert_eq!((r.doubts.found, r.doubts.left), (1, 0), "{r:?}");
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let Begin::Begun(t) = d.begin(&mut retry, "east", true) else {
+    let Begin::Begun(t) = d.begin(&mut retry, "east", true, W) else {
         panic!("not begun");
     };
     assert!(t.is_empty());
@@ -784,7 +787,7 @@ fn a_lost_batch_absent_from_a_stable_tail_past_its_wait_was_never_appended() {
     std::thread::sleep(std::time::Duration::from_millis(60));
     // Past the wait the retry asks for a confirming read first.
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true));
+    let (mut claims, _) = must_rebuild(d.begin(&mut retry, "east", true, W));
     let claim = claims.pop().expect("a claim");
     assert!(claim.confirming());
     let owner = |pid: i64| (pid == PID).then(|| origin(5));
@@ -796,7 +799,7 @@ fn a_lost_batch_absent_from_a_stable_tail_past_its_wait_was_never_appended() {
     let r = rebuild_stable(&d, 0, &[]);
     assert_eq!(r.doubts.absent, 1, "{r:?}");
     let mut retry = plan(0, &[(id(0, 0, 9), 0)]);
-    let Begin::Begun(t) = d.begin(&mut retry, "east", true) else {
+    let Begin::Begun(t) = d.begin(&mut retry, "east", true, W) else {
         panic!("not begun");
     };
     assert!(!t.is_empty() && retry.local.is_empty(), "{:?}", retry.local);
@@ -811,4 +814,60 @@ fn a_short_request_timeout_shortens_the_wait() {
     drop(t);
     // Its wait (0 ms) is over at once: a stable tail without it settles it.
     assert_eq!(rebuild_stable(&d, 0, &[]).doubts.absent, 1);
+}
+
+/// Each instance's state is its own memory: another instance may have
+/// appended since. A connection that has not rebuilt a partition here
+/// rebuilds it before anything of it begins, even when it is ready for
+/// others; after that both may write, and one rebuild does not send the
+/// first back to rebuilding (no ping-pong between two connections).
+#[test]
+fn a_connection_new_to_a_partition_rebuilds_it_before_writing() {
+    let d = dedupe();
+    let owner = |pid: i64| (pid == PID).then(|| origin(5));
+    // W rebuilt partition 0 (empty) and appended sequences 0..9 at 0.
+    assert_eq!(rebuild_stable(&d, 0, &[]).replayed.batches, 0);
+    let mut p = plan(0, &[(id(0, 0, 9), 0)]);
+    let Begin::Begun(t) = d.begin(&mut p, "east", true, W) else {
+        panic!("W rebuilt the partition: begun");
+    };
+    t.settle_with(&response(0, 0, 0));
+    // Another instance appended 10..19 at 10. A second connection's retry
+    // of it would be the next in sequence here: it must read the log first.
+    let w2 = d.writer();
+    assert_ne!(w2, W);
+    let mut retry = plan(0, &[(id(0, 10, 19), 0)]);
+    let (mut claims, waiting) = must_rebuild(d.begin(&mut retry, "east", true, w2));
+    assert!(waiting.is_empty());
+    assert!(!d.is_ready(&at(0)), "W waits for the rebuild too");
+    let claim = claims.pop().expect("w2 claims the rebuild");
+    claim.apply(
+        0,
+        20,
+        0,
+        &tail(&[(0, 0, 10), (10, 10, 10)]),
+        &owner,
+        std::time::Instant::now(),
+        true,
+    );
+    // Read from the log: the retry is a duplicate of the batch at 10.
+    let Begin::Begun(t) = d.begin(&mut retry, "east", true, w2) else {
+        panic!("w2 rebuilt it: begun");
+    };
+    assert_eq!(t.duplicates().len(), 1);
+    assert_eq!(t.duplicates()[0].base_offset, 10);
+    // W still writes without another rebuild.
+    let mut next = plan(0, &[(id(0, 20, 29), 0)]);
+    let Begin::Begun(t) = d.begin(&mut next, "east", true, W) else {
+        panic!("W keeps writing");
+    };
+    t.settle_with(&response(0, 0, 20));
+    assert!(d.is_ready(&at(0)));
+    // A third connection does not.
+    let mut third = plan(0, &[(id(0, 30, 39), 0)]);
+    let w3 = d.writer();
+    assert!(matches!(
+        d.begin(&mut third, "east", true, w3),
+        Begin::Rebuild { .. }
+    ));
 }

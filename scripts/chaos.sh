@@ -22,4 +22,4 @@ export CHAOS_SECS="${1:-600}"
 if [ -n "${2:-}" ]; then
     export CHAOS_SEED="$2"
 fi
-exec cargo test --test chaos -- --include-ignored --nocapture
+exec cargo test --test chaos -- --nocapture

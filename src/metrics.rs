@@ -631,7 +631,7 @@ impl Metrics {
     }
 
     /// A partition was marked for a new rebuild, for `reason`
-    /// (`unknown_outcome`, `leader_moved`).
+    /// (`unknown_outcome`, `leader_moved`, `truncated`, `new_writer`).
     pub fn producer_state_rebuild_marked(&self, reason: &'static str) {
         self.producer_state_rebuild_marks
             .get_or_create(&FixedLabels { reason })

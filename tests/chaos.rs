@@ -701,7 +701,6 @@ enum Event {
 }
 
 #[test]
-#[ignore = "fails on main: a retry through another instance is appended twice (issue 26; tests/held_append.rs has both cases); scripts/chaos.sh runs it"]
 fn every_committed_record_lands_once_in_order_through_kills_and_a_failover() -> Result<()> {
     let seed = match env_u64("CHAOS_SEED")? {
         Some(s) => s,

@@ -306,14 +306,7 @@ async fn failover_dry_run(
     checks: FailoverChecks,
     json: bool,
 ) -> Result<u8, CliError> {
-    let answer = client
-        .call(
-            Method::GET,
-            &dry_run_path(name, checks),
-            None,
-            REQUEST_TIMEOUT,
-        )
-        .await?;
+    let answer = dry_run(client, name, checks).await?;
     if json {
         print_json(&answer.body);
     } else {
@@ -323,6 +316,22 @@ async fn failover_dry_run(
         Some(true) => EXIT_OK,
         _ => EXIT_REFUSED,
     })
+}
+
+/// The dry run's GET.
+async fn dry_run(
+    client: &AdminClient,
+    name: &str,
+    checks: FailoverChecks,
+) -> Result<Answer, CliError> {
+    client
+        .call(
+            Method::GET,
+            &dry_run_path(name, checks),
+            None,
+            REQUEST_TIMEOUT,
+        )
+        .await
 }
 
 /// A dry run's report as text.
@@ -416,14 +425,7 @@ pub async fn failover(
         // The proxy checks `max_delay` itself when asked to fail over; one
         // that does not know it would ignore it, so the dry run (a GET such
         // a proxy refuses) is asked first, and any error stops here.
-        client
-            .call(
-                Method::GET,
-                &dry_run_path(name, checks),
-                None,
-                REQUEST_TIMEOUT,
-            )
-            .await?;
+        dry_run(client, name, checks).await?;
     }
     let path = format!("/links/{}", segment(name));
     let started = client

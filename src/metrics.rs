@@ -349,7 +349,7 @@ impl Metrics {
         let producer_state_rebuilds = Family::default();
         registry.register(
             "mirror_producer_state_rebuilds",
-            "Rebuilds of a partition's mirrored producer state from its log tail, by result: complete (the whole log read), bounded (the tail that fits in PRODUCER_STATE_REBUILD_BYTES), failed (tail not read; the partition answered retriable)",
+            "Rebuilds of a partition's mirrored producer state from its log tail, by result: complete (the whole log read), bounded (the tail that fits in PRODUCER_STATE_REBUILD_BYTES), caught_up (a connection new to the partition read what was appended past the log end known), failed (tail not read; the partition answered retriable)",
             Family::clone(&producer_state_rebuilds),
         );
         let producer_state_rebuild_marks = Family::default();
@@ -620,7 +620,7 @@ impl Metrics {
     }
 
     /// One rebuild of a partition's producer state ended with `result`
-    /// (`complete`, `bounded`, `failed`); a bounded one left
+    /// (`complete`, `bounded`, `caught_up`, `failed`); a bounded one left
     /// `offsets_beyond_bound` log offsets unread.
     pub fn producer_state_rebuilt(&self, result: &'static str, offsets_beyond_bound: u64) {
         self.producer_state_rebuilds

@@ -10,7 +10,7 @@
 //! stack; the rules themselves stay pure in `mirror`.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
@@ -782,7 +782,7 @@ async fn rebuild(
     state: &StateStore,
     link: &str,
     plan: &mut ProducePlan,
-    claim: RebuildClaim,
+    mut claim: RebuildClaim,
 ) {
     let partition = claim.partition();
     let name = ctx
@@ -795,14 +795,32 @@ async fn rebuild(
     // read does not hold of them is taken as never appended, so the read
     // must be stable (the log end the same when read again after it).
     let confirming = claim.confirming();
-    let read = rebuild::read_tail_stable(
-        state.client(),
-        &name,
-        partition.partition,
-        floor,
-        claim.rebuild_bytes(),
-        if confirming { STABLE_READS } else { 0 },
-    );
+    let client = state.client();
+    let bytes = claim.rebuild_bytes();
+    let read = async {
+        // A writer new to a ready partition catches up from the log end
+        // known here, unless lost batches must be confirmed (a stable
+        // tail) or that cannot be read (then the tail, as after start-up).
+        if let (Some(since), false) = (claim.since(), confirming) {
+            let since = since.max(floor);
+            let read_at = Instant::now();
+            if let Some(tail) =
+                rebuild::read_since(client, &name, partition.partition, since, bytes).await?
+            {
+                return Ok((tail, read_at, false));
+            }
+        }
+        claim.full();
+        rebuild::read_tail_stable(
+            client,
+            &name,
+            partition.partition,
+            floor,
+            bytes,
+            if confirming { STABLE_READS } else { 0 },
+        )
+        .await
+    };
     let error = match tokio::time::timeout(REBUILD_TIMEOUT, read).await {
         Ok(Ok((_, _, false))) if confirming => format!(
             "its log end kept moving over {STABLE_READS} reads, so whether a request whose answer was lost was appended cannot be told yet"

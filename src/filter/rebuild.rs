@@ -92,6 +92,52 @@ pub async fn read_tail(
     })
 }
 
+/// What was appended to `topic`-`partition` since `since` (a log end this
+/// instance knew), for a writer new to the partition to catch up on:
+/// `None` when it cannot be read that way (the log now ends below `since`:
+/// truncated; or more was appended than `max_bytes` holds), and the
+/// caller rebuilds from the tail instead. Read up to the high watermark
+/// once it covers the leader's log end, like [`read_tail`].
+pub async fn read_since(
+    client: &Client,
+    topic: &str,
+    partition: i32,
+    since: i64,
+    max_bytes: i32,
+) -> Result<Option<Tail>, TailError> {
+    let end = replicated_end(client, topic, partition).await?;
+    if end < since {
+        return Ok(None);
+    }
+    let start = client
+        .list_offset(topic, partition, OffsetSpec::Earliest)
+        .await?
+        .offset;
+    if start > since {
+        return Ok(None);
+    }
+    if end == since {
+        return Ok(Some(Tail {
+            start,
+            end,
+            from: since,
+            records: Bytes::new(),
+        }));
+    }
+    let f = client
+        .fetch(topic, partition, since, max_bytes, Duration::ZERO)
+        .await?;
+    if whole_end(&f.records).is_none_or(|e| e < end) {
+        return Ok(None);
+    }
+    Ok(Some(Tail {
+        start,
+        end,
+        from: since,
+        records: f.records,
+    }))
+}
+
 /// The high watermark, once it covers every batch the leader held when
 /// asked (see [`UNREPLICATED_WAIT`]). A tail read below it would miss a
 /// batch already appended (by another instance, or through a connection

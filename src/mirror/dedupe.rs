@@ -218,6 +218,9 @@ pub struct RebuildClaim {
     /// The claiming request's connection: it may write the partition once
     /// rebuilt (its request came before the tail was read).
     writer: Writer,
+    /// A catch-up: the state is kept and only what the log holds from
+    /// this offset on (a log end known here) is to be read and merged.
+    since: Option<i64>,
 }
 
 impl RebuildClaim {
@@ -228,6 +231,26 @@ impl RebuildClaim {
     /// The topic as the request names it.
     pub fn topic(&self) -> &TopicRef {
         &self.topic
+    }
+
+    /// `Some(offset)` for a catch-up from `offset` (see
+    /// [`RebuildClaim::full`] when that cannot be read).
+    pub fn since(&self) -> Option<i64> {
+        self.since
+    }
+
+    /// Make a catch-up a rebuild from the tail (the log was truncated
+    /// below the offset, or more was appended than a read holds): the
+    /// partition's appended batches are forgotten now, before the tail is
+    /// read.
+    pub fn full(&mut self) {
+        if self.since.take().is_none() {
+            return;
+        }
+        let p = self.partition;
+        let mut inner = self.dedupe.lock();
+        inner.states.forget_appended_where(|(q, _)| *q == p);
+        inner.known_end.remove(&p);
     }
 
     /// How many bytes of the log tail a rebuild may read.
@@ -287,11 +310,16 @@ impl RebuildClaim {
         let known = inner.known_end.entry(partition).or_insert(end);
         *known = (*known).max(end);
         drop(inner);
-        let beyond = from.saturating_sub(start).max(0);
-        d.metrics.producer_state_rebuilt(
-            if beyond > 0 { "bounded" } else { "complete" },
-            u64::try_from(beyond).unwrap_or(0),
-        );
+        if self.since.is_some() {
+            // A catch-up: what came before `from` is held already.
+            d.metrics.producer_state_rebuilt("caught_up", 0);
+        } else {
+            let beyond = from.saturating_sub(start).max(0);
+            d.metrics.producer_state_rebuilt(
+                if beyond > 0 { "bounded" } else { "complete" },
+                u64::try_from(beyond).unwrap_or(0),
+            );
+        }
         d.changed.notify_waiters();
         Rebuilt {
             from_offset: from,
@@ -504,10 +532,13 @@ impl Dedupe {
             {
                 ready.remove(&p);
             }
-            // Ready for the writers that read it; a new one reads it again
+            // Ready for the writers that read it; a new one first catches
+            // up on what was appended since the log end known here
             // (everyone's requests wait meanwhile, as for any rebuild).
+            let mut since = None;
             if ready.contains(&p) && !writers.get(&p).is_some_and(|w| w.contains(&writer)) {
                 ready.remove(&p);
+                since = known_end.get(&p).copied().filter(|&e| e >= 0);
                 self.metrics.producer_state_rebuild_marked("new_writer");
             }
             if ready.contains(&p) || claims.iter().any(|c| c.partition == p) || waiting.contains(&p)
@@ -519,14 +550,21 @@ impl Dedupe {
                 std::collections::hash_map::Entry::Vacant(v) => {
                     v.insert(false);
                     // Replace, not merge: what the log no longer holds must
-                    // not be answered as a duplicate.
-                    states.forget_appended_where(|(q, _)| *q == p);
-                    known_end.remove(&p);
+                    // not be answered as a duplicate. (A catch-up merges
+                    // what was appended past a log end known here; the
+                    // tail before it is not read again, so batches of an
+                    // expired origin there are not taken for those of the
+                    // origin its mapped PID went to.)
+                    if since.is_none() {
+                        states.forget_appended_where(|(q, _)| *q == p);
+                        known_end.remove(&p);
+                    }
                     claims.push(RebuildClaim {
                         dedupe: Arc::clone(self),
                         partition: p,
                         topic: tp.topic.clone(),
                         writer,
+                        since,
                     });
                 }
             }

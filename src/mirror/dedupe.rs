@@ -116,6 +116,11 @@ struct Inner {
     /// after it was known and answered below it means the log was
     /// truncated. One word per partition.
     known_end: HashMap<PartitionId, i64>,
+    /// Per partition, the offset up to which this instance has seen every
+    /// batch of the log: the end of its last read, moved on by an answer
+    /// only when the batch starts right there (a gap is someone else's
+    /// writing). A writer new to the partition catches up from it.
+    seen_end: HashMap<PartitionId, i64>,
     /// Batches sent whose answer never came, until a tail settles them.
     doubts: Doubts<StateKey>,
 }
@@ -251,6 +256,7 @@ impl RebuildClaim {
         let mut inner = self.dedupe.lock();
         inner.states.forget_appended_where(|(q, _)| *q == p);
         inner.known_end.remove(&p);
+        inner.seen_end.remove(&p);
     }
 
     /// How many bytes of the log tail a rebuild may read.
@@ -309,6 +315,10 @@ impl RebuildClaim {
         }
         let known = inner.known_end.entry(partition).or_insert(end);
         *known = (*known).max(end);
+        // Everything below `from` was seen before (a catch-up) or is past
+        // the tail read: either way the log up to `end` has been seen.
+        let seen = inner.seen_end.entry(partition).or_insert(end);
+        *seen = (*seen).max(end);
         drop(inner);
         if self.since.is_some() {
             // A catch-up: what came before `from` is held already.
@@ -361,6 +371,7 @@ impl Dedupe {
                 writers: HashMap::new(),
                 rebuilding: HashMap::new(),
                 known_end: HashMap::new(),
+                seen_end: HashMap::new(),
                 doubts: Doubts::default(),
             }),
             metrics,
@@ -514,6 +525,7 @@ impl Dedupe {
             writers,
             rebuilding,
             known_end,
+            seen_end,
             doubts,
         } = &mut *inner;
         let now = Instant::now();
@@ -538,7 +550,7 @@ impl Dedupe {
             let mut since = None;
             if ready.contains(&p) && !writers.get(&p).is_some_and(|w| w.contains(&writer)) {
                 ready.remove(&p);
-                since = known_end.get(&p).copied().filter(|&e| e >= 0);
+                since = seen_end.get(&p).copied().filter(|&e| e >= 0);
                 self.metrics.producer_state_rebuild_marked("new_writer");
             }
             if ready.contains(&p) || claims.iter().any(|c| c.partition == p) || waiting.contains(&p)
@@ -558,6 +570,7 @@ impl Dedupe {
                     if since.is_none() {
                         states.forget_appended_where(|(q, _)| *q == p);
                         known_end.remove(&p);
+                        seen_end.remove(&p);
                     }
                     claims.push(RebuildClaim {
                         dedupe: Arc::clone(self),
@@ -828,6 +841,11 @@ impl Tracked {
                     } else {
                         let known = inner.known_end.entry(bp.partition).or_insert(end);
                         *known = (*known).max(end);
+                    }
+                    if let Some(seen) = inner.seen_end.get_mut(&bp.partition) {
+                        if *seen == p.base_offset {
+                            *seen = end;
+                        }
                     }
                 }
                 _ => {

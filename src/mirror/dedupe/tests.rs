@@ -865,11 +865,20 @@ fn a_connection_new_to_a_partition_rebuilds_it_before_writing() {
     };
     t.settle_with(&response(0, 0, 20));
     assert!(d.is_ready(&at(0)));
-    // A third connection does not.
+    // Another instance appends 30..39 at 30; W's next lands at 40. The log
+    // up to 30 was seen here, not up to 50: a gap is someone else's.
+    let mut after_gap = plan(0, &[(id(0, 40, 49), 0)]);
+    let Begin::Begun(t) = d.begin(&mut after_gap, "east", true, W) else {
+        panic!("W keeps writing");
+    };
+    t.settle_with(&response(0, 0, 40));
+    // A third connection catches up from there.
     let mut third = plan(0, &[(id(0, 30, 39), 0)]);
     let w3 = d.writer();
-    assert!(matches!(
-        d.begin(&mut third, "east", true, w3),
-        Begin::Rebuild { .. }
-    ));
+    let (claims, _) = must_rebuild(d.begin(&mut third, "east", true, w3));
+    assert_eq!(
+        claims[0].since(),
+        Some(30),
+        "from where the log was seen whole"
+    );
 }

@@ -13,6 +13,7 @@ use anyhow::{bail, ensure, Context, Result};
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::statistics::Statistics;
@@ -165,7 +166,15 @@ fn rd_consume(
     let deadline = Instant::now() + Duration::from_secs(120);
     while out.len() < count && Instant::now() < deadline {
         if let Some(m) = consumer.poll(Duration::from_millis(500)) {
-            let m = m?;
+            let m = match m {
+                // A connection that dropped (the broker restarted under
+                // the proxy a moment ago) is reported, and librdkafka
+                // reconnects: a consumer goes on polling.
+                Err(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::BrokerTransportFailure | RDKafkaErrorCode::AllBrokersDown,
+                )) => continue,
+                m => m?,
+            };
             out.push((
                 m.key().unwrap_or_default().to_vec(),
                 m.payload().unwrap_or_default().to_vec(),

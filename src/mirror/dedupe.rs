@@ -41,11 +41,15 @@
 //! Each instance's state is its own memory: another instance may have
 //! appended to a partition since this one last read it, and a retry of that
 //! batch through this instance would look new. So a partition's state is
-//! trusted only by the connections (writers) that have written it here
-//! since it was last read from the log: a connection new to a partition
-//! rebuilds it first, whatever it sends. A replicator reconnecting (to this
-//! instance or, after a kill, to another) is such a connection; one that
-//! keeps its connection writes through this instance and is seen here.
+//! trusted only by the connections (writers) that claimed one of its
+//! rebuilds here: a connection new to a partition first catches up,
+//! whatever it sends, reading what the log holds past the offset up to
+//! which this instance has seen all of it ([`RebuildClaim::since`]), and
+//! merging it. A replicator reconnecting (to this instance or, after a
+//! kill, to another) is such a connection; one that keeps its connection
+//! writes through this instance and is seen here. Only what is new is read:
+//! a tail read again would take the batches of an expired origin for those
+//! of the origin its mapped PID went to.
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
@@ -500,8 +504,8 @@ impl Dedupe {
     /// [`Refusal::RetryInFlight`]. Never a second append.
     ///
     /// A partition is begun only by a `writer` that claimed one of its
-    /// rebuilds: for another, the request rebuilds it first (see the
-    /// module doc).
+    /// rebuilds: for another, the request catches up first (see the module
+    /// doc).
     pub fn begin(
         self: &Arc<Self>,
         plan: &mut ProducePlan,

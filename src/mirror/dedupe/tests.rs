@@ -818,11 +818,12 @@ fn a_short_request_timeout_shortens_the_wait() {
 
 /// Each instance's state is its own memory: another instance may have
 /// appended since. A connection that has not rebuilt a partition here
-/// rebuilds it before anything of it begins, even when it is ready for
-/// others; after that both may write, and one rebuild does not send the
-/// first back to rebuilding (no ping-pong between two connections).
+/// catches up (from where the log was seen whole) before anything of it
+/// begins, even when it is ready for others; after that both may write,
+/// and one catch-up does not send the first back (no ping-pong between two
+/// connections).
 #[test]
-fn a_connection_new_to_a_partition_rebuilds_it_before_writing() {
+fn a_connection_new_to_a_partition_catches_up_before_writing() {
     let d = dedupe();
     let owner = |pid: i64| (pid == PID).then(|| origin(5));
     // W rebuilt partition 0 (empty) and appended sequences 0..9 at 0.

@@ -138,7 +138,8 @@ fn a_retry_through_another_instance_of_a_batch_held_for_acks_all_is_not_appended
     let p2 = ProxyProcess::start_for_nodes(&bootstrap, &[1, 2, 3], &link)?;
     // A proxy serves a node once a Metadata response named it.
     for p in [&p1, &p2] {
-        let versions = tools::broker_api_versions(&p.bootstrap)?;
+        let versions = tools::broker_api_versions(&p.bootstrap)
+            .with_context(|| tools::tail_str(&p.logs(), 30))?;
         ensure!(
             versions.contains(&format!("{} (id: 1", p.node_address(1))),
             "node 1 not served: {versions}"
@@ -223,7 +224,7 @@ fn a_retry_through_an_instance_with_older_state_of_the_producer_is_not_appended_
     let p1 = ProxyProcess::start_for_nodes(&bootstrap, &[1], &link)?;
     let p2 = ProxyProcess::start_for_nodes(&bootstrap, &[1], &link)?;
     for p in [&p1, &p2] {
-        tools::broker_api_versions(&p.bootstrap)?;
+        tools::broker_api_versions(&p.bootstrap).with_context(|| tools::tail_str(&p.logs(), 30))?;
     }
     let produce = |p: &ProxyProcess, seq: i32, value: &str| -> Result<(i16, i64, String)> {
         let (mut c, k) = send_link(p, 1, record_batch_at(5, seq, &[value]))?;

@@ -18,7 +18,7 @@
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use super::ports::free_ports;
 use super::tools;
 
 /// The line Kafka logs once the broker is unfenced and its listeners accept.
@@ -1058,18 +1059,6 @@ fn wait_timeout(child: &mut Child, timeout: Duration) -> Result<Option<std::proc
         }
         thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// `n` distinct free loopback ports, all held until chosen so they differ.
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("binding 127.0.0.1:0")?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
 }
 
 fn validate_cluster_id(id: &str) -> Result<()> {

@@ -2,8 +2,8 @@
 //! (`kafka`), Kafka's own Java command-line tools (`tools`), the proxy binary
 //! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
 //! crate's own client set up for tests (`crate_client`), a TCP relay that
-//! breaks connections (`relay`), one that holds a request (`hold_relay`)
-//! and the example replicator's binary (`replicator`).
+//! breaks connections (`relay`), one that holds a request (`hold_relay`),
+//! the example replicator's binary (`replicator`) and free ports (`ports`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -13,6 +13,7 @@ pub mod certs;
 pub mod crate_client;
 pub mod hold_relay;
 pub mod kafka;
+pub mod ports;
 pub mod proxy;
 pub mod relay;
 pub mod replicator;

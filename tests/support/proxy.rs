@@ -10,10 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-/// A free loopback port (racy by nature, but ports are not reused quickly).
-pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+pub use super::ports::free_port;
 
 /// The proxy binary under test: this build, or `PROXY_TEST_BIN` (to run the
 /// tests against another build, e.g. an older one).
@@ -47,7 +44,7 @@ fn free_port_base(nodes: &[i32], above: u16) -> Result<u16> {
         bail!("no node ids");
     };
     for _ in 0..500 {
-        // Anchor the lowest node at a port the kernel says is free.
+        // Anchor the lowest node at a free port.
         let first = i32::from(free_port()?);
         let base = first - low;
         if base <= i32::from(above) || base + high > i32::from(u16::MAX) {
@@ -61,8 +58,8 @@ fn free_port_base(nodes: &[i32], above: u16) -> Result<u16> {
             return u16::try_from(base).context("port base");
         }
     }
-    // The kernel's free ports can all lie below `above` (a bootstrap port
-    // near the top of the ephemeral range): scan upwards from it instead.
+    // The free ports can all lie below `above` (a bootstrap port near the
+    // top of the range): scan upwards from it instead.
     for base in (i32::from(above) + 1)..=(i32::from(u16::MAX) - high) {
         if base + low <= i32::from(above) {
             continue;

@@ -64,17 +64,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ports_are_free_distinct_and_below_the_ephemeral_range() -> Result<()> {
+    fn ports_are_distinct_and_below_the_ephemeral_range() -> Result<()> {
         let ports = free_ports(20)?;
         let mut sorted = ports.clone();
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), 20, "{ports:?}");
+        // Whether they are still free is not asked: tests running beside
+        // this one in the same binary take ports from the same range.
         if let Some(high) = ephemeral_low() {
             assert!(ports.iter().all(|p| (LOW..high).contains(p)), "{ports:?}");
-        }
-        for p in ports {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, p))?;
         }
         Ok(())
     }

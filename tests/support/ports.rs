@@ -10,7 +10,7 @@
 
 use std::net::{Ipv4Addr, TcpListener};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 /// Lowest port handed out here: clear of the well-known and most
 /// registered service ports.
@@ -24,39 +24,30 @@ fn ephemeral_low() -> Option<u16> {
     (low > LOW + 1_000).then_some(low)
 }
 
-/// A free loopback port outside the ephemeral range where the kernel says
-/// where that is, else one the kernel picks (racy by nature either way).
-pub fn free_port() -> Result<u16> {
+/// A listener on a free loopback port outside the ephemeral range where
+/// the kernel says where that is, else on one the kernel picks.
+fn bind_free() -> Result<TcpListener> {
     if let Some(high) = ephemeral_low() {
         for _ in 0..1_000 {
-            let port = fastrand::u16(LOW..high);
-            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
-                return Ok(port);
+            if let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, fastrand::u16(LOW..high))) {
+                return Ok(l);
             }
         }
     }
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .context("binding 127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding 127.0.0.1:0")
 }
 
-/// `n` distinct free loopback ports.
+/// A free loopback port (racy by nature: it is released before the caller
+/// binds it).
+pub fn free_port() -> Result<u16> {
+    Ok(bind_free()?.local_addr()?.port())
+}
+
+/// `n` distinct free loopback ports (each held until all are chosen, so
+/// they differ).
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let mut held: Vec<(u16, TcpListener)> = Vec::with_capacity(n);
-    let mut tries = 0;
-    while held.len() < n {
-        tries += 1;
-        if tries > 10_000 {
-            bail!("found only {} of {n} free ports", held.len());
-        }
-        let port = free_port()?;
-        // Held until all are chosen, so they differ.
-        if let Ok(l) = TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
-            held.push((port, l));
-        }
-    }
-    Ok(held.into_iter().map(|(p, _)| p).collect())
+    let held = (0..n).map(|_| bind_free()).collect::<Result<Vec<_>>>()?;
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The known-origin path allocates nothing: a lookup in the origins view
 //! (and the Produce plan's per-batch work for a known origin) is measured
-//! with a counting global allocator. Alone in its binary, so no other test
-//! allocates meanwhile.
+//! with a counting global allocator. Alone in its binary, and its tests one
+//! at a time, so nothing else allocates meanwhile.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,8 +30,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The tests of this binary count allocations process-wide: one at a time.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_known_origin_lookup_allocates_nothing() {
+    let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let mut view = Origins::new([source]);
     let partitions: Vec<PartitionId> = (0..64)
@@ -70,4 +74,47 @@ fn a_known_origin_lookup_allocates_nothing() {
     let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert_eq!(found, 100 * 64 * 16);
     assert_eq!(allocated, 0, "lookups allocated {allocated} times");
+}
+
+/// A new origin's claim costs its two hash-map entries and nothing else:
+/// a slot's claimants (nearly always one) are held inline. Memory per
+/// origin is what bounds a link with a million producers (about 400 bytes
+/// each, `docs/benchmark-log.md`); a heap block per slot added a third.
+/// The maps are given room first, so any allocation counted is per claim.
+#[test]
+fn claiming_a_new_origin_allocates_nothing_beyond_the_maps() {
+    let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let source = ClusterId::from_bytes(*b"alloc-test-clstr");
+    let p = PartitionId {
+        topic_id: Uuid::from_u128(7),
+        partition: 0,
+    };
+    let claim = |view: &mut Origins, pid: i64| {
+        let v = OriginValue {
+            mapped_pid: compose(cluster_hash(&source), pid),
+            salt: 0,
+            claim_offset: -1,
+            last_seen_ms: 0,
+        };
+        let o = OriginId { source, pid };
+        assert!(view.apply(pid, &StateRecord::Origin(o.key(p), Some(v))));
+    };
+    let mut view = Origins::new([source]);
+    // Grow both maps to hold 2,048 entries, then empty them by tombstones:
+    // a hash map keeps its capacity.
+    for pid in 0..2_048 {
+        claim(&mut view, pid);
+    }
+    for pid in 0..2_048 {
+        let o = OriginId { source, pid };
+        view.apply(10_000 + pid, &StateRecord::Origin(o.key(p), None));
+    }
+    assert!(view.is_empty());
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for pid in 0..1_000 {
+        claim(&mut view, pid);
+    }
+    let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    assert_eq!(view.len(), 1_000);
+    assert_eq!(allocated, 0, "1,000 new claims allocated {allocated} times");
 }

@@ -24,6 +24,7 @@
 
 // foldhash: looked up for every mirrored batch; SipHash showed in profiles.
 use foldhash::{HashMap, HashSet};
+use smallvec::SmallVec;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -37,6 +38,9 @@ const SIGN: u64 = 1 << 63;
 /// Random salts tried before giving up on one origin (each try fails only
 /// on a taken slot or a known region: practically never more than a few).
 const SALT_ATTEMPTS: usize = 1000;
+
+/// The claimants of one slot: (effective claim offset, origin), sorted.
+type Claimants = SmallVec<[(i64, OriginId); 1]>;
 
 /// A destination partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -169,8 +173,9 @@ pub const MAX_TOMBSTONES: usize = 100_000;
 pub struct Origins {
     claims: HashMap<(PartitionId, OriginId), Claim>,
     /// Claimants of each slot, sorted by effective claim offset: the first
-    /// owns it.
-    slots: HashMap<(PartitionId, i64), Vec<(i64, OriginId)>>,
+    /// owns it. Nearly every slot has one claimant, held inline: a `Vec`
+    /// would be a heap block of four per origin (a third of its memory).
+    slots: HashMap<(PartitionId, i64), Claimants>,
     salts: HashMap<(PartitionId, OriginId), CollisionValue>,
     /// Offset of the last tombstone of an origin's claim, so that a refresh
     /// written before it was seen does not bring a dead claim back. Only
@@ -338,7 +343,7 @@ impl Origins {
         let c = self.claims.remove(&key)?;
         let slot = (key.0, c.mapped);
         if let Some(claimants) = self.slots.get_mut(&slot) {
-            claimants.retain(|&(_, o)| o != key.1);
+            claimants.retain(|&mut (_, o)| o != key.1);
             if claimants.is_empty() {
                 self.slots.remove(&slot);
             }

@@ -15,7 +15,9 @@
 //!    100 ms);
 //! 3. many producers: batches/s of `--rate-batches` idempotent batches
 //!    spread over `--few` distinct producers, then over `--many` (each of
-//!    whose first batch needs a state-topic claim through the link); with
+//!    whose first batch needs a state-topic claim through the link), then
+//!    the `--many` producers' next batches on the same topics (their
+//!    origins claimed: what many producers cost past first contact); with
 //!    `--proxy-pid`, the proxy's RSS growth per new producer.
 //!
 //! Link batches are what the replicator sends: the source producer ids,
@@ -153,6 +155,10 @@ fn options() -> Result<Options> {
         o.few.is_multiple_of(o.rate_partitions as usize)
             && o.many.is_multiple_of(o.rate_partitions as usize),
         "--few and --many must be multiples of --rate-partitions"
+    );
+    ensure!(
+        o.rate_batches.is_multiple_of(o.many) && o.rate_batches.is_multiple_of(o.few),
+        "--rate-batches must be a multiple of --few and --many (every producer sends as many batches)"
     );
     Ok(o)
 }
@@ -533,17 +539,24 @@ async fn run(o: &Options) -> Result<()> {
         );
         println!("| distinct producers | direct batches/s | link batches/s | link / direct | errors (direct, link) | proxy during the link run |\n|---|---|---|---|---|---|");
         let mut link_rates = Vec::new();
-        for producers in [o.few, o.many] {
+        // The last pass sends `--many` producers their next batches on the
+        // same topics: every origin is claimed, so it measures what a
+        // million producers cost past their first contact.
+        let passes = [(o.few, 0, false), (o.many, 0, false), (o.many, 1, true)];
+        for (producers, pass, again) in passes {
             let mut rates = Vec::new();
             let mut errors = Vec::new();
             let mut note = String::new();
             for (path, addr, client_id) in paths {
                 let t = topic(path, &format!("rate{producers}"));
-                create(&admin, &t, o.rate_partitions).await?;
+                if !again {
+                    create(&admin, &t, o.rate_partitions).await?;
+                }
+                let first_round = pass * o.rate_batches / producers;
                 let before = sample(o).await;
-                let (rate, errs) = rate(o, addr, client_id, &t, producers).await?;
+                let (rate, errs) = rate(o, addr, client_id, &t, producers, first_round).await?;
                 let after = sample(o).await;
-                if path == "link" {
+                if path == "link" && !again {
                     note = proxy_note(o, before, after);
                     if o.proxy_pid.is_some() {
                         note.push_str(&format!(
@@ -554,12 +567,20 @@ async fn run(o: &Options) -> Result<()> {
                         ));
                     }
                     link_rates.push(rate);
+                } else if path == "link" {
+                    note = proxy_note(o, before, after);
+                    link_rates.push(rate);
                 }
                 rates.push(rate);
                 errors.push(errs);
             }
+            let label = if again {
+                format!("{producers}, each one's next batch")
+            } else {
+                producers.to_string()
+            };
             println!(
-                "| {producers} | {:.0} | {:.0} | {:.2}x | {}, {} | {note} |",
+                "| {label} | {:.0} | {:.0} | {:.2}x | {}, {} | {note} |",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0].max(1e-9),
@@ -567,12 +588,13 @@ async fn run(o: &Options) -> Result<()> {
                 errors[1]
             );
         }
-        if let [few, many] = link_rates[..] {
+        if let [few, many, known] = link_rates[..] {
             println!(
-                "link: {} producers at {:.2}x the rate of {}",
+                "link: {} producers at {:.2}x the rate of {} on their first batches, {:.2}x on their next",
                 o.many,
                 many / few,
-                o.few
+                o.few,
+                known / few
             );
         }
     }
@@ -767,7 +789,8 @@ async fn fan_one(
 }
 
 /// Batches/s of `--rate-batches` batches over `producers` distinct
-/// producers: producer `g * P + r` writes partition r; connection c sends
+/// producers, from their batch `first_round` on (an earlier pass sent the
+/// ones before): producer `g * P + r` writes partition r; connection c sends
 /// the requests of the producer groups g with g % connections == c, each
 /// request one batch of each of the group's producers (so a producer's
 /// batches stay in order on one connection). Returns (batches/s, batches
@@ -778,6 +801,7 @@ async fn rate(
     client_id: &str,
     topic: &str,
     producers: usize,
+    first_round: usize,
 ) -> Result<(f64, usize)> {
     let p = o.rate_partitions as usize;
     let groups = producers / p;
@@ -801,7 +825,7 @@ async fn rate(
             while next < mine.len() || owed > 0 {
                 while owed < WINDOW && next < mine.len() {
                     let j = mine[next];
-                    let (g, round) = (j % groups, j / groups);
+                    let (g, round) = (j % groups, first_round + j / groups);
                     let data = (0..p)
                         .map(|r| {
                             let pid = 1_000 + (g * p + r) as i64;

@@ -27,7 +27,7 @@ kmp_init
 R_PORT=$(kmp_free_port)
 KMP_RELAY_PORTS="$R_PORT" kmp_start_broker B q1Zx7Kd8Tj2m4Wf0hYvRsA
 R_TARGET=$B_RELAY_TARGETS
-for t in perf-link perf-local; do
+for t in perf-link perf-link-base perf-local; do
     kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$B_PORT" \
         --create --topic "$t" --partitions 1 --replication-factor 1 >/dev/null
 done
@@ -39,16 +39,18 @@ grind() {
     KMP_PIDS+=($!)
     eval "${name}_PID=$!"
 }
-# proxy NAME BIN: a proxy under callgrind with link `perf` over perf-link.
+# proxy NAME BIN TOPIC: a proxy under callgrind with link `perf` over TOPIC
+# (one each: a batch one proxy appends would be new to the other, whose
+# next connection reads it back, a cost that is not the one measured).
 proxy() {
     local port admin
     port=$(kmp_free_port); admin=$(kmp_free_port)
     MIRROR_PROXY_BOOTSTRAP_SERVERS=127.0.0.1:$B_PORT MIRROR_PROXY_LISTEN=127.0.0.1:$port \
         MIRROR_PROXY_ADMIN_LISTEN=127.0.0.1:$admin MIRROR_PROXY_LINKS=perf \
         MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
-        MIRROR_PROXY_LINK_PERF_TOPICS=perf-link RUST_LOG=warn \
+        MIRROR_PROXY_LINK_PERF_TOPICS="$3" RUST_LOG=warn \
         grind "$1" "$2" run
-    eval "${1}_PORT=$port"
+    eval "${1}_PORT=$port ${1}_TOPIC=$3"
     for _ in $(seq 300); do
         curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null && return 0
         sleep 1
@@ -56,10 +58,10 @@ proxy() {
     echo "proxy $1 never became ready" >&2; cat "$KMP_WORK/$1.log" >&2; exit 1
 }
 
-proxy new "$KMP_RELEASE/kafka-mirror-proxy"
+proxy new "$KMP_RELEASE/kafka-mirror-proxy" perf-link
 PATHS="new"
 if [ -n "${BASELINE_BIN:-}" ]; then
-    proxy base "$BASELINE_BIN"
+    proxy base "$BASELINE_BIN" perf-link-base
     PATHS="new base"
 fi
 grind relay "$KMP_RELEASE/examples/tcp_relay" "127.0.0.1:$R_PORT" "127.0.0.1:$R_TARGET"
@@ -88,7 +90,7 @@ count() {
 # would be refused as out of order).
 pid=1000
 for p in $PATHS; do
-    count "$p" mirror-perf perf-link $((pid += 1)) "warm-$p-link" >/dev/null
+    count "$p" mirror-perf "$(eval echo "\$${p}_TOPIC")" $((pid += 1)) "warm-$p-link" >/dev/null
     count "$p" perf-client perf-local -1 "warm-$p-local" >/dev/null
 done
 count relay perf-client perf-local -1 warm-relay >/dev/null
@@ -100,7 +102,7 @@ for r in $(seq "$ROUNDS"); do
         for kind in link local; do
             [ "$p" = relay ] && [ "$kind" = link ] && continue
             case $kind in
-                link) pid=$((pid + 1)); n=$(count "$p" mirror-perf perf-link "$pid" "$p-$kind-$r") ;;
+                link) pid=$((pid + 1)); n=$(count "$p" mirror-perf "$(eval echo "\$${p}_TOPIC")" "$pid" "$p-$kind-$r") ;;
                 local) n=$(count "$p" perf-client perf-local -1 "$p-$kind-$r") ;;
             esac
             printf '%-6s %-6s %5s %16s %14s\n' "$p" "$kind" "$r" "$n" $((n / REQUESTS))

@@ -65,7 +65,7 @@ S_PID=$!
 
 DEFAULT_PATHS="direct floor splice local link"
 if [ -n "${BASELINE_BIN:-}" ]; then
-    KMP_PROXY_BIN=$BASELINE_BIN kmp_start_perf_proxy Q "$B_PORT"
+    KMP_PROXY_BIN=$BASELINE_BIN kmp_start_perf_proxy Q "$B_PORT" perf-link-base
     DEFAULT_PATHS="direct floor splice local local@base link link@base"
 fi
 PATHS=${PATHS:-$DEFAULT_PATHS}
@@ -78,7 +78,7 @@ for path in $PATHS; do
     esac
 done
 
-for t in perf-direct perf-floor perf-splice perf-local perf-link; do
+for t in perf-direct perf-floor perf-splice perf-local perf-link perf-link-base; do
     kmp_java org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$B_PORT" \
         --create --topic "$t" --partitions 1 --replication-factor 1 >/dev/null
 done
@@ -138,7 +138,7 @@ run 1k warmup "127.0.0.1:$S_PORT" perf-splice perf-client 50000 "$S_PID" >/dev/n
 run 1k warmup "127.0.0.1:$P_PORT" perf-local perf-client 50000 >/dev/null
 run 1k warmup "127.0.0.1:$P_PORT" perf-link mirror-perf 50000 >/dev/null
 if [ -n "${BASELINE_BIN:-}" ]; then
-    run 1k warmup "127.0.0.1:$Q_PORT" perf-link mirror-perf 50000 "$Q_PID" >/dev/null
+    run 1k warmup "127.0.0.1:$Q_PORT" perf-link-base mirror-perf 50000 "$Q_PID" >/dev/null
 fi
 
 results=$(mktemp)
@@ -153,7 +153,7 @@ for round in $(seq 1 "$ROUNDS"); do
                 local) run "$c" local "127.0.0.1:$P_PORT" perf-local perf-client "$RECORDS" ;;
                 link) run "$c" link "127.0.0.1:$P_PORT" perf-link mirror-perf "$RECORDS" ;;
                 local@base) run "$c" local@base "127.0.0.1:$Q_PORT" perf-local perf-client "$RECORDS" "$Q_PID" ;;
-                link@base) run "$c" link@base "127.0.0.1:$Q_PORT" perf-link mirror-perf "$RECORDS" "$Q_PID" ;;
+                link@base) run "$c" link@base "127.0.0.1:$Q_PORT" perf-link-base mirror-perf "$RECORDS" "$Q_PID" ;;
             esac | sed "s/\$/ $round/" | tee -a "$results" >&2
         done
     done

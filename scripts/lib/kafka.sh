@@ -136,11 +136,15 @@ kmp_start_proxy() {
     return 1
 }
 
-# kmp_start_perf_proxy NAME BROKER_PORT: kmp_start_proxy with the link the
-# benchmarks use: client id mirror-perf, topic perf-link.
+# kmp_start_perf_proxy NAME BROKER_PORT [TOPIC]: kmp_start_proxy with the
+# link the benchmarks use: client id mirror-perf, topic TOPIC (perf-link).
+# Two proxies compared side by side get a link topic each: a batch one
+# appends is new to the other, whose next connection reads it back (the
+# catch-up of a writer new to the partition), which is not the cost being
+# measured.
 kmp_start_perf_proxy() {
     kmp_start_proxy "$1" "$2" \
         MIRROR_PROXY_LINKS=perf \
         MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
-        MIRROR_PROXY_LINK_PERF_TOPICS='perf-link'
+        MIRROR_PROXY_LINK_PERF_TOPICS="${3:-perf-link}"
 }

@@ -35,7 +35,9 @@ static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_known_origin_lookup_allocates_nothing() {
-    let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let mut view = Origins::new([source]);
     let partitions: Vec<PartitionId> = (0..64)
@@ -83,7 +85,9 @@ fn a_known_origin_lookup_allocates_nothing() {
 /// The maps are given room first, so any allocation counted is per claim.
 #[test]
 fn claiming_a_new_origin_allocates_nothing_beyond_the_maps() {
-    let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let p = PartitionId {
         topic_id: Uuid::from_u128(7),

@@ -542,8 +542,8 @@ async fn run(o: &Options) -> Result<()> {
         // The last pass sends `--many` producers their next batches on the
         // same topics: every origin is claimed, so it measures what a
         // million producers cost past their first contact.
-        let passes = [(o.few, 0, false), (o.many, 0, false), (o.many, 1, true)];
-        for (producers, pass, again) in passes {
+        for (producers, pass) in [(o.few, 0), (o.many, 0), (o.many, 1)] {
+            let again = pass > 0;
             let mut rates = Vec::new();
             let mut errors = Vec::new();
             let mut note = String::new();
@@ -556,9 +556,9 @@ async fn run(o: &Options) -> Result<()> {
                 let before = sample(o).await;
                 let (rate, errs) = rate(o, addr, client_id, &t, producers, first_round).await?;
                 let after = sample(o).await;
-                if path == "link" && !again {
+                if path == "link" {
                     note = proxy_note(o, before, after);
-                    if o.proxy_pid.is_some() {
+                    if o.proxy_pid.is_some() && !again {
                         note.push_str(&format!(
                             ", RSS {:.0} -> {:.0} MiB ({:.0} bytes per new producer)",
                             before.rss_kib / 1024.0,
@@ -566,9 +566,6 @@ async fn run(o: &Options) -> Result<()> {
                             (after.rss_kib - before.rss_kib) * 1024.0 / producers as f64
                         ));
                     }
-                    link_rates.push(rate);
-                } else if path == "link" {
-                    note = proxy_note(o, before, after);
                     link_rates.push(rate);
                 }
                 rates.push(rate);

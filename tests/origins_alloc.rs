@@ -33,11 +33,26 @@ static GLOBAL: Counting = Counting;
 /// The tests of this binary count allocations process-wide: one at a time.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `source`'s PID `pid` claiming its natural slot in `p` (a new claim).
+fn natural_claim(source: ClusterId, p: PartitionId, pid: i64) -> StateRecord {
+    let v = OriginValue {
+        mapped_pid: compose(cluster_hash(&source), pid),
+        salt: 0,
+        claim_offset: -1,
+        last_seen_ms: 0,
+    };
+    StateRecord::Origin(OriginId { source, pid }.key(p), Some(v))
+}
+
 #[test]
 fn a_known_origin_lookup_allocates_nothing() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = alone();
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let mut view = Origins::new([source]);
     let partitions: Vec<PartitionId> = (0..64)
@@ -48,17 +63,7 @@ fn a_known_origin_lookup_allocates_nothing() {
         .collect();
     for (n, p) in partitions.iter().enumerate() {
         for pid in 0..16 {
-            let o = OriginId { source, pid };
-            let v = OriginValue {
-                mapped_pid: compose(cluster_hash(&source), pid),
-                salt: 0,
-                claim_offset: -1,
-                last_seen_ms: 0,
-            };
-            view.apply(
-                (n * 16) as i64 + pid,
-                &StateRecord::Origin(o.key(*p), Some(v)),
-            );
+            view.apply((n * 16) as i64 + pid, &natural_claim(source, *p, pid));
         }
     }
     let before = ALLOCATIONS.load(Ordering::Relaxed);
@@ -85,23 +90,14 @@ fn a_known_origin_lookup_allocates_nothing() {
 /// The maps are given room first, so any allocation counted is per claim.
 #[test]
 fn claiming_a_new_origin_allocates_nothing_beyond_the_maps() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _alone = alone();
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let p = PartitionId {
         topic_id: Uuid::from_u128(7),
         partition: 0,
     };
     let claim = |view: &mut Origins, pid: i64| {
-        let v = OriginValue {
-            mapped_pid: compose(cluster_hash(&source), pid),
-            salt: 0,
-            claim_offset: -1,
-            last_seen_ms: 0,
-        };
-        let o = OriginId { source, pid };
-        assert!(view.apply(pid, &StateRecord::Origin(o.key(p), Some(v))));
+        assert!(view.apply(pid, &natural_claim(source, p, pid)));
     };
     let mut view = Origins::new([source]);
     // Grow both maps to hold 2,048 entries, then empty them by tombstones:

@@ -254,7 +254,9 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
         for _ in 0..count {
             let head = self.pos();
             let tag = self.uvarint(none)?;
+            let tag_end = self.pos();
             let size = self.uvarint(none)?;
+            let size_bytes = tag_end..self.pos();
             let known = fields
                 .iter()
                 .find(|f| f.tagged_at(self.version) && f.tag.map(|t| t.0) == Some(tag));
@@ -268,8 +270,11 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
             // Read the value inside its declared size only.
             let saved = self.cur;
             self.cur = Cursor::at(&self.input[..data.end], data.start);
+            // The tag and, while the value keeps its length, its size are
+            // copied as sent: a varint need not be minimal, and a walk that
+            // changes nothing re-emits the input byte for byte.
             if self.emit {
-                push_uvarint(&mut self.out, tag);
+                self.out.extend_from_slice(&self.input[head..tag_end]);
             }
             let out_data = self.out.len();
             let r = self.field(f);
@@ -287,7 +292,11 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
             if self.emit {
                 let len = self.out.len() - out_data;
                 let mut size = Vec::with_capacity(5);
-                push_uvarint(&mut size, u32::try_from(len).unwrap_or(u32::MAX));
+                if len == data.len() {
+                    size.extend_from_slice(&self.input[size_bytes]);
+                } else {
+                    push_uvarint(&mut size, u32::try_from(len).unwrap_or(u32::MAX));
+                }
                 self.out.splice(out_data..out_data, size);
             }
         }

@@ -18,11 +18,9 @@ use kafka_protocol::messages::{ApiKey, ApiVersionsResponse, ResponseHeader};
 use kafka_protocol::protocol::Encodable;
 use uuid::Uuid;
 
-use std::future::{ready, Future};
+use std::future::Future;
 
-use futures_util::future::Either;
-
-use super::{pass, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
+use super::{pass, FilterError, Outcome, Request, ResponseHalf, Service, Step, Then};
 use crate::config::SniNames;
 use crate::wire::header::response_body_offset;
 use crate::wire::schema::{self, Field};
@@ -500,23 +498,20 @@ pub struct Addresses<'a, S> {
 }
 
 impl<'a, S: Service> Service for Addresses<'a, S> {
-    type Pending = Reply<S::Pending, Rewrite<'a>>;
+    type Pending = Then<S::Pending, Rewrite<'a>>;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<Self::Pending>> {
         let version = request.header.api_version;
         let api = match request.api {
             Some(api) if api != ApiKey::Produce && carries_addresses(api, version) => api,
-            _ => return Either::Left(pass(&mut self.inner, request, Reply::Inner)),
+            _ => return pass(&mut self.inner, request, Then::inner),
         };
         if let Err(e) = check_parseable(api, version) {
-            return Either::Right(Either::Left(ready(Err(e.into()))));
+            return Step::Ready(Err(e.into()));
         }
         let advertised = self.advertised;
-        Either::Right(Either::Right(pass(&mut self.inner, request, move |p| {
-            Reply::Then(
+        pass(&mut self.inner, request, move |p| {
+            Then::new(
                 p,
                 Rewrite {
                     api,
@@ -524,7 +519,11 @@ impl<'a, S: Service> Service for Addresses<'a, S> {
                     advertised,
                 },
             )
-        })))
+        })
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }
 

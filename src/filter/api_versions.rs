@@ -4,15 +4,14 @@
 //! layout, as a broker answers it, so the client retries at a version both
 //! understand.
 
-use std::future::{ready, Future};
+use std::future::Future;
 
 use bytes::BytesMut;
-use futures_util::future::Either;
 use kafka_protocol::messages::ApiKey;
 use tower::Layer;
 
 use super::addresses::{self, Learnt};
-use super::{pass, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
+use super::{pass, FilterError, Outcome, Pending, Request, ResponseHalf, Service, Step, Then};
 
 pub struct ApiVersionsLayer;
 
@@ -29,27 +28,28 @@ pub struct ApiVersions<S> {
 }
 
 impl<S: Service> Service for ApiVersions<S> {
-    type Pending = Reply<S::Pending, Clamp>;
+    type Pending = Then<S::Pending, Clamp>;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<Self::Pending>> {
         let version = request.header.api_version;
         if request.api != Some(ApiKey::ApiVersions) {
-            Either::Left(pass(&mut self.inner, request, Reply::Inner))
+            pass(&mut self.inner, request, Then::inner)
         } else if version > addresses::api_versions_max() {
             let answer = addresses::unsupported_api_versions(request.header.correlation_id);
-            Either::Right(Either::Left(ready(
+            Step::Ready(
                 answer
                     .map_err(FilterError::from)
-                    .map(|frame| Outcome::Owed(Reply::Local(frame))),
-            )))
+                    .map(|frame| Outcome::Owed(Then::local(frame))),
+            )
         } else {
-            Either::Right(Either::Right(pass(&mut self.inner, request, move |p| {
-                Reply::Then(p, Clamp { version })
-            })))
+            pass(&mut self.inner, request, move |p| {
+                Then::new(p, Clamp { version })
+            })
         }
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }
 

@@ -1,50 +1,79 @@
-//! The innermost service: the connection to the broker. Requests are
+//! The innermost service: the connection to the broker. A request passed
+//! on to it is written by the flush that follows its call, so requests are
 //! written in the order they are called, and a broker answers the requests
 //! of one connection in that order, so a pending response needs to know only
 //! which correlation id to expect; the session reads the frames.
+
+use std::future::Future;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWrite;
 
 use super::addresses::Learnt;
-use super::{FilterError, Outcome, Pending, Request, Service};
+use super::{FilterError, Outcome, Pending, Request, Service, Step};
 use crate::net::frame::write_frame;
 
 /// The write half of a broker connection.
 pub struct Broker<W> {
     upstream: W,
+    /// The frame the last call forwarded, until it is flushed.
+    forwarded: Option<BytesMut>,
 }
 
 impl<W> Broker<W> {
     pub fn new(upstream: W) -> Broker<W> {
-        Broker { upstream }
+        Broker {
+            upstream,
+            forwarded: None,
+        }
     }
 }
 
 impl<W: AsyncWrite + Unpin + Send> Service for Broker<W> {
-    type Pending = Awaiting;
+    type Pending = Answer;
 
-    async fn call(&mut self, request: Request) -> Result<Outcome<Awaiting>, FilterError> {
-        write_frame(&mut self.upstream, &request.frame)
-            .await
-            .map_err(FilterError::UpstreamWrite)?;
-        Ok(Outcome::Owed(Awaiting {
-            correlation_id: request.header.correlation_id,
-        }))
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<Answer>> {
+        let correlation_id = request.header.correlation_id;
+        self.forwarded = Some(request.frame);
+        Step::Ready(Ok(Outcome::Owed(Answer::Broker(correlation_id))))
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        let frame = self.forwarded.take();
+        async move {
+            match frame {
+                Some(frame) => write_frame(&mut self.upstream, &frame)
+                    .await
+                    .map_err(FilterError::UpstreamWrite),
+                None => Ok(()),
+            }
+        }
     }
 }
 
-/// A request written to the broker, waiting for its response.
-pub struct Awaiting {
-    correlation_id: i32,
+/// A request's response: the broker's, to the request written with this
+/// correlation id, or one the proxy made.
+pub enum Answer {
+    Broker(i32),
+    Local(BytesMut),
 }
 
-impl Pending for Awaiting {
+impl Pending for Answer {
+    fn local(frame: BytesMut) -> Answer {
+        Answer::Local(frame)
+    }
+
     fn awaits_broker(&self) -> Option<i32> {
-        Some(self.correlation_id)
+        match self {
+            Answer::Broker(correlation_id) => Some(*correlation_id),
+            Answer::Local(_) => None,
+        }
     }
 
     fn respond(self, broker: Option<BytesMut>, _: &mut Learnt) -> Result<BytesMut, FilterError> {
-        broker.ok_or(FilterError::MissingResponse)
+        match self {
+            Answer::Broker(_) => broker.ok_or(FilterError::MissingResponse),
+            Answer::Local(frame) => Ok(frame),
+        }
     }
 }

@@ -4,15 +4,14 @@
 //! closes after answering what is in flight. A link Produce that waits in
 //! the Produce filter is checked again there before it is forwarded.
 
-use std::future::{ready, Future};
+use std::future::Future;
 use std::sync::Arc;
 
-use futures_util::future::Either;
 use kafka_protocol::messages::ApiKey;
 use tower::Layer;
 
 use super::produce::refuse_every_partition;
-use super::{pass, Context, FilterError, NoHalf, Outcome, Reply, Request, Service};
+use super::{Context, FilterError, Outcome, Pending, Request, Service, Step};
 use crate::mirror::link::{Link, Origin};
 use crate::mirror::produce::Refusal;
 
@@ -43,32 +42,33 @@ pub struct Fence<'a, S> {
 }
 
 impl<S: Service> Service for Fence<'_, S> {
-    type Pending = Reply<S::Pending, NoHalf>;
+    type Pending = S::Pending;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<S::Pending>> {
         let fenced = match &request.origin {
             Origin::Link(link) => self.ctx.control.fenced(link).map(|m| (Arc::clone(link), m)),
             _ => None,
         };
         match fenced {
-            None => Either::Left(pass(&mut self.inner, request, Reply::Inner)),
-            Some((link, message)) => Either::Right(ready(self.refuse(request, &link, &message))),
+            None => self.inner.call(request),
+            Some((link, message)) => Step::Ready(self.refuse(request, &link, &message)),
         }
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }
 
 impl<S> Fence<'_, S> {
     /// A request of a fenced link: a Produce is answered with the fenced
     /// error for every partition, anything else gets no answer.
-    fn refuse<P>(
+    fn refuse<P: Pending>(
         &self,
         request: Request,
         link: &Link,
         message: &str,
-    ) -> Result<Outcome<Reply<P, NoHalf>>, FilterError> {
+    ) -> Result<Outcome<P>, FilterError> {
         self.ctx.control.link_request_refused(link.name());
         let owed = match request.api {
             Some(ApiKey::Produce) => refuse_every_partition(
@@ -79,7 +79,7 @@ impl<S> Fence<'_, S> {
                 Refusal::LinkFenced,
                 message,
             )?
-            .map(Reply::Local),
+            .map(P::local),
             _ => None,
         };
         tracing::debug!(link = link.name(), api = ?request.api, "refused a request of a fenced link; closing its connection");

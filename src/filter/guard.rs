@@ -13,7 +13,6 @@
 use std::future::Future;
 
 use bytes::BytesMut;
-use futures_util::future::Either;
 use kafka_protocol::messages::{
     alter_configs_response, create_partitions_response, delete_records_response,
     delete_topics_response, incremental_alter_configs_response, AlterConfigsRequest,
@@ -26,7 +25,7 @@ use kafka_protocol::ResponseError;
 use tower::Layer;
 use uuid::Uuid;
 
-use super::{pass, Context, FilterError, Outcome, Reply, Request, Service};
+use super::{Context, FilterError, Outcome, Pending, Request, Service, Step};
 use crate::wire::{schema, walk};
 
 /// A request this layer had to read and could not, or an answer it could
@@ -96,31 +95,28 @@ fn guarded(api: Option<ApiKey>) -> bool {
 }
 
 impl<S: Service> Service for Guard<'_, S> {
-    type Pending = Reply<S::Pending, super::NoHalf>;
+    type Pending = S::Pending;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<S::Pending>> {
         match self.ctx.state.is_some() && guarded(request.api) {
-            false => Either::Left(pass(&mut self.inner, request, Reply::Inner)),
-            // Boxed: admin requests are rare, and their future would
-            // otherwise size every connection's task.
-            true => Either::Right(Box::pin(self.check(request))),
+            false => self.inner.call(request),
+            // Boxed: admin requests are rare.
+            true => Step::Wait(Box::pin(self.check(request))),
         }
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }
 
 impl<S: Service> Guard<'_, S> {
-    async fn check(
-        &mut self,
-        request: Request,
-    ) -> Result<Outcome<Reply<S::Pending, super::NoHalf>>, FilterError> {
+    async fn check(&mut self, request: Request) -> Result<Outcome<S::Pending>, FilterError> {
         let Some(state) = self.ctx.state.as_ref() else {
-            return pass(&mut self.inner, request, Reply::Inner).await;
+            return self.inner.call(request).decided().await;
         };
         let Some(api) = request.api else {
-            return pass(&mut self.inner, request, Reply::Inner).await;
+            return self.inner.call(request).decided().await;
         };
         let h = &request.header;
         let body_offset =
@@ -139,11 +135,11 @@ impl<S: Service> Guard<'_, S> {
             correlation_id: h.correlation_id,
         };
         match refusal(asked, &request.frame, body_offset, topic, id)? {
-            None => pass(&mut self.inner, request, Reply::Inner).await,
+            None => self.inner.call(request).decided().await,
             Some(answer) => {
                 self.ctx.metrics.state_topic_request_refused(api);
                 tracing::warn!(api = ?api, client_id = ?h.client_id(&request.frame), topic, "refused a client request that names the proxy's state topic");
-                Ok(Outcome::Owed(Reply::Local(answer)))
+                Ok(Outcome::Owed(S::Pending::local(answer)))
             }
         }
     }

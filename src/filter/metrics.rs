@@ -5,7 +5,7 @@ use std::future::Future;
 
 use tower::Layer;
 
-use super::{FilterError, Outcome, Request, Service};
+use super::{FilterError, Outcome, Request, Service, Step};
 use crate::metrics::Metrics;
 
 pub struct CountLayer<'a> {
@@ -37,11 +37,12 @@ pub struct Count<'a, S> {
 impl<S: Service> Service for Count<'_, S> {
     type Pending = S::Pending;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<S::Pending>, FilterError>> + Send {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<S::Pending>> {
         self.metrics.request(request.header.api_key);
         self.inner.call(request)
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }

@@ -7,22 +7,26 @@
 //!
 //! A [`Service`] takes a [`Request`] (its header peeked and its client
 //! classified once, by the session) and either answers it itself or passes
-//! it on; the innermost service, [`broker::Broker`], writes it to the
-//! pipelined broker connection. What it returns is the request's
-//! [`Pending`] response: the session queues it in request order and, when
-//! its turn comes, hands it the broker's response frame (if it awaits one);
-//! each layer's response half then runs, innermost first, and yields the
-//! frame for the client. Frames stay raw bytes unless a filter must read or
+//! it on; the innermost service, [`broker::Broker`], keeps it for the
+//! session to write to the pipelined broker connection
+//! ([`Service::flush`]). What it returns is the request's [`Pending`]
+//! response: the session queues it in request order and, when its turn
+//! comes, hands it the broker's response frame (if it awaits one); each
+//! layer's response half then runs, innermost first, and yields the frame
+//! for the client. Frames stay raw bytes unless a filter must read or
 //! change them.
 //!
 //! Why not `tower::Service` itself: its `Future` must be a nameable type,
-//! and the Produce filter's request half is an `async fn` (resolves,
-//! rebuild waits) whose future can only be named by boxing it, once per
-//! request and layer. With `async fn` in this crate's own trait the stack is
-//! statically dispatched and allocates nothing per request; `tower::Layer`
-//! and `ServiceBuilder` compose it all the same. A response half is a plain
-//! function of the broker's frame, so no future, channel or task wake-up is
-//! spent per response either.
+//! which for the Produce filter's waits (resolves, rebuilds) means a boxed
+//! future per request and layer, and a chain of futures each layer wraps
+//! and moves. Here a call decides synchronously where it can and boxes a
+//! future only where it must wait ([`Step`]), so the common path is plain
+//! function calls, statically dispatched, allocating nothing;
+//! `tower::Layer` and `ServiceBuilder` compose it all the same. A filter
+//! without a response half returns its inner service's pending response
+//! as it is; one with a half adds one field ([`Then`]). A response half is
+//! a plain function of the broker's frame, so no future, channel or task
+//! wake-up is spent per response either.
 //!
 //! A filter sees a [`Context`]: what a request may read or change of the
 //! process, and nothing of its listeners or connections. What a response
@@ -40,6 +44,7 @@ pub mod produce;
 pub mod rebuild;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -108,33 +113,64 @@ impl<P> Outcome<P> {
 
 /// One stage of the stack: takes a request, passes it on or answers it.
 ///
-/// `call` resolves once the request has been dealt with: answered here, or
-/// written to the broker. The session calls it for one request at a time,
-/// in the order they came, so requests reach the broker in that order.
+/// `call` decides at once where it can and returns a [`Step`]; a filter
+/// that must wait (a link Produce resolving origins, an admin request
+/// naming the state topic) returns a boxed future, so the common path
+/// builds no future and moves none from layer to layer. The innermost
+/// service keeps the frame it was handed; [`flush`](Self::flush) writes it
+/// to the broker. The session calls them for one request at a time, in the
+/// order they came, so requests reach the broker in that order.
 pub trait Service: Send {
     type Pending: Pending;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send;
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<Self::Pending>>;
+
+    /// Writes to the broker what the last `call` forwarded, if anything.
+    /// A layer passes this on to its inner service.
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_;
 }
 
-/// `inner`'s outcome for `request`, its pending response wrapped by `wrap`:
-/// how a filter passes a request on without a future of its own (a filter
-/// that awaits nothing adds nothing to the connection's task).
-fn pass<'s, S: Service, Q>(
+/// What a filter's `call` gives back: its outcome, decided now, or a future
+/// that decides it after waiting.
+pub enum Step<'s, T> {
+    Ready(Result<T, FilterError>),
+    Wait(Pin<Box<dyn Future<Output = Result<T, FilterError>> + Send + 's>>),
+}
+
+impl<'s, T: 's> Step<'s, T> {
+    /// The step's outcome mapped by `f` (a waiting step is boxed anew: only
+    /// waits pay for it).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U + Send + 's) -> Step<'s, U> {
+        match self {
+            Step::Ready(r) => Step::Ready(r.map(f)),
+            Step::Wait(w) => Step::Wait(Box::pin(w.map(|r| r.map(f)))),
+        }
+    }
+
+    /// The outcome, once decided.
+    pub async fn decided(self) -> Result<T, FilterError> {
+        match self {
+            Step::Ready(r) => r,
+            Step::Wait(w) => w.await,
+        }
+    }
+}
+
+/// `inner`'s step for `request`, its pending response wrapped by `wrap`:
+/// how a filter with a response half passes a request on.
+fn pass<'s, S: Service, Q: 's>(
     inner: &'s mut S,
     request: Request,
     wrap: impl FnOnce(S::Pending) -> Q + Send + 's,
-) -> impl Future<Output = Result<Outcome<Q>, FilterError>> + Send + 's {
-    inner
-        .call(request)
-        .map(|outcome| outcome.map(|o| o.map(wrap)))
+) -> Step<'s, Outcome<Q>> {
+    inner.call(request).map(|outcome| outcome.map(wrap))
 }
 
 /// A response the client is owed, queued in request order.
-pub trait Pending: Send {
+pub trait Pending: Send + Sized {
+    /// A response the proxy made itself: no response half runs on it.
+    fn local(frame: BytesMut) -> Self;
+
     /// The correlation id of the broker response this waits for; `None`
     /// when the proxy answered the request itself.
     fn awaits_broker(&self) -> Option<i32>;
@@ -149,12 +185,27 @@ pub trait Pending: Send {
     ) -> Result<BytesMut, FilterError>;
 }
 
-/// A filter's pending response: its own answer, the inner service's passed
-/// through, or the inner one's with this filter's response half to run.
-pub enum Reply<P, H> {
-    Local(BytesMut),
-    Inner(P),
-    Then(P, H),
+/// The pending response of a filter with a response half: the inner
+/// service's, then `half` on it (none on a response made above the inner
+/// service, or one the filter leaves alone).
+pub struct Then<P, H> {
+    inner: P,
+    half: Option<H>,
+}
+
+impl<P, H> Then<P, H> {
+    /// `inner`'s response, then `half` on it.
+    pub fn new(inner: P, half: H) -> Then<P, H> {
+        Then {
+            inner,
+            half: Some(half),
+        }
+    }
+
+    /// `inner`'s response, as it comes.
+    pub fn inner(inner: P) -> Then<P, H> {
+        Then { inner, half: None }
+    }
 }
 
 /// A filter's response half: runs on the inner service's response.
@@ -162,21 +213,13 @@ pub trait ResponseHalf: Send {
     fn respond(self, frame: BytesMut, learnt: &mut Learnt) -> Result<BytesMut, FilterError>;
 }
 
-/// A filter without a response half of its own.
-pub enum NoHalf {}
-
-impl ResponseHalf for NoHalf {
-    fn respond(self, _: BytesMut, _: &mut Learnt) -> Result<BytesMut, FilterError> {
-        match self {}
+impl<P: Pending, H: ResponseHalf> Pending for Then<P, H> {
+    fn local(frame: BytesMut) -> Self {
+        Then::inner(P::local(frame))
     }
-}
 
-impl<P: Pending, H: ResponseHalf> Pending for Reply<P, H> {
     fn awaits_broker(&self) -> Option<i32> {
-        match self {
-            Reply::Local(_) => None,
-            Reply::Inner(p) | Reply::Then(p, _) => p.awaits_broker(),
-        }
+        self.inner.awaits_broker()
     }
 
     fn respond(
@@ -184,10 +227,10 @@ impl<P: Pending, H: ResponseHalf> Pending for Reply<P, H> {
         broker: Option<BytesMut>,
         learnt: &mut Learnt,
     ) -> Result<BytesMut, FilterError> {
-        match self {
-            Reply::Local(frame) => Ok(frame),
-            Reply::Inner(p) => p.respond(broker, learnt),
-            Reply::Then(p, half) => half.respond(p.respond(broker, learnt)?, learnt),
+        let frame = self.inner.respond(broker, learnt)?;
+        match self.half {
+            Some(half) => half.respond(frame, learnt),
+            None => Ok(frame),
         }
     }
 }

@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::ApiKey;
 
-use futures_util::future::Either;
-use futures_util::FutureExt;
-use std::future::ready;
 use std::future::Future;
 use tower::Layer;
 
 use super::addresses::{self, Learnt};
-use super::{pass, rebuild, Context, FilterError, Outcome, Reply, Request, ResponseHalf, Service};
+use super::{
+    pass, rebuild, Context, FilterError, Outcome, Pending, Request, ResponseHalf, Service, Step,
+    Then,
+};
 use crate::metrics::mirrored::LinkMirror;
 use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, RebuildReason, Tracked, Writer};
 use crate::mirror::link::{CertSubject, Origin};
@@ -61,9 +61,16 @@ pub enum ProduceAction {
 pub struct ProduceState {
     version: i16,
     local: Vec<LocalPartition>,
+    /// What a link write (or a local one with tracked batches) settles once
+    /// answered. Boxed: every request's pending response is moved into and
+    /// out of the connection's queue, and a local write has none of it.
+    link: Option<Box<LinkWrite>>,
+}
+
+/// The part of a Produce request's state that only a link write has.
+struct LinkWrite {
     tracked: Tracked,
-    /// A link write's forwarded partitions, for its figures once answered
-    /// (empty for a local write).
+    /// A link write's forwarded partitions, for its figures once answered.
     mirrored: Vec<MirroredPartition>,
     link: Option<Arc<LinkMirror>>,
 }
@@ -448,10 +455,20 @@ impl<'a> ProduceFilter<'a> {
         let ProduceState {
             version,
             local,
+            link,
+        } = state;
+        let LinkWrite {
             tracked,
             mirrored,
             link,
-        } = state;
+        } = match link {
+            Some(write) => *write,
+            None => LinkWrite {
+                tracked: Tracked::none(),
+                mirrored: Vec::new(),
+                link: None,
+            },
+        };
         // Every response that can name brokers (v10+), or that answers
         // tracked partitions, gets one walk: it reads the answers and stops
         // at leader endpoints (KIP-951: only when a leader moved), which only
@@ -549,9 +566,18 @@ impl Replies {
             true => Some(ProduceState {
                 version: self.version,
                 local,
-                tracked,
-                mirrored,
-                link,
+                link: match tracked.is_empty()
+                    && tracked.duplicates().is_empty()
+                    && mirrored.is_empty()
+                    && link.is_none()
+                {
+                    true => None,
+                    false => Some(Box::new(LinkWrite {
+                        tracked,
+                        mirrored,
+                        link,
+                    })),
+                },
             }),
             false => {
                 tracked.unanswered();
@@ -616,20 +642,16 @@ pub struct Produce<'a, S> {
 }
 
 impl<'a, S: Service> Service for Produce<'a, S> {
-    type Pending = Reply<S::Pending, ProduceHalf<'a>>;
+    type Pending = Then<S::Pending, ProduceHalf<'a>>;
 
-    fn call(
-        &mut self,
-        request: Request,
-    ) -> impl Future<Output = Result<Outcome<Self::Pending>, FilterError>> + Send {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<Self::Pending>> {
         if request.api != Some(ApiKey::Produce) {
-            return Either::Left(pass(&mut self.inner, request, Reply::Inner));
+            return pass(&mut self.inner, request, Then::inner);
         }
-        // A local Produce is decided without waiting, so it needs no future
-        // of its own: only the inner service's, which every layer above
-        // moves, is built. A link's (which may wait on the state topic or
-        // a rebuild) and a local one naming unknown topic ids are boxed.
-        let step = match request.origin {
+        // A local Produce is decided without waiting. A link's (which may
+        // wait on the state topic or a rebuild) and a local one naming
+        // unknown topic ids are boxed.
+        let request = match request.origin {
             Origin::Local => {
                 let Request {
                     header,
@@ -638,24 +660,25 @@ impl<'a, S: Service> Service for Produce<'a, S> {
                     frame,
                 } = request;
                 match self.filter.local_now(&header, frame.freeze(), false) {
-                    Ok(LocalStep::Done(action)) => Ok((header, api, origin, action)),
-                    Ok(LocalStep::LearnIds(frame)) => Err(Request {
+                    Ok(LocalStep::Done(action)) => {
+                        return self.act(header, api, origin, action);
+                    }
+                    Ok(LocalStep::LearnIds(frame)) => Request {
                         header,
                         api,
                         origin,
                         frame: BytesMut::from(frame),
-                    }),
-                    Err(e) => return Either::Right(Either::Left(Either::Left(ready(Err(e))))),
+                    },
+                    Err(e) => return Step::Ready(Err(e)),
                 }
             }
-            _ => Err(request),
+            _ => request,
         };
-        match step {
-            Ok((header, api, origin, action)) => Either::Right(Either::Left(Either::Right(
-                self.act(header, api, origin, action),
-            ))),
-            Err(request) => Either::Right(Either::Right(Box::pin(self.produce(request)))),
-        }
+        Step::Wait(Box::pin(self.produce(request)))
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }
 
@@ -665,7 +688,7 @@ impl<'a, S: Service> Produce<'a, S> {
     async fn produce(
         &mut self,
         request: Request,
-    ) -> Result<Outcome<Reply<S::Pending, ProduceHalf<'a>>>, FilterError> {
+    ) -> Result<Outcome<Then<S::Pending, ProduceHalf<'a>>>, FilterError> {
         let Request {
             header,
             api,
@@ -676,7 +699,7 @@ impl<'a, S: Service> Produce<'a, S> {
             .filter
             .request(self.writer, &origin, self.subject, &header, frame.freeze())
             .await?;
-        self.act(header, api, origin, action).await
+        self.act(header, api, origin, action).decided().await
     }
 
     /// What the request half decided: the proxy's own answer, or the broker
@@ -687,18 +710,17 @@ impl<'a, S: Service> Produce<'a, S> {
         api: Option<ApiKey>,
         origin: Origin,
         action: ProduceAction,
-    ) -> impl Future<Output = Result<Outcome<Reply<S::Pending, ProduceHalf<'a>>>, FilterError>> + Send + '_
-    {
+    ) -> Step<'_, Outcome<Then<S::Pending, ProduceHalf<'a>>>> {
         let (frame, state) = match action {
             ProduceAction::Answered(Some(answer)) => {
-                return Either::Left(ready(Ok(Outcome::Owed(Reply::Local(answer)))))
+                return Step::Ready(Ok(Outcome::Owed(Then::local(answer))))
             }
-            ProduceAction::Answered(None) => return Either::Left(ready(Ok(Outcome::NotOwed))),
+            ProduceAction::Answered(None) => return Step::Ready(Ok(Outcome::NotOwed)),
             ProduceAction::Fenced { answer, link } => {
-                return Either::Left(ready(Ok(Outcome::Fenced {
-                    owed: answer.map(Reply::Local),
+                return Step::Ready(Ok(Outcome::Fenced {
+                    owed: answer.map(Then::local),
                     link,
-                })))
+                }))
             }
             ProduceAction::Forward { frame, state } => (frame, state),
         };
@@ -709,15 +731,11 @@ impl<'a, S: Service> Produce<'a, S> {
             frame,
         };
         let ctx = self.filter.ctx;
-        Either::Right(self.inner.call(forwarded).map(move |outcome| {
-            Ok(match (outcome?, state) {
-                (outcome, Some(state)) => {
-                    outcome.map(|p| Reply::Then(p, ProduceHalf { ctx, state }))
-                }
-                // acks=0: the broker sends nothing back.
-                (outcome, None) => outcome.discard(),
-            })
-        }))
+        self.inner.call(forwarded).map(move |outcome| match state {
+            Some(state) => outcome.map(|p| Then::new(p, ProduceHalf { ctx, state })),
+            // acks=0: the broker sends nothing back.
+            None => outcome.discard(),
+        })
     }
 }
 

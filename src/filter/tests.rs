@@ -2,6 +2,7 @@
 //! broker connection as the client sent them, and response halves run in
 //! order. Exact bytes over an in-memory connection.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
@@ -42,16 +43,18 @@ struct SeenService<'a, S> {
 }
 
 impl<'a, S: Service> Service for SeenService<'a, S> {
-    type Pending = Reply<S::Pending, SeenHalf<'a>>;
+    type Pending = Then<S::Pending, SeenHalf<'a>>;
 
-    async fn call(&mut self, request: Request) -> Result<Outcome<Self::Pending>, FilterError> {
+    fn call(&mut self, request: Request) -> Step<'_, Outcome<Self::Pending>> {
         self.seen.requests.fetch_add(1, Ordering::Relaxed);
         let seen = self.seen;
-        Ok(self
-            .inner
-            .call(request)
-            .await?
-            .map(|p| Reply::Then(p, SeenHalf(seen))))
+        pass(&mut self.inner, request, move |p| {
+            Then::new(p, SeenHalf(seen))
+        })
+    }
+
+    fn flush(&mut self) -> impl Future<Output = Result<(), FilterError>> + Send + '_ {
+        self.inner.flush()
     }
 }
 
@@ -99,9 +102,21 @@ async fn a_trivial_extra_layer_composes_in() {
 
     // An opaque request goes to the broker byte for byte, after its size.
     let heartbeat = frame(ApiKey::Heartbeat, 4, 7, &[1, 2, 3, 0]);
-    let Outcome::Owed(pending) = stack.call(request(heartbeat.clone())).await.expect("call") else {
+    let Outcome::Owed(pending) = stack
+        .call(request(heartbeat.clone()))
+        .decided()
+        .await
+        .expect("call")
+    else {
         panic!("a heartbeat is owed a response");
     };
+    // Written by the flush after the call, not by the call.
+    let mut byte = [0u8; 1];
+    assert!(
+        futures_util::FutureExt::now_or_never(broker_side.read(&mut byte)).is_none(),
+        "nothing reaches the broker before the flush"
+    );
+    stack.flush().await.expect("written");
     assert_eq!(pending.awaits_broker(), Some(7));
     let mut written = vec![0u8; 4 + heartbeat.len()];
     broker_side.read_exact(&mut written).await.expect("written");
@@ -121,12 +136,14 @@ async fn a_trivial_extra_layer_composes_in() {
     let newer = addresses::api_versions_max() + 1;
     let Outcome::Owed(pending) = stack
         .call(request(frame(ApiKey::ApiVersions, newer, 8, &[])))
+        .decided()
         .await
         .expect("call")
     else {
         panic!("ApiVersions is owed a response");
     };
     assert_eq!(pending.awaits_broker(), None);
+    stack.flush().await.expect("nothing to write");
     let out = pending.respond(None, &mut learnt).expect("respond");
     assert_eq!(&out[..4], &8i32.to_be_bytes(), "correlation id");
     // UNSUPPORTED_VERSION (35) in the v0 layout.
@@ -150,6 +167,7 @@ async fn a_pending_response_without_its_broker_frame_is_an_error() {
     let mut broker = Broker::new(to_broker);
     let Outcome::Owed(pending) = broker
         .call(request(frame(ApiKey::Heartbeat, 4, 9, &[0])))
+        .decided()
         .await
         .expect("call")
     else {

@@ -33,7 +33,7 @@ use super::watch_wait::WatchWait;
 use super::{Shared, StartError, Target};
 use crate::filter::addresses::{Learnt, RewriteError, UnsupportedVersion};
 use crate::filter::guard::GuardError;
-use crate::filter::{self, FilterError, Outcome, Pending, Request, Service};
+use crate::filter::{self, FilterError, Outcome, Pending, Request, Service, Step};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::ProduceError;
 use crate::net::frame::{write_frame, FrameError, FrameReader};
@@ -525,7 +525,11 @@ async fn requests<S: Service>(
             origin,
             frame,
         };
-        let outcome = stack.call(request).await?;
+        let outcome = match stack.call(request) {
+            Step::Ready(outcome) => outcome?,
+            Step::Wait(decided) => decided.await?,
+        };
+        stack.flush().await?;
         // Written on: its memory must not wait for room in the queue.
         client.release();
         match outcome {

@@ -34,6 +34,11 @@ impl<W: AsyncWrite + Unpin + Send> Service for Broker<W> {
 
     fn call(&mut self, request: Request) -> Step<'_, Outcome<Answer>> {
         let correlation_id = request.header.correlation_id;
+        // One call, then its flush: a second frame would replace the first.
+        debug_assert!(
+            self.forwarded.is_none(),
+            "a forwarded frame was not flushed"
+        );
         self.forwarded = Some(request.frame);
         Step::Ready(Ok(Outcome::Owed(Answer::Broker(correlation_id))))
     }

@@ -525,6 +525,8 @@ async fn requests<S: Service>(
             origin,
             frame,
         };
+        // Matched here rather than `Step::decided`, which would move a ready
+        // outcome into a future of its own on every request.
         let outcome = match stack.call(request) {
             Step::Ready(outcome) => outcome?,
             Step::Wait(decided) => decided.await?,

@@ -91,6 +91,7 @@ pub enum Outcome<P> {
 
 impl<P> Outcome<P> {
     /// The same outcome with nothing owed (the client expects no answer).
+    #[inline]
     pub fn discard<Q>(self) -> Outcome<Q> {
         match self {
             Outcome::Owed(_) | Outcome::NotOwed => Outcome::NotOwed,
@@ -99,6 +100,7 @@ impl<P> Outcome<P> {
     }
 
     /// The same outcome with the pending response mapped by `f`.
+    #[inline]
     pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Outcome<Q> {
         match self {
             Outcome::Owed(p) => Outcome::Owed(f(p)),
@@ -140,6 +142,7 @@ pub enum Step<'s, T> {
 impl<'s, T: 's> Step<'s, T> {
     /// The step's outcome mapped by `f` (a waiting step is boxed anew: only
     /// waits pay for it).
+    #[inline]
     pub fn map<U>(self, f: impl FnOnce(T) -> U + Send + 's) -> Step<'s, U> {
         match self {
             Step::Ready(r) => Step::Ready(r.map(f)),
@@ -158,6 +161,7 @@ impl<'s, T: 's> Step<'s, T> {
 
 /// `inner`'s step for `request`, its pending response wrapped by `wrap`:
 /// how a filter with a response half passes a request on.
+#[inline]
 fn pass<'s, S: Service, Q: 's>(
     inner: &'s mut S,
     request: Request,
@@ -195,6 +199,7 @@ pub struct Then<P, H> {
 
 impl<P, H> Then<P, H> {
     /// `inner`'s response, then `half` on it.
+    #[inline]
     pub fn new(inner: P, half: H) -> Then<P, H> {
         Then {
             inner,
@@ -203,6 +208,7 @@ impl<P, H> Then<P, H> {
     }
 
     /// `inner`'s response, as it comes.
+    #[inline]
     pub fn inner(inner: P) -> Then<P, H> {
         Then { inner, half: None }
     }
@@ -222,6 +228,7 @@ impl<P: Pending, H: ResponseHalf> Pending for Then<P, H> {
         self.inner.awaits_broker()
     }
 
+    #[inline]
     fn respond(
         self,
         broker: Option<BytesMut>,

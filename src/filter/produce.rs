@@ -457,24 +457,26 @@ impl<'a> ProduceFilter<'a> {
             local,
             link,
         } = state;
+        // A local write with nothing to settle reads no answers: its
+        // response is walked only where it can name brokers.
+        let Some(write) = link else {
+            let (frame, learnt) = self.walked(
+                &mut Answers::new([]),
+                frame,
+                version,
+                addresses::carries_addresses(ApiKey::Produce, version),
+            )?;
+            return merged(frame, version, &local, learnt);
+        };
         let LinkWrite {
             tracked,
             mirrored,
             link,
-        } = match link {
-            Some(write) => *write,
-            None => LinkWrite {
-                tracked: Tracked::none(),
-                mirrored: Vec::new(),
-                link: None,
-            },
-        };
+        } = *write;
         // Every response that can name brokers (v10+), or that answers
-        // tracked partitions, gets one walk: it reads the answers and stops
-        // at leader endpoints (KIP-951: only when a leader moved), which only
-        // then are rewritten by a walk of the response's schema.
-        // A link write's answers are looked for in every forwarded
-        // partition (the tracked ones among them), for its figures.
+        // tracked partitions, gets one walk. A link write's answers are
+        // looked for in every forwarded partition (the tracked ones among
+        // them), for its figures.
         let mut answers = match mirrored.is_empty() {
             true => tracked.answers(),
             false => Answers::new(mirrored.iter().map(|m| (&*m.topic, m.partition))),
@@ -482,19 +484,7 @@ impl<'a> ProduceFilter<'a> {
         let walk = !tracked.is_empty()
             || !mirrored.is_empty()
             || addresses::carries_addresses(ApiKey::Produce, version);
-        let mut learnt = None;
-        let frame = match walk {
-            true => match answers.walk(&frame, version)? {
-                Walked::Whole => frame,
-                Walked::NamesBrokers => {
-                    let (out, named) =
-                        addresses::rewrite(ApiKey::Produce, version, &frame, &ctx.advertised)?;
-                    learnt = Some(named);
-                    out.unwrap_or(frame)
-                }
-            },
-            false => frame,
-        };
+        let (frame, learnt) = self.walked(&mut answers, frame, version, walk)?;
         let found = answers.into_found();
         let now = crate::state::now_ms();
         // A response that cannot be walked returned above and dropped
@@ -512,12 +502,46 @@ impl<'a> ProduceFilter<'a> {
                 tracked.settle(&of_tracked, now);
             }
         }
-        if local.is_empty() {
-            return Ok((frame, learnt));
-        }
-        let frame = produce::merge_response(&frame.freeze(), version, &local)?;
-        Ok((frame, learnt))
+        merged(frame, version, &local, learnt)
     }
+
+    /// `frame` walked by `answers` when `walk`: the walk reads the answers
+    /// and stops at leader endpoints (KIP-951: only when a leader moved),
+    /// which only then are rewritten by a walk of the response's schema.
+    fn walked(
+        &self,
+        answers: &mut Answers<'_>,
+        frame: BytesMut,
+        version: i16,
+        walk: bool,
+    ) -> Result<(BytesMut, Option<Learnt>), FilterError> {
+        if !walk {
+            return Ok((frame, None));
+        }
+        match answers.walk(&frame, version)? {
+            Walked::Whole => Ok((frame, None)),
+            Walked::NamesBrokers => {
+                let (out, named) =
+                    addresses::rewrite(ApiKey::Produce, version, &frame, &self.ctx.advertised)?;
+                Ok((out.unwrap_or(frame), Some(named)))
+            }
+        }
+    }
+}
+
+/// The broker's response with the partitions the proxy answered itself
+/// merged in.
+fn merged(
+    frame: BytesMut,
+    version: i16,
+    local: &[LocalPartition],
+    learnt: Option<Learnt>,
+) -> Result<(BytesMut, Option<Learnt>), FilterError> {
+    if local.is_empty() {
+        return Ok((frame, learnt));
+    }
+    let frame = produce::merge_response(&frame.freeze(), version, local)?;
+    Ok((frame, learnt))
 }
 
 /// What becomes of a local Produce without waiting.
@@ -554,6 +578,7 @@ impl Replies {
     /// answer: the tracked batches are failed. No client retries what it
     /// never hears about, so there is no retry to deduplicate and the
     /// partition is not re-read.
+    #[inline]
     fn forward(
         &self,
         frame: BytesMut,
@@ -704,6 +729,7 @@ impl<'a, S: Service> Produce<'a, S> {
 
     /// What the request half decided: the proxy's own answer, or the broker
     /// for what is left to forward, with the response half to run.
+    #[inline]
     fn act(
         &mut self,
         header: RequestHeaderPeek,
@@ -746,6 +772,7 @@ pub struct ProduceHalf<'a> {
 }
 
 impl ResponseHalf for ProduceHalf<'_> {
+    #[inline]
     fn respond(self, frame: BytesMut, learnt: &mut Learnt) -> Result<BytesMut, FilterError> {
         let (out, named) = ProduceFilter::new(self.ctx).response(self.state, frame)?;
         if let Some(named) = named {

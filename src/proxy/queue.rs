@@ -9,78 +9,118 @@
 //! connection's cost is its socket buffers and its task.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::poll_fn;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 
-use tokio::sync::{Notify, Semaphore};
-
+/// One pusher (the request loop) and one popper (the response loop): each
+/// side has at most one waiter, so a waiting side is a stored waker, not a
+/// waiter list. Every push and pop is one uncontended lock.
 pub struct Queue<T> {
-    items: Mutex<VecDeque<T>>,
-    room: Semaphore,
-    ready: Notify,
-    closed: AtomicBool,
+    inner: Mutex<Inner<T>>,
+    max: usize,
+}
+
+struct Inner<T> {
+    items: VecDeque<T>,
+    closed: bool,
+    /// The popper, while it waits for an entry.
+    popper: Option<Waker>,
+    /// The pusher, while it waits for room.
+    pusher: Option<Waker>,
 }
 
 impl<T> Queue<T> {
     /// A queue of at most `max` entries.
     pub fn new(max: usize) -> Queue<T> {
         Queue {
-            items: Mutex::new(VecDeque::new()),
-            room: Semaphore::new(max),
-            ready: Notify::new(),
-            closed: AtomicBool::new(false),
+            inner: Mutex::new(Inner {
+                items: VecDeque::new(),
+                closed: false,
+                popper: None,
+                pusher: None,
+            }),
+            max,
         }
     }
 
-    fn items(&self) -> MutexGuard<'_, VecDeque<T>> {
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         // Nothing panics while holding the lock: a poisoned queue is whole.
-        self.items.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Append `item` once there is room.
     pub async fn push(&self, item: T) {
-        // The semaphore is never closed, so acquiring fails only if it were.
-        if let Ok(permit) = self.room.acquire().await {
-            permit.forget();
-        }
-        self.items().push_back(item);
-        // Stored as a permit if the response loop is not waiting yet.
-        self.ready.notify_one();
+        let mut item = Some(item);
+        poll_fn(|cx| {
+            let mut q = self.lock();
+            if q.items.len() >= self.max {
+                wait_on(&mut q.pusher, cx);
+                return Poll::Pending;
+            }
+            if let Some(item) = item.take() {
+                q.items.push_back(item);
+            }
+            let popper = q.popper.take();
+            drop(q);
+            if let Some(w) = popper {
+                w.wake();
+            }
+            Poll::Ready(())
+        })
+        .await
     }
 
     /// The oldest entry; `None` once the queue is closed and empty.
     pub async fn pop(&self) -> Option<T> {
-        loop {
-            if let Some(item) = self.items().pop_front() {
-                self.room.add_permits(1);
-                return Some(item);
-            }
-            if self.closed.load(Ordering::Acquire) {
-                // A push that raced the close is still delivered.
-                let last = self.items().pop_front();
-                if last.is_some() {
-                    self.room.add_permits(1);
+        poll_fn(|cx| {
+            let mut q = self.lock();
+            match q.items.pop_front() {
+                Some(item) => {
+                    let pusher = q.pusher.take();
+                    drop(q);
+                    if let Some(w) = pusher {
+                        w.wake();
+                    }
+                    Poll::Ready(Some(item))
                 }
-                return last;
+                None if q.closed => Poll::Ready(None),
+                None => {
+                    wait_on(&mut q.popper, cx);
+                    Poll::Pending
+                }
             }
-            self.ready.notified().await;
-        }
+        })
+        .await
     }
 
     /// No more pushes: [`pop`](Self::pop) returns `None` once the queue is
     /// empty.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
-        self.ready.notify_one();
+        let mut q = self.lock();
+        q.closed = true;
+        let popper = q.popper.take();
+        drop(q);
+        if let Some(w) = popper {
+            w.wake();
+        }
     }
 
     /// Entries waiting.
     pub fn len(&self) -> usize {
-        self.items().len()
+        self.lock().items.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Store `cx`'s waker in `slot`, cloning it only if it is a new one.
+fn wait_on(slot: &mut Option<Waker>, cx: &Context<'_>) {
+    match slot {
+        Some(w) if w.will_wake(cx.waker()) => {}
+        _ => *slot = Some(cx.waker().clone()),
     }
 }
 
@@ -117,7 +157,7 @@ mod tests {
     #[tokio::test]
     async fn a_new_queue_holds_no_memory() {
         let q: Queue<[u8; 128]> = Queue::new(512);
-        assert_eq!(q.items().capacity(), 0);
+        assert_eq!(q.lock().items.capacity(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -139,6 +179,18 @@ mod tests {
             .expect("task");
         assert_eq!(q.pop().await, Some(2));
         assert_eq!(q.pop().await, Some(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pop_given_up_while_waiting_takes_nothing() {
+        // The response loop's `select!` drops a waiting pop when the broker
+        // speaks out of turn: the entry pushed after must still be there.
+        let q = Queue::new(2);
+        let given_up = tokio::time::timeout(Duration::from_millis(10), q.pop()).await;
+        assert!(given_up.is_err(), "nothing to pop yet");
+        q.push(5).await;
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.pop().await, Some(5));
     }
 
     #[tokio::test(start_paused = true)]

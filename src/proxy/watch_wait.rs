@@ -39,6 +39,7 @@ impl<T, F: Future> WatchWait<T, F> {
 impl<T, F: Future> Future for WatchWait<T, F> {
     type Output = F::Output;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
         let same_waker = this

@@ -9,7 +9,10 @@
 //! batching follows timing, this load is the same for every build, so two
 //! counts compare the builds and nothing else.
 //!
-//! `cargo run --release --example fixed_load -- ADDRESS TOPIC CLIENT_ID REQUESTS [--pid N]`
+//! With `--in-flight N`, up to N requests are sent before the oldest
+//! one's response is read (a pipelining producer); one at a time without.
+//!
+//! `cargo run --release --example fixed_load -- ADDRESS TOPIC CLIENT_ID REQUESTS [--pid N] [--in-flight N]`
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -41,38 +44,55 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: fixed_load ADDRESS TOPIC CLIENT_ID REQUESTS [--pid N] [--in-flight N]";
     let [address, topic, client_id, requests, rest @ ..] = args.as_slice() else {
-        return Err("usage: fixed_load ADDRESS TOPIC CLIENT_ID REQUESTS [--pid N]".into());
+        return Err(usage.into());
     };
     let requests: i32 = requests.parse().map_err(|e| format!("REQUESTS: {e}"))?;
-    let pid: i64 = match rest {
-        [flag, n] if flag == "--pid" => n.parse().map_err(|e| format!("--pid: {e}"))?,
-        [] => -1,
-        _ => return Err("unexpected arguments after REQUESTS".into()),
-    };
+    let mut pid: i64 = -1;
+    let mut in_flight: i32 = 1;
+    let mut rest: &[String] = rest;
+    while let [flag, n, more @ ..] = rest {
+        match flag.as_str() {
+            "--pid" => pid = n.parse().map_err(|e| format!("--pid: {e}"))?,
+            "--in-flight" => in_flight = n.parse().map_err(|e| format!("--in-flight: {e}"))?,
+            _ => return Err(usage.into()),
+        }
+        rest = more;
+    }
+    if !rest.is_empty() || in_flight < 1 {
+        return Err(usage.into());
+    }
     let mut s = TcpStream::connect(address).map_err(|e| format!("connecting to {address}: {e}"))?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     let value = vec![b'v'; 1024];
-    for i in 0..requests {
-        let batch = batch(pid, i * RECORDS_PER_BATCH, &value)?;
-        let request = ProduceRequest::default()
-            .with_acks(-1)
-            .with_timeout_ms(30_000)
-            .with_topic_data(vec![TopicProduceData::default()
-                .with_name(TopicName(StrBytes::from_string(topic.clone())))
-                .with_partition_data(vec![PartitionProduceData::default()
-                    .with_index(0)
-                    .with_records(Some(batch))])]);
-        send(&mut s, client_id, i, &request)?;
-        let response = receive(&mut s, i)?;
+    // Up to `in_flight` requests are sent before the oldest one's response
+    // is read, as a producer pipelines them (`max.in.flight`).
+    let (mut sent, mut answered) = (0, 0);
+    while answered < requests {
+        while sent < requests && sent - answered < in_flight {
+            let batch = batch(pid, sent * RECORDS_PER_BATCH, &value)?;
+            let request = ProduceRequest::default()
+                .with_acks(-1)
+                .with_timeout_ms(30_000)
+                .with_topic_data(vec![TopicProduceData::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.clone())))
+                    .with_partition_data(vec![PartitionProduceData::default()
+                        .with_index(0)
+                        .with_records(Some(batch))])]);
+            send(&mut s, client_id, sent, &request)?;
+            sent += 1;
+        }
+        let response = receive(&mut s, answered)?;
         let code = response
             .responses
             .first()
             .and_then(|t| t.partition_responses.first())
             .map(|p| p.error_code);
         if code != Some(0) {
-            return Err(format!("request {i} answered {code:?}"));
+            return Err(format!("request {answered} answered {code:?}"));
         }
+        answered += 1;
     }
     Ok(())
 }

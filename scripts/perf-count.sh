@@ -15,10 +15,13 @@
 #
 #   scripts/perf-count.sh                       # REQUESTS=1000
 #   BASELINE_BIN=/path/to/older/kafka-mirror-proxy ROUNDS=2 scripts/perf-count.sh
+#   IN_FLIGHT=5 scripts/perf-count.sh           # pipelined, as a producer's max.in.flight
 set -euo pipefail
 . "$(dirname "$0")/lib/kafka.sh"
 
 REQUESTS=${REQUESTS:-1000}
+# Requests sent before the oldest one's response is read (1: one at a time).
+IN_FLIGHT=${IN_FLIGHT:-1}
 ROUNDS=${ROUNDS:-1}
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 
@@ -75,7 +78,7 @@ count() {
     local pid port out
     pid=$(eval echo "\$${1}_PID"); port=$(eval echo "\$${1}_PORT")
     callgrind_control -z "$pid" >/dev/null 2>&1
-    if ! "$KMP_RELEASE/examples/fixed_load" "127.0.0.1:$port" "$3" "$2" "$REQUESTS" --pid "$4"; then
+    if ! "$KMP_RELEASE/examples/fixed_load" "127.0.0.1:$port" "$3" "$2" "$REQUESTS" --pid "$4" --in-flight "$IN_FLIGHT"; then
         echo "the load through $1 failed" >&2
         return 1
     fi

@@ -129,8 +129,9 @@ pub struct StateStore {
     not_ready: Mutex<String>,
     fatal: watch::Sender<Option<String>>,
     /// Topic ids looked up with the client (topics a Produce named before
-    /// any Metadata response through the proxy did).
-    topic_ids: RwLock<HashMap<String, Uuid>>,
+    /// any Metadata response through the proxy did). Looked up for every
+    /// link Produce whose topics the proxy's own table lacks, hence foldhash.
+    topic_ids: RwLock<foldhash::HashMap<String, Uuid>>,
     /// The resolves of this instance, grouped into shared writes: a
     /// resolve never races with itself, only with other instances.
     resolving: resolve::Group,
@@ -269,7 +270,7 @@ impl StateStore {
             applied: watch::Sender::new(0),
             loaded: AtomicBool::new(false),
             fatal: watch::Sender::new(None),
-            topic_ids: RwLock::new(HashMap::new()),
+            topic_ids: RwLock::new(foldhash::HashMap::default()),
             resolving: resolve::Group::default(),
             expiration_ms,
             barriers: RwLock::new(HashMap::new()),

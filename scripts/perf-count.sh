@@ -16,6 +16,13 @@
 #   scripts/perf-count.sh                       # REQUESTS=1000
 #   BASELINE_BIN=/path/to/older/kafka-mirror-proxy ROUNDS=2 scripts/perf-count.sh
 #   IN_FLIGHT=5 scripts/perf-count.sh           # pipelined, as a producer's max.in.flight
+#   CACHE_SIM=1 scripts/perf-count.sh           # also L1 instruction-cache misses
+#
+# CACHE_SIM=1 has callgrind simulate a 32 KiB, 8-way L1 instruction cache
+# (and a 48 KiB L1d, a 2 MiB LL) and adds each run's L1i misses a request:
+# how much code a request runs from, which instruction counts do not show
+# (fewer instructions spread over more cache lines can cost more). About
+# twice as slow.
 set -euo pipefail
 . "$(dirname "$0")/lib/kafka.sh"
 
@@ -23,6 +30,9 @@ REQUESTS=${REQUESTS:-1000}
 # Requests sent before the oldest one's response is read (1: one at a time).
 IN_FLIGHT=${IN_FLIGHT:-1}
 ROUNDS=${ROUNDS:-1}
+CACHE_SIM=${CACHE_SIM:-0}
+SIM=()
+[ "$CACHE_SIM" = 1 ] && SIM=(--cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 --LL=2097152,16,64)
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 
 (cd "$KMP_ROOT" && cargo build --release --quiet && cargo build --release --quiet --example tcp_relay --example fixed_load)
@@ -38,7 +48,7 @@ done
 # grind NAME COMMAND...: run COMMAND under callgrind in the background.
 grind() {
     local name=$1; shift
-    valgrind --tool=callgrind --callgrind-out-file="$KMP_WORK/$name.out" "$@" 2>"$KMP_WORK/$name.log" &
+    valgrind --tool=callgrind ${SIM[@]+"${SIM[@]}"} --callgrind-out-file="$KMP_WORK/$name.out" "$@" 2>"$KMP_WORK/$name.log" &
     KMP_PIDS+=($!)
     eval "${name}_PID=$!"
 }
@@ -72,6 +82,7 @@ relay_PORT=$R_PORT
 sleep 5
 
 # count NAME CLIENT_ID TOPIC PID LABEL -> instructions for REQUESTS requests
+# and, with CACHE_SIM=1, their L1i misses (the fourth event counted)
 # (the profile is kept as $KMP_WORK/LABEL.callgrind; KMP_KEEP=1 keeps the
 # folder, for callgrind_annotate).
 count() {
@@ -84,7 +95,7 @@ count() {
     fi
     callgrind_control -d "$pid" >/dev/null 2>&1
     out=$(ls -t "$KMP_WORK/$1.out"* | head -1)
-    awk '/^(summary|totals):/ { print $2; exit }' "$out"
+    awk '/^(summary|totals):/ { print $2, ($5 == "" ? 0 : $5); exit }' "$out"
     mv "$out" "$KMP_WORK/$5.callgrind"
 }
 
@@ -98,7 +109,7 @@ for p in $PATHS; do
 done
 count relay perf-client perf-local -1 warm-relay >/dev/null
 
-printf '%-6s %-6s %5s %16s %14s\n' path kind round instructions per_request
+printf '%-6s %-6s %5s %16s %14s %14s\n' path kind round instructions per_request l1i_miss_req
 results=()
 for r in $(seq "$ROUNDS"); do
     for p in $PATHS relay; do
@@ -108,22 +119,27 @@ for r in $(seq "$ROUNDS"); do
                 link) pid=$((pid + 1)); n=$(count "$p" mirror-perf "$(eval echo "\$${p}_TOPIC")" "$pid" "$p-$kind-$r") ;;
                 local) n=$(count "$p" perf-client perf-local -1 "$p-$kind-$r") ;;
             esac
-            printf '%-6s %-6s %5s %16s %14s\n' "$p" "$kind" "$r" "$n" $((n / REQUESTS))
-            results+=("$p $kind $n")
+            read -r n miss <<<"$n"
+            printf '%-6s %-6s %5s %16s %14s %14s\n' "$p" "$kind" "$r" "$n" $((n / REQUESTS)) $((miss / REQUESTS))
+            results+=("$p $kind $n $miss")
         done
     done
 done
 if [ -n "${BASELINE_BIN:-}" ]; then
-    printf '%s\n' "${results[@]}" | awk -v r="$REQUESTS" '
-        { sum[$1 " " $2] += $3; n[$1 " " $2]++ }
+    printf '%s\n' "${results[@]}" | awk -v r="$REQUESTS" -v sim="$CACHE_SIM" '
+        { sum[$1 " " $2] += $3; miss[$1 " " $2] += $4; n[$1 " " $2]++ }
         END {
-            for (k in sum) avg[k] = sum[k] / n[k]
+            for (k in sum) { avg[k] = sum[k] / n[k]; mavg[k] = miss[k] / n[k] }
             split("link local", kinds, " ")
             for (i = 1; i <= 2; i++) {
                 k = kinds[i]
                 printf "%s: this build %.0f instructions a request, baseline %.0f: %+.1f%%\n",
                     k, avg["new " k] / r, avg["base " k] / r, (avg["new " k] / avg["base " k] - 1) * 100
+                if (sim == 1)
+                    printf "%s: this build %.0f L1i misses a request, baseline %.0f: %+.1f%%\n",
+                        k, mavg["new " k] / r, mavg["base " k] / r, (mavg["new " k] / mavg["base " k] - 1) * 100
             }
             printf "bare relay: %.0f instructions a request\n", avg["relay local"] / r
+            if (sim == 1) printf "bare relay: %.0f L1i misses a request\n", mavg["relay local"] / r
         }'
 fi

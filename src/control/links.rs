@@ -356,11 +356,16 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
 
     /// Start the instance's background work: drained records for every
     /// fenced link, and (once the state topic is loaded) the resumption of
-    /// any failover found `STOPPING`.
+    /// any failover found `STOPPING` that began before this instance did.
     pub fn start(self: &Arc<Self>) {
         let Some(state) = self.state.clone() else {
             return;
         };
+        // A failover begun after this instance started has a runner that is
+        // alive (the instance the operator called); joining it would place
+        // every barrier a second time. One whose runner died is resumed by
+        // the next instance to start, or by `POST /links/{link}/failover`.
+        let started_ms = now_ms();
         let me = Arc::clone(self);
         let store = Arc::clone(&state);
         self.tasks.spawn(async move { me.drain_loop(store).await });
@@ -373,6 +378,14 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
                 let status = me.status(link);
                 me.metrics.link_state(link.name(), status.state.code());
                 if status.state == LinkState::Stopping {
+                    if status.failover_started_ms >= started_ms {
+                        tracing::info!(
+                            link = link.name(),
+                            failover_id = status.failover_id,
+                            "link STOPPING by a failover begun after this instance started: left to the instance running it"
+                        );
+                        continue;
+                    }
                     tracing::info!(
                         link = link.name(),
                         failover_id = status.failover_id,

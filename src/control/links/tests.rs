@@ -588,6 +588,38 @@ async fn a_new_control_that_finds_a_link_stopping_resumes_its_failover() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_failover_begun_after_this_instance_started_is_left_to_its_runner() {
+    // Another instance begins failover 42 while this one loads the state
+    // topic: it runs the failover; this one only drains.
+    let t = setup(&["me"], DRAIN, &[]);
+    t.store.loaded.store(false, Ordering::Release);
+    t.control.start();
+    let mut begun = status(LinkState::Stopping, 42);
+    begun.failover_started_ms = crate::state::now_ms();
+    t.store.apply_link(LINK, begun);
+    t.store.loaded.store(true, Ordering::Release);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+
+    let events = t.events.all();
+    assert!(t.events.placed().is_empty(), "{events:#?}");
+    assert!(
+        !events.iter().any(|e| matches!(e, Event::Wrote { .. })),
+        "{events:#?}"
+    );
+    assert!(
+        events.contains(&Event::Drained {
+            instance: "me".into(),
+            failover_id: 42
+        }),
+        "{events:#?}"
+    );
+    assert_eq!(
+        t.store.status(LINK).map(|s| s.state),
+        Some(LinkState::Stopping)
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn failover_and_start_are_refused_on_unknown_links_and_conflicting_states() {
     let t = setup(&["me"], DRAIN, &[]);
     let e = t.control.failover("west", WAIT).await.unwrap_err();

@@ -1,10 +1,11 @@
 //! The known-origin path allocates nothing: a lookup in the origins view
 //! (and the Produce plan's per-batch work for a known origin) is measured
-//! with a counting global allocator. Alone in its binary, and its tests one
-//! at a time, so nothing else allocates meanwhile.
+//! with a global allocator that counts this thread's allocations, so the
+//! test harness's own work on its other threads (reporting the test before,
+//! starting the next) is not counted.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::Cell;
 
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, ClusterId};
@@ -13,30 +14,34 @@ use uuid::Uuid;
 
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
 
+// SAFETY: every call goes to `System` unchanged; the counter is a
+// thread-local `Cell` with a const initializer, which does not allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded as is.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
+        // SAFETY: forwarded as is.
         unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// The tests of this binary count allocations process-wide: one at a time.
-static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    ALONE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
 }
 
 /// `source`'s PID `pid` claiming its natural slot in `p` (a new claim).
@@ -52,7 +57,6 @@ fn natural_claim(source: ClusterId, p: PartitionId, pid: i64) -> StateRecord {
 
 #[test]
 fn a_known_origin_lookup_allocates_nothing() {
-    let _alone = alone();
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let mut view = Origins::new([source]);
     let partitions: Vec<PartitionId> = (0..64)
@@ -66,7 +70,7 @@ fn a_known_origin_lookup_allocates_nothing() {
             view.apply((n * 16) as i64 + pid, &natural_claim(source, *p, pid));
         }
     }
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     let mut found = 0;
     for round in 0..100 {
         for p in &partitions {
@@ -78,7 +82,7 @@ fn a_known_origin_lookup_allocates_nothing() {
             }
         }
     }
-    let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocated = allocations() - before;
     assert_eq!(found, 100 * 64 * 16);
     assert_eq!(allocated, 0, "lookups allocated {allocated} times");
 }
@@ -90,7 +94,6 @@ fn a_known_origin_lookup_allocates_nothing() {
 /// The maps are given room first, so any allocation counted is per claim.
 #[test]
 fn claiming_a_new_origin_allocates_nothing_beyond_the_maps() {
-    let _alone = alone();
     let source = ClusterId::from_bytes(*b"alloc-test-clstr");
     let p = PartitionId {
         topic_id: Uuid::from_u128(7),
@@ -110,11 +113,11 @@ fn claiming_a_new_origin_allocates_nothing_beyond_the_maps() {
         view.apply(10_000 + pid, &StateRecord::Origin(o.key(p), None));
     }
     assert!(view.is_empty());
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     for pid in 0..1_000 {
         claim(&mut view, pid);
     }
-    let allocated = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let allocated = allocations() - before;
     assert_eq!(view.len(), 1_000);
     assert_eq!(allocated, 0, "1,000 new claims allocated {allocated} times");
 }

@@ -1,48 +1,19 @@
 //! The known-origin path allocates nothing: a lookup in the origins view
 //! (and the Produce plan's per-batch work for a known origin) is measured
-//! with a global allocator that counts this thread's allocations, so the
-//! test harness's own work on its other threads (reporting the test before,
-//! starting the next) is not counted.
+//! with a global allocator that counts this thread's allocations
+//! (`support/counting_alloc.rs`), so the test harness's own work on its
+//! other threads (reporting the test before, starting the next) is not
+//! counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 use kafka_mirror_proxy::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, ClusterId};
 use kafka_mirror_proxy::mirror::state_records::{OriginValue, StateRecord};
 use uuid::Uuid;
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-// SAFETY: every call goes to `System` unchanged; the counter is a
-// thread-local `Cell` with a const initializer, which does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> usize {
-    ALLOCATIONS.with(Cell::get)
-}
+use counting_alloc::allocations;
 
 /// `source`'s PID `pid` claiming its natural slot in `p` (a new claim).
 fn natural_claim(source: ClusterId, p: PartitionId, pid: i64) -> StateRecord {

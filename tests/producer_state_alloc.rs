@@ -1,44 +1,14 @@
 //! The dedupe check of a batch from a known producer is on the Produce hot
 //! path and must not allocate (issue 9). Counted with a global allocator
-//! that counts this thread's allocations; a test binary of its own, so the
-//! counting allocator touches nothing else.
+//! that counts this thread's allocations (`support/counting_alloc.rs`); a
+//! test binary of its own, so the counting allocator touches nothing else.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 use kafka_mirror_proxy::mirror::producer_state::{BatchId, Check, ProducerStates};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call goes to `System` unchanged; the counter is a
-// thread-local `Cell` with a const initializer, which does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|c| c.set(c.get() + 1));
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+use counting_alloc::allocations;
 
 #[test]
 fn checking_and_recording_a_known_producer_does_not_allocate() {

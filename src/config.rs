@@ -21,6 +21,7 @@ use crate::mirror::link_state::LinkState;
 use crate::mirror::pid::ClusterId;
 use crate::wire::sasl::{Credentials, Mechanism};
 
+pub mod replicator;
 pub mod sni;
 pub use sni::{SniNames, SniRoute};
 
@@ -307,22 +308,33 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("LINK_<NAME>_CONTROL_BATCHES", "drop", "Control batches arriving on the link: `drop` (acknowledge without writing, counted) or `forward` (send on, remapped, for the broker to decide)."),
 ];
 
+/// The variables of one program (the proxy's `MIRROR_PROXY_*`, the
+/// replicator's `MIRROR_REPLICATOR_*`) and the problems found in them.
 struct Env<'a> {
+    prefix: &'static str,
     vars: &'a HashMap<String, String>,
     problems: Vec<ConfigProblem>,
 }
 
-impl Env<'_> {
+impl<'a> Env<'a> {
+    fn new(prefix: &'static str, vars: &'a HashMap<String, String>) -> Env<'a> {
+        Env {
+            prefix,
+            vars,
+            problems: Vec::new(),
+        }
+    }
+
     fn raw(&self, name: &str) -> Option<String> {
         self.vars
-            .get(&format!("{PREFIX}{name}"))
+            .get(&format!("{}{name}", self.prefix))
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
     }
 
     fn problem(&mut self, name: &str, value: Option<String>, expected: impl Into<String>) {
         self.problems.push(ConfigProblem {
-            variable: format!("{PREFIX}{name}"),
+            variable: format!("{}{name}", self.prefix),
             value,
             expected: expected.into(),
         });
@@ -371,6 +383,69 @@ impl Env<'_> {
         }
     }
 
+    /// Required: a comma-separated `host:port` list.
+    fn host_ports(&mut self, name: &str, what: &str) -> Vec<String> {
+        let Some(raw) = self.raw(name) else {
+            self.problem(
+                name,
+                None,
+                format!("comma-separated host:port list of {what}"),
+            );
+            return Vec::new();
+        };
+        let list: Vec<String> = raw
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if list.is_empty() || !list.iter().all(|s| valid_host_port(s)) {
+            self.problem(
+                name,
+                Some(raw),
+                "comma-separated host:port list, e.g. broker1:9092,broker2:9092",
+            );
+        }
+        list
+    }
+
+    /// Required: comma-separated topic names or regular expressions, each
+    /// anchored at both ends (a link's topics, in the proxy and the
+    /// replicator alike).
+    fn topic_patterns(&mut self, name: &str) -> Option<Vec<Regex>> {
+        let Some(v) = self.raw(name) else {
+            self.problem(
+                name,
+                None,
+                "comma-separated topic names or regular expressions",
+            );
+            return None;
+        };
+        let mut patterns = Vec::new();
+        let mut ok = true;
+        for p in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match Regex::new(&format!("^(?:{p})$")) {
+                Ok(re) => patterns.push(re),
+                Err(e) => {
+                    ok = false;
+                    self.problem(
+                        name,
+                        Some(v.clone()),
+                        format!("valid regular expressions ({p:?}: {e})"),
+                    );
+                }
+            }
+        }
+        if ok && patterns.is_empty() {
+            self.problem(
+                name,
+                Some(v),
+                "at least one topic name or regular expression",
+            );
+            return None;
+        }
+        ok.then_some(patterns)
+    }
+
     fn key(&mut self, name: &str) -> Option<PrivateKeyDer<'static>> {
         let path = self.raw(name)?;
         match PrivateKeyDer::from_pem_file(PathBuf::from(&path)) {
@@ -417,36 +492,9 @@ impl Config {
 
     /// Validate a map of variables (full names, with the prefix).
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        let mut env = Env {
-            vars,
-            problems: Vec::new(),
-        };
+        let mut env = Env::new(PREFIX, vars);
 
-        let bootstrap_servers: Vec<String> = match env.raw("BOOTSTRAP_SERVERS") {
-            None => {
-                env.problem(
-                    "BOOTSTRAP_SERVERS",
-                    None,
-                    "comma-separated host:port list of the destination brokers",
-                );
-                Vec::new()
-            }
-            Some(raw) => {
-                let list: Vec<String> = raw
-                    .split(',')
-                    .map(|s| s.trim().to_string())
-                    .filter(|s| !s.is_empty())
-                    .collect();
-                if list.is_empty() || !list.iter().all(|s| valid_host_port(s)) {
-                    env.problem(
-                        "BOOTSTRAP_SERVERS",
-                        Some(raw),
-                        "comma-separated host:port list, e.g. broker1:9092,broker2:9092",
-                    );
-                }
-                list
-            }
-        };
+        let bootstrap_servers = env.host_ports("BOOTSTRAP_SERVERS", "the destination brokers");
 
         let listen_default: SocketAddr = ([0, 0, 0, 0], 9092).into();
         let listen = env
@@ -674,8 +722,8 @@ impl Config {
 
         let client_tls = Self::client_tls(&mut env);
         let sni = Self::sni(&mut env, client_tls.is_some());
-        let upstream_tls = Self::upstream_tls(&mut env);
-        let upstream_sasl = Self::upstream_sasl(&mut env);
+        let upstream_tls = upstream_tls(&mut env, "UPSTREAM");
+        let upstream_sasl = upstream_sasl(&mut env, "UPSTREAM");
         let links = Self::links(&mut env, client_tls.as_ref(), true);
         // A link that mirrored the state topic would let its replicator
         // write the records every instance applies.
@@ -741,10 +789,7 @@ impl Config {
         let vars: HashMap<String, String> = std::env::vars()
             .filter(|(k, _)| k.starts_with(PREFIX))
             .collect();
-        let mut env = Env {
-            vars: &vars,
-            problems: Vec::new(),
-        };
+        let mut env = Env::new(PREFIX, &vars);
         let links = Self::links(&mut env, None, false);
         if env.problems.is_empty() {
             Ok(links)
@@ -834,99 +879,6 @@ impl Config {
         })
     }
 
-    fn upstream_tls(env: &mut Env<'_>) -> Option<UpstreamTls> {
-        let enabled = env
-            .parse("UPSTREAM_TLS", "`true` or `false`", parse_bool)
-            .unwrap_or(false);
-        let ca = env.certs("UPSTREAM_TLS_CA");
-        let cert = env.certs("UPSTREAM_TLS_CERT");
-        let key = env.key("UPSTREAM_TLS_KEY");
-        let server_name = env.raw("UPSTREAM_TLS_SERVER_NAME");
-        if !enabled {
-            return None;
-        }
-        if env.raw("UPSTREAM_TLS_CA").is_none() {
-            env.problem(
-                "UPSTREAM_TLS_CA",
-                None,
-                "a PEM CA bundle, because MIRROR_PROXY_UPSTREAM_TLS is true",
-            );
-        }
-        let cert_set = env.raw("UPSTREAM_TLS_CERT").is_some();
-        if cert_set != env.raw("UPSTREAM_TLS_KEY").is_some() {
-            let missing = if cert_set {
-                "UPSTREAM_TLS_KEY"
-            } else {
-                "UPSTREAM_TLS_CERT"
-            };
-            env.problem(
-                missing,
-                None,
-                "set together with its partner (client certificate and key)",
-            );
-        }
-        let client_cert = match (cert, key) {
-            (Some(c), Some(k)) => Some((c, Arc::new(k))),
-            _ => None,
-        };
-        let files = ["UPSTREAM_TLS_CA", "UPSTREAM_TLS_CERT", "UPSTREAM_TLS_KEY"]
-            .iter()
-            .filter_map(|name| env.raw(name).map(PathBuf::from))
-            .collect();
-        Some(UpstreamTls {
-            ca: ca?,
-            client_cert,
-            server_name,
-            files,
-        })
-    }
-
-    fn upstream_sasl(env: &mut Env<'_>) -> Option<Credentials> {
-        let mechanism = env.parse(
-            "UPSTREAM_SASL_MECHANISM",
-            "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
-            |s| s.parse::<Mechanism>().ok(),
-        );
-        let mechanism_set = env.raw("UPSTREAM_SASL_MECHANISM").is_some();
-        let username = env.raw("UPSTREAM_SASL_USERNAME");
-        // Untrimmed: spaces may belong to a password. Its value never goes
-        // into a problem report.
-        let password = env
-            .vars
-            .get(&format!("{PREFIX}UPSTREAM_SASL_PASSWORD"))
-            .filter(|p| !p.is_empty())
-            .cloned();
-        if !mechanism_set {
-            if username.is_some() || password.is_some() {
-                env.problem(
-                    "UPSTREAM_SASL_MECHANISM",
-                    None,
-                    "a SASL mechanism (`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`), because MIRROR_PROXY_UPSTREAM_SASL_USERNAME or _PASSWORD is set",
-                );
-            }
-            return None;
-        }
-        if username.is_none() {
-            env.problem(
-                "UPSTREAM_SASL_USERNAME",
-                None,
-                "the SASL user name, because MIRROR_PROXY_UPSTREAM_SASL_MECHANISM is set",
-            );
-        }
-        if password.is_none() {
-            env.problem(
-                "UPSTREAM_SASL_PASSWORD",
-                None,
-                "the SASL password, because MIRROR_PROXY_UPSTREAM_SASL_MECHANISM is set",
-            );
-        }
-        Some(Credentials {
-            mechanism: mechanism?,
-            username: username?,
-            password: password?,
-        })
-    }
-
     fn links(env: &mut Env<'_>, client_tls: Option<&ClientTls>, check_tls: bool) -> Links {
         let Some(raw) = env.raw("LINKS") else {
             return Links::default();
@@ -976,43 +928,7 @@ impl Config {
                     format!("a client id no other link uses (link {other:?} has it)"),
                 );
             }
-            let topics = match env.raw(&var("TOPICS")) {
-                None => {
-                    env.problem(
-                        &var("TOPICS"),
-                        None,
-                        "comma-separated topic names or regular expressions",
-                    );
-                    None
-                }
-                Some(v) => {
-                    let mut patterns = Vec::new();
-                    let mut ok = true;
-                    for p in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                        match Regex::new(&format!("^(?:{p})$")) {
-                            Ok(re) => patterns.push(re),
-                            Err(e) => {
-                                ok = false;
-                                env.problem(
-                                    &var("TOPICS"),
-                                    Some(v.clone()),
-                                    format!("valid regular expressions ({p:?}: {e})"),
-                                );
-                            }
-                        }
-                    }
-                    if ok && patterns.is_empty() {
-                        env.problem(
-                            &var("TOPICS"),
-                            Some(v),
-                            "at least one topic name or regular expression",
-                        );
-                        None
-                    } else {
-                        ok.then_some(patterns)
-                    }
-                }
-            };
+            let topics = env.topic_patterns(&var("TOPICS"));
             let tls_subject = env.raw(&var("TLS_SUBJECT"));
             if check_tls
                 && tls_subject.is_some()
@@ -1057,6 +973,122 @@ impl Config {
         }
         Links::new(links)
     }
+}
+
+/// TLS to brokers from `<STEM>_TLS`, `_TLS_CA`, `_TLS_CERT`, `_TLS_KEY` and
+/// `_TLS_SERVER_NAME` (the proxy's stem is `UPSTREAM`, the replicator's
+/// `SOURCE` and `DESTINATION`).
+fn upstream_tls(env: &mut Env<'_>, stem: &str) -> Option<UpstreamTls> {
+    let var = |name: &str| format!("{stem}_{name}");
+    let enabled = env
+        .parse(&var("TLS"), "`true` or `false`", parse_bool)
+        .unwrap_or(false);
+    let ca = env.certs(&var("TLS_CA"));
+    let cert = env.certs(&var("TLS_CERT"));
+    let key = env.key(&var("TLS_KEY"));
+    let server_name = env.raw(&var("TLS_SERVER_NAME"));
+    if !enabled {
+        return None;
+    }
+    if env.raw(&var("TLS_CA")).is_none() {
+        env.problem(
+            &var("TLS_CA"),
+            None,
+            format!(
+                "a PEM CA bundle, because {}{} is true",
+                env.prefix,
+                var("TLS")
+            ),
+        );
+    }
+    let cert_set = env.raw(&var("TLS_CERT")).is_some();
+    if cert_set != env.raw(&var("TLS_KEY")).is_some() {
+        let missing = if cert_set {
+            var("TLS_KEY")
+        } else {
+            var("TLS_CERT")
+        };
+        env.problem(
+            &missing,
+            None,
+            "set together with its partner (client certificate and key)",
+        );
+    }
+    let client_cert = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, Arc::new(k))),
+        _ => None,
+    };
+    let files = [var("TLS_CA"), var("TLS_CERT"), var("TLS_KEY")]
+        .iter()
+        .filter_map(|name| env.raw(name).map(PathBuf::from))
+        .collect();
+    Some(UpstreamTls {
+        ca: ca?,
+        client_cert,
+        server_name,
+        files,
+    })
+}
+
+/// SASL credentials from `<STEM>_SASL_MECHANISM`, `_USERNAME` and
+/// `_PASSWORD`.
+fn upstream_sasl(env: &mut Env<'_>, stem: &str) -> Option<Credentials> {
+    let var = |name: &str| format!("{stem}_{name}");
+    let mechanism = env.parse(
+        &var("SASL_MECHANISM"),
+        "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
+        |s| s.parse::<Mechanism>().ok(),
+    );
+    let mechanism_set = env.raw(&var("SASL_MECHANISM")).is_some();
+    let username = env.raw(&var("SASL_USERNAME"));
+    // Untrimmed: spaces may belong to a password. Its value never goes
+    // into a problem report.
+    let password = env
+        .vars
+        .get(&format!("{}{}", env.prefix, var("SASL_PASSWORD")))
+        .filter(|p| !p.is_empty())
+        .cloned();
+    if !mechanism_set {
+        if username.is_some() || password.is_some() {
+            env.problem(
+                &var("SASL_MECHANISM"),
+                None,
+                format!(
+                    "a SASL mechanism (`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`), because {}{} or _PASSWORD is set",
+                    env.prefix,
+                    var("SASL_USERNAME")
+                ),
+            );
+        }
+        return None;
+    }
+    if username.is_none() {
+        env.problem(
+            &var("SASL_USERNAME"),
+            None,
+            format!(
+                "the SASL user name, because {}{} is set",
+                env.prefix,
+                var("SASL_MECHANISM")
+            ),
+        );
+    }
+    if password.is_none() {
+        env.problem(
+            &var("SASL_PASSWORD"),
+            None,
+            format!(
+                "the SASL password, because {}{} is set",
+                env.prefix,
+                var("SASL_MECHANISM")
+            ),
+        );
+    }
+    Some(Credentials {
+        mechanism: mechanism?,
+        username: username?,
+        password: password?,
+    })
 }
 
 #[cfg(test)]

@@ -235,3 +235,115 @@ impl Connection {
         Ok((r.auth_bytes, r.session_lifetime_ms))
     }
 }
+
+/// The write half of a pipelined connection ([`Connection::pipeline`]):
+/// requests go out one after another without waiting for answers; the
+/// broker answers them in the order they were written.
+pub struct Sender {
+    broker: String,
+    writer: WriteHalf<BoxStream>,
+    correlation_id: i32,
+    versions: ApiVersionTable,
+    client_id: String,
+}
+
+/// A request written by a [`Sender`], for its [`Receiver`] to read the
+/// answer of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub version: i16,
+    pub correlation_id: i32,
+}
+
+/// The read half of a pipelined connection: answers in request order.
+pub struct Receiver {
+    broker: String,
+    reader: FrameReader<ReadHalf<BoxStream>>,
+    request_timeout: Duration,
+}
+
+impl Connection {
+    /// Split into halves that keep several requests in flight, as Kafka's
+    /// producers do (`max.in.flight.requests.per.connection`). The caller
+    /// keeps the [`Sent`] tickets in order and bounds how many are out.
+    pub fn pipeline(self) -> (Sender, Receiver) {
+        let writer = self.writer;
+        let reader = self.reader;
+        (
+            Sender {
+                broker: self.broker.clone(),
+                writer,
+                correlation_id: self.correlation_id,
+                versions: self.versions,
+                client_id: self.client_id,
+            },
+            Receiver {
+                broker: self.broker,
+                reader,
+                request_timeout: self.request_timeout,
+            },
+        )
+    }
+}
+
+impl Sender {
+    pub fn broker(&self) -> &str {
+        &self.broker
+    }
+
+    /// The version of `R` this connection speaks.
+    pub fn version<R: Rpc>(&self) -> Result<i16, ClientError> {
+        self.versions.pick::<R>(&self.broker)
+    }
+
+    /// Write one request built at `version` (from [`Sender::version`]).
+    pub async fn send<R: Rpc>(&mut self, body: &R, version: i16) -> Result<Sent, ClientError> {
+        self.correlation_id = self.correlation_id.wrapping_add(1);
+        let correlation_id = self.correlation_id;
+        let request = protocol::encode_request(body, version, correlation_id, &self.client_id)?;
+        write_frame(&mut self.writer, &request)
+            .await
+            .map_err(|source| ClientError::Io {
+                broker: self.broker.clone(),
+                source,
+            })?;
+        Ok(Sent {
+            version,
+            correlation_id,
+        })
+    }
+}
+
+impl Receiver {
+    /// The answer to `sent`, which must be the oldest request not yet
+    /// answered; bounded by the request timeout plus `extra_wait`.
+    pub async fn recv<R: Rpc>(
+        &mut self,
+        sent: Sent,
+        extra_wait: Duration,
+    ) -> Result<R::Response, ClientError> {
+        let timeout = self.request_timeout + extra_wait;
+        let frame = match tokio::time::timeout(timeout, self.reader.read_frame()).await {
+            Err(_) => {
+                return Err(ClientError::Timeout {
+                    broker: self.broker.clone(),
+                    api: R::NAME,
+                    ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                })
+            }
+            Ok(Ok(Some(frame))) => frame.freeze(),
+            Ok(Ok(None)) => {
+                return Err(ClientError::Closed {
+                    broker: self.broker.clone(),
+                })
+            }
+            Ok(Err(source)) => {
+                return Err(ClientError::Frame {
+                    broker: self.broker.clone(),
+                    source,
+                })
+            }
+        };
+        protocol::decode_response::<R>(&frame, sent.version, sent.correlation_id, &self.broker)
+    }
+}

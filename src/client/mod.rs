@@ -2,6 +2,7 @@
 //! brokers on its own behalf (the `__mirror_state` topic, the failover
 //! barrier, reading a partition's tail), never on behalf of a user.
 //!
+//! - `bulk`: the replicator's many-partition Fetch and Produce (pure).
 //! - `conn`: one broker connection through `net::upstream::Upstream` (TCP,
 //!   TLS with the upstream settings), ApiVersions negotiation, SASL.
 //! - `protocol`: request builders and response interpreters (pure); every
@@ -10,6 +11,7 @@
 //!   SyncGroup, Heartbeat, LeaveGroup, DescribeGroups; pure).
 //! - `offsets`: a group's committed offsets (OffsetCommit, OffsetFetch).
 //! - `metadata`: brokers and partition leaders, cached (pure).
+//! - `topics`: a topic's own configs, partitions added, configs altered.
 //! - `error`: [`ClientError`] and which errors are retried.
 //!
 //! The [`Client`] keeps one connection per broker address, sends one request
@@ -19,12 +21,14 @@
 //! operation timeout. Records go out and come back as raw bytes: the client
 //! never builds, decompresses or re-encodes a record batch.
 
+pub mod bulk;
 pub mod conn;
 pub mod error;
 pub mod group;
 pub mod metadata;
 pub mod offsets;
 pub mod protocol;
+pub mod topics;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -20,10 +20,11 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
-    ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreateTopicsRequest, CreateTopicsResponse,
-    DescribeConfigsRequest, DescribeConfigsResponse, FetchRequest, FetchResponse,
-    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, ProduceRequest, ProduceResponse,
-    RequestHeader, SaslAuthenticateRequest, SaslHandshakeRequest, TopicName, TransactionalId,
+    ApiVersionsRequest, ApiVersionsResponse, BrokerId, CreatePartitionsRequest,
+    CreateTopicsRequest, CreateTopicsResponse, DescribeConfigsRequest, DescribeConfigsResponse,
+    FetchRequest, FetchResponse, IncrementalAlterConfigsRequest, ListOffsetsRequest,
+    ListOffsetsResponse, MetadataRequest, ProduceRequest, ProduceResponse, RequestHeader,
+    SaslAuthenticateRequest, SaslHandshakeRequest, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use uuid::Uuid;
@@ -55,7 +56,10 @@ rpc!(ApiVersionsRequest, "ApiVersions", 0);
 // v4: allow_auto_topic_creation=false (older versions create topics on read).
 rpc!(MetadataRequest, "Metadata", 4);
 rpc!(CreateTopicsRequest, "CreateTopics", 2);
+// v1: `config_source` says which values are a topic's own.
 rpc!(DescribeConfigsRequest, "DescribeConfigs", 1);
+rpc!(CreatePartitionsRequest, "CreatePartitions", 0);
+rpc!(IncrementalAlterConfigsRequest, "IncrementalAlterConfigs", 0);
 rpc!(ProduceRequest, "Produce", 3);
 rpc!(FetchRequest, "Fetch", 4);
 rpc!(ListOffsetsRequest, "ListOffsets", 1);
@@ -257,11 +261,11 @@ pub fn api_versions_answer(
     )))
 }
 
-fn topic_name(name: &str) -> TopicName {
+pub(super) fn topic_name(name: &str) -> TopicName {
     TopicName(StrBytes::from_string(name.to_string()))
 }
 
-fn text(s: &Option<StrBytes>) -> Option<String> {
+pub(super) fn text(s: &Option<StrBytes>) -> Option<String> {
     s.as_ref().map(|s| s.as_str().to_string())
 }
 
@@ -333,7 +337,7 @@ pub fn create_topics_result(r: &CreateTopicsResponse, name: &str) -> Result<Crea
     }
 }
 
-fn missing(api: &str, what: &str) -> ClientError {
+pub(super) fn missing(api: &str, what: &str) -> ClientError {
     // A broker that leaves out what was asked for is not retried into.
     ClientError::Kafka {
         context: format!("{api} response does not mention {what}"),
@@ -392,12 +396,12 @@ pub struct PartitionRef<'a> {
 }
 
 impl PartitionRef<'_> {
-    fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         format!("{}-{}", self.topic, self.partition)
     }
 
     /// Requests naming topics by id (Produce v13, Fetch v13+) need one.
-    fn require_id(&self, api: &str) -> Result<Uuid, ClientError> {
+    pub(super) fn require_id(&self, api: &str) -> Result<Uuid, ClientError> {
         if self.topic_id.is_nil() {
             return Err(ClientError::Kafka {
                 context: format!("{api} to {} needs a topic id", self.label()),
@@ -408,7 +412,7 @@ impl PartitionRef<'_> {
         Ok(self.topic_id)
     }
 
-    fn same_topic(&self, by_id: bool, name: &TopicName, id: Uuid) -> bool {
+    pub(super) fn same_topic(&self, by_id: bool, name: &TopicName, id: Uuid) -> bool {
         if by_id {
             id == self.topic_id
         } else {
@@ -485,6 +489,15 @@ pub fn produce_result(
         .flat_map(|t| t.partition_responses.iter())
         .find(|p| p.index == to.partition)
         .ok_or_else(|| missing("Produce", &to.label()))?;
+    partition_produced(p, &to.label())
+}
+
+/// One partition's Produce answer: retriable errors as `Err` (the caller
+/// retries), other errors as [`Produced::Refused`].
+pub(super) fn partition_produced(
+    p: &kafka_protocol::messages::produce_response::PartitionProduceResponse,
+    label: &str,
+) -> Result<Produced, ClientError> {
     let message = text(&p.error_message).or_else(|| {
         p.record_errors
             .iter()
@@ -497,7 +510,7 @@ pub fn produce_result(
             log_start_offset: p.log_start_offset,
         }),
         code if is_retriable_code(code) => Err(ClientError::Kafka {
-            context: format!("produce to {}", to.label()),
+            context: format!("produce to {label}"),
             code,
             message,
         }),
@@ -518,7 +531,7 @@ pub enum IsolationLevel {
 }
 
 impl IsolationLevel {
-    fn code(self) -> i8 {
+    pub(super) fn code(self) -> i8 {
         match self {
             IsolationLevel::ReadUncommitted => 0,
             IsolationLevel::ReadCommitted => 1,
@@ -613,9 +626,17 @@ pub fn fetch_result(
         .flat_map(|t| t.partitions.iter())
         .find(|p| p.partition_index == from.partition)
         .ok_or_else(|| missing("Fetch", &from.label()))?;
+    partition_fetched(p, &from.label())
+}
+
+/// One partition's Fetch answer; its error code as `Err`.
+pub(super) fn partition_fetched(
+    p: &kafka_protocol::messages::fetch_response::PartitionData,
+    label: &str,
+) -> Result<Fetched, ClientError> {
     if p.error_code != 0 {
         return Err(ClientError::Kafka {
-            context: format!("fetch from {}", from.label()),
+            context: format!("fetch from {label}"),
             code: p.error_code,
             message: None,
         });
@@ -655,7 +676,7 @@ pub enum OffsetSpec {
 }
 
 impl OffsetSpec {
-    fn timestamp(self) -> i64 {
+    pub(super) fn timestamp(self) -> i64 {
         match self {
             OffsetSpec::Earliest => -2,
             OffsetSpec::Latest | OffsetSpec::LeaderLogEnd => -1,

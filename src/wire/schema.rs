@@ -232,7 +232,7 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("schemas/DescribeGroupsResponse.json"),
     ),
     // Committed offsets of a consumer group (`client::offsets`: the
-    // example replicator keeps its progress in the source cluster).
+    // replicator keeps its progress in the destination cluster).
     (
         "OffsetCommitResponse.json",
         include_str!("schemas/OffsetCommitResponse.json"),
@@ -240,6 +240,16 @@ const SOURCES: &[(&str, &str)] = &[
     (
         "OffsetFetchResponse.json",
         include_str!("schemas/OffsetFetchResponse.json"),
+    ),
+    // The replicator's destination topics follow the source's
+    // (`replicate::topics`): partitions added, configs changed.
+    (
+        "CreatePartitionsResponse.json",
+        include_str!("schemas/CreatePartitionsResponse.json"),
+    ),
+    (
+        "IncrementalAlterConfigsResponse.json",
+        include_str!("schemas/IncrementalAlterConfigsResponse.json"),
     ),
     // Client requests that can delete, grow or reconfigure the state topic
     // (`filter::guard`), read only to see whether they name it.

@@ -6,7 +6,7 @@
 //! `tests/layers.rs` reads `src/` and fails on any `crate::` path that
 //! points up or sideways:
 //!
-//! layers: wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > cli
+//! layers: wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli
 //!
 //! - `wire`: Kafka bytes, pure (headers, walks, record batches, CRC).
 //! - `metrics`: the Prometheus registry and its bounded label types.
@@ -19,8 +19,11 @@
 //! - `control`: link states, failover, instance membership.
 //! - `filter`: the per-request filters (Produce path, address rewriting).
 //! - `proxy`: listeners, the node registry, the session of a connection.
-//! - `admin`, `cli`: the HTTP API and the operator's commands; `main.rs`
-//!   wires everything together.
+//! - `admin`: the proxy's HTTP API (and the bounded HTTP server the
+//!   replicator's endpoint uses too).
+//! - `replicate`: the replicator (SPEC §12), a peer of `proxy` that talks
+//!   to it over the wire.
+//! - `cli`: the operator's commands; `main.rs` wires everything together.
 
 pub mod admin;
 pub mod cli;
@@ -32,5 +35,6 @@ pub mod metrics;
 pub mod mirror;
 pub mod net;
 pub mod proxy;
+pub mod replicate;
 pub mod state;
 pub mod wire;

@@ -94,6 +94,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Copy a source cluster's topics through the proxy (configured from
+    /// MIRROR_REPLICATOR_* variables or flags: `replicate --help`). Exit
+    /// code 0 when stopped or caught up, 1 on an error, 2 for the
+    /// configuration, 3 when the proxy fenced the link.
+    #[command(disable_help_flag = true)]
+    Replicate {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Start mirroring a stopped link again.
     Start {
         name: String,
@@ -142,6 +151,7 @@ fn main() -> ExitCode {
             })
         }
         Command::Run => run(),
+        Command::Replicate { args } => return replicate(args),
         Command::Map {
             source_cluster_id,
             pid,
@@ -313,6 +323,90 @@ fn run() -> anyhow::Result<()> {
     // Do not wait for a blocking task (a DNS lookup) past the drain.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// The replicator's flags, one per variable of its table.
+fn replicate_command() -> clap::Command {
+    use kafka_mirror_proxy::config::replicator::{flag_name, PREFIX, VARIABLES};
+    let mut command = clap::Command::new("kafka-mirror-proxy replicate").about(
+        "Copy a source cluster's topics, batch by batch, through kafka-mirror-proxy into the \
+         destination. Every flag is also an environment variable; a flag wins.",
+    );
+    for (name, default, meaning) in VARIABLES {
+        let mut arg = clap::Arg::new(*name)
+            .long(flag_name(name))
+            .value_name("VALUE")
+            .help(format!(
+                "{meaning} [env: {PREFIX}{name}] [default: {default}]"
+            ));
+        if matches!(*default, "true" | "false") {
+            arg = arg.num_args(0..=1).default_missing_value("true");
+        }
+        command = command.arg(arg);
+    }
+    command
+}
+
+fn replicate(args: Vec<String>) -> ExitCode {
+    use kafka_mirror_proxy::config::replicator::{ReplicatorConfig, PREFIX, VARIABLES};
+    let matches = match replicate_command()
+        .try_get_matches_from(std::iter::once("replicate".to_string()).chain(args))
+    {
+        Ok(m) => m,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let mut vars: std::collections::HashMap<String, String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with(PREFIX))
+        .collect();
+    for (name, _, _) in VARIABLES {
+        if let Some(v) = matches.get_one::<String>(name) {
+            vars.insert(format!("{PREFIX}{name}"), v.clone());
+        }
+    }
+    let config = match ReplicatorConfig::from_vars(&vars) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("kafka-mirror-proxy replicate: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .thread_name("kmp-replicate")
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kafka-mirror-proxy replicate: starting the tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("stopping: what is in flight is answered, then the progress committed");
+            let _ = stop_tx.send(true);
+        });
+        kafka_mirror_proxy::replicate::run(config, stop_rx).await
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "replicator stopped");
+            eprintln!("kafka-mirror-proxy replicate: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
 }
 
 fn init_logging(format: LogFormat) {

@@ -1,0 +1,97 @@
+//! The replicator's progress: the acknowledged resume point of every
+//! partition, committed as a standalone consumer to `GROUP_ID` on the
+//! destination cluster (through the proxy, which passes group requests
+//! on), and read back when a partition is taken on. Kafka's own tools
+//! show and reset it (`kafka-consumer-groups.sh --describe --group
+//! replicator.mirror-<link>` against the destination).
+//!
+//! Why the destination: a partition may not have more than the proxy's
+//! duplicate window of acknowledged batches uncommitted (see
+//! `partitions`), so commits are frequent; a disaster-recovery replicator
+//! sits next to the destination, and a commit across the region would cap
+//! every partition at a few batches per round trip. Kafka's MirrorMaker 2
+//! keeps its source offsets in the target cluster too.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::offsets::Offsets;
+use crate::client::{Client, ClientError};
+
+use super::metrics::ErrorKind;
+use super::Shared;
+
+/// Commits every commit interval, and at once when a partition waits for
+/// it.
+pub(super) async fn commit_loop(shared: Arc<Shared>, destination: Client) {
+    let mut backoff = shared.backoff();
+    loop {
+        tokio::select! {
+            _ = shared.commit_wanted.notified() => {}
+            _ = tokio::time::sleep(shared.config.commit_interval) => {}
+        }
+        if shared.stopping() {
+            // The run commits last itself.
+            std::future::pending::<()>().await;
+        }
+        match commit(&shared, &destination).await {
+            Ok(()) => backoff.reset(),
+            Err(e) => {
+                shared.metrics.error(ErrorKind::Commit);
+                let delay = backoff.next_delay();
+                tracing::warn!(group = %shared.config.group_id, error = %e,
+                    retry_in_ms = delay.as_millis() as u64, "progress commit failed");
+                tokio::time::sleep(delay).await;
+                // A partition may still be waiting.
+                shared.commit_wanted.notify_one();
+            }
+        }
+    }
+}
+
+/// One commit of every resume point that moved.
+pub(super) async fn commit(shared: &Shared, destination: &Client) -> Result<(), ClientError> {
+    let due = shared.table().to_commit();
+    if due.is_empty() {
+        return Ok(());
+    }
+    let offsets: Offsets = due
+        .iter()
+        .map(|(tp, offset, _)| ((tp.topic.to_string(), tp.partition), *offset))
+        .collect();
+    destination
+        .commit_offsets(&shared.config.group_id, &offsets)
+        .await?;
+    shared.table().committed(&due);
+    shared.commits.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.committed();
+    shared.changed.notify_waiters();
+    tracing::debug!(partitions = due.len(), "progress committed");
+    Ok(())
+}
+
+/// What the group holds for `partitions`, retried until it answers (a
+/// coordinator still loading, a proxy restarting).
+pub(super) async fn committed(
+    shared: &Shared,
+    destination: &Client,
+    partitions: &[(String, i32)],
+) -> Offsets {
+    let mut backoff = shared.backoff();
+    loop {
+        match destination
+            .committed_offsets(&shared.config.group_id, partitions)
+            .await
+        {
+            Ok(offsets) => return offsets,
+            Err(e) => {
+                shared.metrics.error(ErrorKind::Commit);
+                let delay = backoff.next_delay().max(Duration::from_millis(100));
+                tracing::warn!(group = %shared.config.group_id, error = %e,
+                    retry_in_ms = delay.as_millis() as u64, "reading the progress failed");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}

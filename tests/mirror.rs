@@ -1,6 +1,6 @@
 //! End-to-end tests of mirroring through the proxy, against real Kafka
 //! brokers: real producers (librdkafka and Kafka's Java console producer)
-//! write to source clusters, the raw-batch replicator (examples/replicator.rs)
+//! write to source clusters, the raw-batch replicator (`replicate`)
 //! copies their batches through the proxy, and the destination logs are read
 //! back from disk (DumpLogSegments and the raw segment bytes).
 //!
@@ -18,8 +18,6 @@
 //! Expected producer ids are computed here, from the SPEC's definition
 //! (`f` and `cluster_hash` below), not with the crate's own mapping code.
 
-#[path = "../examples/replicator.rs"]
-mod replicator;
 mod support;
 
 use std::collections::BTreeSet;
@@ -38,8 +36,8 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::IsolationLevel;
-use replicator::{ReplicationReport, ReplicatorOptions};
+use kafka_mirror_proxy::config::replicator::Isolation;
+use kafka_mirror_proxy::replicate::Report as ReplicationReport;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
@@ -282,7 +280,7 @@ fn replicate(
         destination,
         topic,
         client_id,
-        IsolationLevel::ReadCommitted,
+        Isolation::ReadCommitted,
     )
 }
 
@@ -293,16 +291,16 @@ fn replicate_at(
     destination: &ProxyProcess,
     topic: &str,
     client_id: &str,
-    isolation: IsolationLevel,
+    isolation: Isolation,
 ) -> Result<ReplicationReport> {
-    let mut opts = ReplicatorOptions::new(
-        source.bootstrap(),
-        destination.bootstrap.clone(),
-        vec![topic.to_string()],
+    let mut config = support::replicator::config(
+        &source.bootstrap(),
+        &destination.bootstrap,
+        topic,
         client_id,
     );
-    opts.isolation = isolation;
-    rt.block_on(replicator::replicate(&opts)).with_context(|| {
+    config.isolation = isolation;
+    support::replicator::run(rt, config).with_context(|| {
         format!(
             "replicating {topic} from {} to the proxy as {client_id}; proxy log:\n{}",
             source.bootstrap(),
@@ -767,14 +765,7 @@ fn mirror_end_to_end() -> Result<()> {
     // of the aborted transaction included, crosses byte for byte
     // (tests/transactions.rs covers the read_committed default).
     let (t_report, t_remapped) = remapped_during(&pb, "a", || {
-        replicate_at(
-            &rt,
-            &a,
-            &pb,
-            "t",
-            "mirror-a",
-            IsolationLevel::ReadUncommitted,
-        )
+        replicate_at(&rt, &a, &pb, "t", "mirror-a", Isolation::ReadUncommitted)
     })?;
     let (codecs_report, codecs_remapped) =
         remapped_during(&pb, "a", || replicate(&rt, &a, &pb, "codecs", "mirror-a"))?;

@@ -1,39 +1,42 @@
-//! The example replicator (`examples/replicator.rs`) as a process, for the
-//! tests that kill it: its binary, built on first use with the cargo that
-//! builds the test (into the same target directory), or
-//! `REPLICATOR_TEST_BIN`.
+//! The replicator, `kafka-mirror-proxy replicate`: in-process through the
+//! library's `replicate::run` (for tests that only need its report), or as
+//! the binary's subcommand (for tests that kill it).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::time::Duration;
 
-use anyhow::{anyhow, Result};
+use anyhow::{Context, Result};
+use kafka_mirror_proxy::config::replicator::ReplicatorConfig;
+use kafka_mirror_proxy::replicate::{self, Report};
 
-/// The replicator binary (see the module doc).
-pub fn replicator_bin() -> Result<PathBuf> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(bin) = std::env::var("REPLICATOR_TEST_BIN") {
-            return Ok(PathBuf::from(bin));
-        }
-        // <target dir>/debug/kafka-mirror-proxy: the example goes into
-        // <target dir>/debug/examples.
-        let profile_dir = Path::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
-            .parent()
-            .ok_or("no profile directory")?;
-        let target_dir = profile_dir.parent().ok_or("no target directory")?;
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--example", "replicator", "--manifest-path"])
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(target_dir)
-            .status()
-            .map_err(|e| format!("running cargo: {e}"))?;
-        if !status.success() {
-            return Err(format!("cargo build --example replicator: {status}"));
-        }
-        Ok(profile_dir.join("examples").join("replicator"))
-    })
-    .clone()
-    .map_err(|e| anyhow!(e))
+/// The binary, ready for `replicate` flags.
+pub fn replicator_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
+    c.arg("replicate");
+    c
+}
+
+/// Settings copying `topics` (names or patterns, comma-separated) from
+/// `source` into `destination` as the link whose replicator sends
+/// `client_id` (`mirror-<link>`), until caught up, with quick retries and
+/// no admin listener.
+pub fn config(source: &str, destination: &str, topics: &str, client_id: &str) -> ReplicatorConfig {
+    let link = client_id.strip_prefix("mirror-").unwrap_or(client_id);
+    let mut c = ReplicatorConfig::new(source, destination, link, topics);
+    c.client_id = client_id.to_string();
+    c.transactional_id = client_id.to_string();
+    c.group_id = format!("replicator.{client_id}");
+    c.until_caught_up = true;
+    c.retry_backoff = Duration::from_millis(50);
+    c.retry_backoff_max = Duration::from_secs(1);
+    c.discovery_interval = Duration::from_secs(2);
+    c
+}
+
+/// Runs the replicator until it returns.
+pub fn run(rt: &tokio::runtime::Runtime, config: ReplicatorConfig) -> Result<Report> {
+    let (_never, shutdown) = tokio::sync::watch::channel(false);
+    let what = format!("{config:?}");
+    rt.block_on(replicate::run(config, shutdown))
+        .with_context(|| format!("replicating with {what}"))
 }

@@ -156,6 +156,18 @@ fn read_only_until_failover_then_fenced_and_restored_after_restart() -> Result<(
         "the link connection stayed open"
     );
     let mut again = RawClient::connect(&p.bootstrap)?;
+    // A reconnecting client negotiates first: ApiVersions is answered, so
+    // that its Produce can be told it is fenced.
+    again.send(
+        kafka_protocol::messages::ApiKey::ApiVersions,
+        0,
+        LINK_CLIENT,
+        &kafka_protocol::messages::ApiVersionsRequest::default(),
+    )?;
+    assert!(
+        again.recv_frame()?.is_some(),
+        "a fenced link's ApiVersions was not answered"
+    );
     let r = partition_result(&again.produce(LINK_CLIENT, "m", 0, record_batch(7, &["b"]))?);
     assert_eq!(r.0, PRODUCER_FENCED, "{r:?}");
     assert!(

@@ -3,6 +3,12 @@
 //! every partition; anything else gets no answer) and its connection
 //! closes after answering what is in flight. A link Produce that waits in
 //! the Produce filter is checked again there before it is forwarded.
+//!
+//! ApiVersions alone is answered as usual: a client negotiates versions
+//! before anything else on a new connection, and a replicator that
+//! reconnects after the failover must get as far as a Produce to be told,
+//! with the fenced error naming the link, that it is fenced. It changes
+//! nothing and reveals only what any client is told.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,6 +52,7 @@ impl<S: Service> Service for Fence<'_, S> {
 
     fn call(&mut self, request: Request) -> Step<'_, Outcome<S::Pending>> {
         let fenced = match &request.origin {
+            Origin::Link(_) if request.api == Some(ApiKey::ApiVersions) => None,
             Origin::Link(link) => self.ctx.control.fenced(link).map(|m| (Arc::clone(link), m)),
             _ => None,
         };

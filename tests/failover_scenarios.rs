@@ -12,8 +12,6 @@
 //!
 //! Two instances and a failover killed part-way are in `tests/failover.rs`.
 
-#[path = "../examples/replicator.rs"]
-mod replicator;
 mod support;
 
 use std::collections::BTreeMap;
@@ -22,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::Value;
@@ -31,7 +29,6 @@ use tokio::sync::watch;
 use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::Client;
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
-use replicator::{Mode, ReplicatorOptions};
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
@@ -155,20 +152,17 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let source = keep_producing(a.bootstrap(), "orders", Arc::clone(&stop));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut opts = ReplicatorOptions::new(
-        a.bootstrap(),
-        pb.bootstrap.clone(),
-        vec!["orders".into()],
-        "mirror-a",
-    );
-    opts.mode = Mode::Follow;
-    opts.max_retries = 2;
-    opts.retry_backoff = Duration::from_millis(100);
-    opts.shutdown = Some(stop_rx);
-    let replicator = {
+    let mut config =
+        support::replicator::config(&a.bootstrap(), &pb.bootstrap, "orders", "mirror-a");
+    config.until_caught_up = false;
+    let (ended_tx, ended) = std::sync::mpsc::channel();
+    {
         let handle = rt.handle().clone();
-        thread::spawn(move || handle.block_on(replicator::replicate(&opts)))
-    };
+        thread::spawn(move || {
+            let _ =
+                ended_tx.send(handle.block_on(kafka_mirror_proxy::replicate::run(config, stop_rx)));
+        });
+    }
     // A connection of the link that is idle at the failover.
     let mut idle_link = RawClient::connect(&pb.bootstrap)?;
     let r = idle_link.produce(
@@ -254,15 +248,21 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
         barrier_leo.insert(partition, p["log_end_offset"].as_i64().context("leo")?);
     }
 
-    // The replicator keeps trying for a while; nothing it sends lands.
+    // The replicator, fenced, stops on its own with the fenced error;
+    // what it sent meanwhile is checked in the log below.
+    let fenced = ended.recv_timeout(Duration::from_secs(60));
+    // The local producer goes on a while, accepted now.
     thread::sleep(Duration::from_secs(3));
     stop.store(true, Ordering::Relaxed);
     let _ = stop_tx.send(true);
-    // Fenced, it failed or was still retrying when told to stop; what it
-    // sent meanwhile is checked in the log below.
-    let _ = replicator
-        .join()
-        .map_err(|_| anyhow::anyhow!("replicator panicked"))?;
+    let fenced = fenced.context("the fenced replicator did not stop within 60 s")?;
+    match fenced {
+        Err(e @ kafka_mirror_proxy::replicate::ReplicateError::Fenced { .. }) => {
+            ensure!(e.exit_code() == 3, "fenced exit code: {e}");
+            ensure!(e.to_string().contains("'a'"), "it names the link: {e}");
+        }
+        other => bail!("the replicator did not stop as fenced: {other:?}"),
+    }
     trying
         .join()
         .map_err(|_| anyhow::anyhow!("local producer panicked"))?;
@@ -351,18 +351,13 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
     let end_a_before = rt
         .block_on(ca.list_offset("orders", 1, OffsetSpec::Latest))?
         .offset;
-    let mut back = ReplicatorOptions::new(
-        b.bootstrap(),
-        pa.bootstrap.clone(),
-        vec!["orders".into()],
-        "mirror-b",
-    );
+    let mut back = support::replicator::config(&b.bootstrap(), &pa.bootstrap, "orders", "mirror-b");
     // From the barrier on: what B's local producers wrote after the failover.
     back.start_offsets = barrier_leo
         .iter()
         .map(|(p, leo)| (("orders".to_string(), *p), *leo))
         .collect();
-    let report = rt.block_on(replicator::replicate(&back))?;
+    let report = support::replicator::run(&rt, back)?;
     let p1 = report
         .partition("orders", 1)
         .context("partition 1 copied")?;

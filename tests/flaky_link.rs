@@ -1,5 +1,5 @@
 //! The replicator under a flaky proxy → broker connection (issue 9): the
-//! example replicator copies 50,000 records of an idempotent source (two
+//! replicator copies 50,000 records of an idempotent source (two
 //! partitions, librdkafka with `enable.idempotence`) through the proxy
 //! while a TCP relay between the proxy and the destination broker kills a
 //! connection after every 10th request it delivers, before the answer
@@ -14,16 +14,12 @@
 
 mod support;
 
-#[path = "../examples/replicator.rs"]
-mod replicator;
-
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{anyhow, ensure, Context, Result};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use replicator::ReplicatorOptions;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
@@ -116,15 +112,9 @@ fn the_replicator_under_a_flaky_connection_copies_each_record_exactly_once() -> 
     )?;
 
     relay.cut_every(CUT_EVERY);
-    let mut opts = ReplicatorOptions::new(
-        source.bootstrap(),
-        proxy.bootstrap.clone(),
-        vec![TOPIC.to_string()],
-        "mirror-a",
-    );
-    opts.max_retries = 50;
-    opts.retry_backoff = Duration::from_millis(50);
-    let report = rt.block_on(replicator::replicate(&opts)).with_context(|| {
+    let config =
+        support::replicator::config(&source.bootstrap(), &proxy.bootstrap, TOPIC, "mirror-a");
+    let report = support::replicator::run(&rt, config).with_context(|| {
         format!(
             "replicating through a flaky connection; proxy log:\n{}",
             tools::tail_str(&proxy.logs(), 40)

@@ -1,7 +1,7 @@
 //! Source transactions mirrored faithfully (issue 9): a source partition
 //! holding a committed, an aborted and another committed transaction with an
 //! idempotent, non-transactional producer writing in between is copied by the
-//! example replicator (read_committed, its default) through the proxy; a
+//! replicator (read_committed, its default) through the proxy; a
 //! read_committed consumer of the destination then sees exactly the committed
 //! and the non-transactional records, in source order.
 //!
@@ -11,8 +11,6 @@
 //! broker keeps no transaction state for a producer id below 0), so nothing
 //! waits for markers that never come.
 
-#[path = "../examples/replicator.rs"]
-mod replicator;
 mod support;
 
 use std::time::Duration;
@@ -22,7 +20,6 @@ use kafka_mirror_proxy::client::protocol::{IsolationLevel, OffsetSpec};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
-use replicator::ReplicatorOptions;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
@@ -135,14 +132,12 @@ fn a_read_committed_consumer_of_the_destination_sees_exactly_the_committed_recor
     );
 
     // Copy through the proxy, read_committed (the replicator's default).
-    let opts = ReplicatorOptions::new(
-        a.bootstrap(),
-        pb.bootstrap.clone(),
-        vec![TOPIC.to_string()],
-        "mirror-a",
+    let config = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
+    assert_eq!(
+        config.isolation,
+        kafka_mirror_proxy::config::replicator::Isolation::ReadCommitted
     );
-    assert_eq!(opts.isolation, IsolationLevel::ReadCommitted);
-    let report = rt.block_on(replicator::replicate(&opts)).with_context(|| {
+    let report = support::replicator::run(&rt, config).with_context(|| {
         format!(
             "replicating; proxy log:\n{}",
             tools::tail_str(&pb.logs(), 30)

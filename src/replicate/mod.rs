@@ -374,18 +374,22 @@ pub async fn run(
     };
     shared.stopping.store(true, Ordering::Release);
     shared.changed.notify_waiters();
-    // What is in flight is answered (or times out) before the last commit.
-    let drained = tokio::time::timeout(shared.config.request_timeout, async {
-        while shared.table().in_flight() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    if !matches!(why, Stop::Failed(_)) {
+        // What is in flight is answered (or times out) before the last
+        // commit, which then covers it.
+        let drained = tokio::time::timeout(shared.config.request_timeout, async {
+            while shared.table().in_flight() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                "batches still in flight at the stop; they are sent again at the next start"
+            );
         }
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            "batches still in flight at the stop; they are sent again at the next start"
-        );
     }
+    // A fenced link's group requests are refused too: nothing to commit.
     if !matches!(&why, Stop::Failed(ReplicateError::Fenced { .. })) {
         if let Err(e) = progress::commit(&shared, &destination).await {
             tracing::warn!(error = %e, "last progress commit failed; the next start re-sends what it covered");

@@ -40,6 +40,11 @@ struct Ticket {
 
 pub(super) async fn run(shared: Arc<Shared>, destination: Client, node: i32) {
     let mut backoff = shared.backoff();
+    // After a broken connection, one request goes first, alone: a proxy
+    // that fenced the link answers it (PRODUCER_FENCED, naming the link)
+    // and closes; requests written behind it would meet the closed socket,
+    // whose reset can discard that answer unread.
+    let mut careful = false;
     loop {
         if shared.stopping() {
             return;
@@ -61,7 +66,7 @@ pub(super) async fn run(shared: Arc<Shared>, destination: Client, node: i32) {
             }
         };
         let tickets = Mutex::new(VecDeque::new());
-        let ended = session(&shared, node, conn, &tickets).await;
+        let ended = session(&shared, node, conn, &tickets, careful).await;
         // Whatever the connection carried is sent again.
         let now = Instant::now();
         let left: Vec<Ticket> = lock(&tickets).drain(..).collect();
@@ -84,6 +89,7 @@ pub(super) async fn run(shared: Arc<Shared>, destination: Client, node: i32) {
         match ended {
             Ok(()) => return,
             Err(e) => {
+                careful = true;
                 shared.metrics.error(ErrorKind::Produce);
                 shared.metadata_stale.notify_one();
                 let delay = backoff.next_delay();
@@ -102,12 +108,16 @@ async fn session(
     node: i32,
     conn: Connection,
     tickets: &Mutex<VecDeque<Ticket>>,
+    careful: bool,
 ) -> Result<(), ClientError> {
     let (mut tx, mut rx) = conn.pipeline();
-    let permits = Arc::new(Semaphore::new(shared.config.max_in_flight_requests));
+    let max = shared.config.max_in_flight_requests;
+    let permits = Arc::new(Semaphore::new(if careful { 1 } else { max }));
+    // The permits held back until the first answer.
+    let held = if careful { max - 1 } else { 0 };
     let written = Notify::new();
     let writer = write(shared, node, &mut tx, tickets, &permits, &written);
-    let reader = read(shared, &mut rx, tickets, &written);
+    let reader = read(shared, &mut rx, tickets, &written, &permits, held);
     tokio::select! {
         r = writer => r,
         r = reader => r,
@@ -215,6 +225,8 @@ async fn read(
     rx: &mut Receiver,
     tickets: &Mutex<VecDeque<Ticket>>,
     written: &Notify,
+    permits: &Semaphore,
+    mut held: usize,
 ) -> Result<(), ClientError> {
     loop {
         let waiting = written.notified();
@@ -239,6 +251,9 @@ async fn read(
         let outcomes = produce_result_many(&response, sent.version, &parts);
         drop(parts);
         settle(shared, &ticket.batches, outcomes);
+        if held > 0 {
+            permits.add_permits(std::mem::take(&mut held));
+        }
         shared.changed.notify_waiters();
     }
 }

@@ -21,6 +21,14 @@ pub fn replicator_command() -> Command {
 /// `client_id` (`mirror-<link>`), until caught up, with quick retries and
 /// no admin listener.
 pub fn config(source: &str, destination: &str, topics: &str, client_id: &str) -> ReplicatorConfig {
+    // Its log lines go with the test's output (shown when it fails).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("kafka_mirror_proxy=info")),
+        )
+        .with_test_writer()
+        .try_init();
     let link = client_id.strip_prefix("mirror-").unwrap_or(client_id);
     let mut c = ReplicatorConfig::new(source, destination, link, topics);
     c.client_id = client_id.to_string();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Exactly once under chaos (tests/chaos.rs, issue 26) for as long as you
 # like: three destination brokers, a source broker with idempotent and
-# transactional producers, two proxy instances and the example replicator,
+# transactional producers, two proxy instances and the replicator,
 # with the replicator, a proxy and a partition leader killed (SIGKILL) at
 # random points for SECONDS, then a failover; the destination is compared
 # with the source record for record. CI runs the same test for 90 s.

@@ -1,5 +1,5 @@
 //! Exactly once under chaos (issue 26, the acceptance test): real brokers,
-//! the proxy binary and the example replicator binary, with processes
+//! the proxy binary and its `replicate` subcommand, with processes
 //! killed at random points.
 //!
 //! - The destination: three KRaft nodes (combined broker and controller),
@@ -55,7 +55,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -76,7 +76,7 @@ use kafka_mirror_proxy::client::Client;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
-use support::replicator::replicator_bin;
+use support::replicator::replicator_command;
 use support::tools;
 
 /// Mirrored topics and their partitions (the same on both sides).
@@ -346,16 +346,15 @@ struct Replicator {
 impl Replicator {
     fn start(source: &str, destinations: &str, dir: &Path, run: usize) -> Result<Replicator> {
         let log = dir.join(format!("replicator-{run}.log"));
-        let child = Command::new(replicator_bin()?)
-            .args(["--source", source])
-            .args(["--destination", destinations])
+        let child = replicator_command()
+            .args(["--source-bootstrap-servers", source])
+            .args(["--destination-bootstrap-servers", destinations])
             .args(["--topics", "idem,txn"])
-            .args(["--client-id", "mirror-a"])
+            .args(["--link", "a"])
             .args(["--group-id", GROUP])
-            .args(["--mode", "follow"])
             .args(["--commit-interval-ms", "1000"])
             .args(["--retry-backoff-ms", "100"])
-            .args(["--max-retries", "60"])
+            .args(["--admin-listen", "127.0.0.1:0"])
             .stdout(File::create(dir.join(format!("replicator-{run}.out")))?)
             .stderr(File::create(&log)?)
             .spawn()
@@ -505,18 +504,19 @@ fn source_ends(rt: &tokio::runtime::Runtime, src: &Client) -> Result<BTreeMap<(S
         .collect()
 }
 
-/// Waits until the replicator's progress group committed the source's end
-/// offsets in every partition (so the destination acknowledged everything).
+/// Waits until the replicator's progress group (on the destination)
+/// committed the source's end offsets in every partition (so the
+/// destination acknowledged everything).
 fn wait_caught_up(
     rt: &tokio::runtime::Runtime,
-    src: &Client,
+    (src, dest): (&Client, &Client),
     replicator: &mut Replicator,
 ) -> Result<BTreeMap<(String, i32), i64>> {
     let ends = source_ends(rt, src)?;
     let parts = partitions();
     let deadline = Instant::now() + CATCH_UP;
     loop {
-        let committed = rt.block_on(src.committed_offsets(GROUP, &parts))?;
+        let committed = rt.block_on(dest.committed_offsets(GROUP, &parts))?;
         let behind: Vec<String> = ends
             .iter()
             .filter(|(k, e)| committed.get(*k).copied().unwrap_or(-1) < **e)
@@ -911,7 +911,7 @@ fn run(rng: &mut Rng, seed: u64, secs: u64, dir: &Path) -> Result<()> {
     let written = writers.stop()?;
     log(format!("writers stopped: {written:?}"));
     wait_in_sync(&rt, &dest)?;
-    let pre_ends = wait_caught_up(&rt, &src, &mut replicator)?;
+    let pre_ends = wait_caught_up(&rt, (&src, &dest), &mut replicator)?;
     log(format!("the replicator caught up with {pre_ends:?}"));
     let tail = Writers::start(&source.bootstrap(), "tail", seed ^ 0x5441_494c);
     thread::sleep(rng.millis(1_000, 4_000));

@@ -1,7 +1,7 @@
 //! A replicator restart is a supported event (issue 26, item 2): the
-//! example replicator, run as its binary through the proxy binary between
+//! replicator, run as the binary's `replicate` subcommand through the proxy binary between
 //! two real brokers, is killed with SIGKILL twice while it copies and
-//! started again. It keeps its progress in a consumer group on the source
+//! started again. It keeps its progress in a consumer group on the destination
 //! cluster, committed only for acknowledged batches, and resumes from it;
 //! the batches acknowledged between its last commit and the kill are sent
 //! again and the proxy answers them as duplicates (its duplicate counter
@@ -44,7 +44,7 @@ use kafka_mirror_proxy::client::Client;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
-use support::replicator::replicator_bin;
+use support::replicator::replicator_command;
 use support::tools;
 
 const IDEM: &str = "idem";
@@ -83,20 +83,21 @@ impl Replicator {
         proxy: &ProxyProcess,
         dir: &Path,
         run: usize,
-        mode: &str,
+        until_caught_up: bool,
     ) -> Result<Replicator> {
         let log = dir.join(format!("replicator-{run}.log"));
         let out = dir.join(format!("replicator-{run}.out"));
-        let child = Command::new(replicator_bin()?)
-            .args(["--source", &source.bootstrap()])
-            .args(["--destination", &proxy.bootstrap])
+        let child = replicator_command()
+            .args(["--source-bootstrap-servers", &source.bootstrap()])
+            .args(["--destination-bootstrap-servers", &proxy.bootstrap])
             .args(["--topics", &format!("{IDEM},{TXN}")])
-            .args(["--client-id", "mirror-a"])
-            .args(["--mode", mode])
+            .args(["--link", "a"])
+            .args(["--until-caught-up", &until_caught_up.to_string()])
             // Only the batch bound commits while it runs (see the module
             // doc); the default group is replicator.<client id>.
             .args(["--commit-interval-ms", "3600000"])
             .args(["--retry-backoff-ms", "50"])
+            .args(["--admin-listen", "127.0.0.1:0"])
             .stdout(File::create(&out)?)
             .stderr(File::create(&log)?)
             .spawn()
@@ -190,12 +191,13 @@ fn write_phase(idem: &BaseProducer, txn: &BaseProducer, phase: usize) -> Result<
     Ok(())
 }
 
-/// The group's committed offsets of `idem` (0 where none).
-fn committed(rt: &tokio::runtime::Runtime, src: &Client) -> Result<Vec<i64>> {
+/// The group's committed offsets of `idem` (0 where none), on the
+/// destination cluster.
+fn committed(rt: &tokio::runtime::Runtime, dest: &Client) -> Result<Vec<i64>> {
     let parts: Vec<(String, i32)> = (0..IDEM_PARTITIONS)
         .map(|p| (IDEM.to_string(), p))
         .collect();
-    let committed = rt.block_on(src.committed_offsets(GROUP, &parts))?;
+    let committed = rt.block_on(dest.committed_offsets(GROUP, &parts))?;
     Ok(parts
         .iter()
         .map(|k| committed.get(k).copied().unwrap_or(0))
@@ -210,7 +212,7 @@ fn committed(rt: &tokio::runtime::Runtime, src: &Client) -> Result<Vec<i64>> {
 /// so something is, most of the time).
 fn wait_for_copied(
     rt: &tokio::runtime::Runtime,
-    (src, dest): (&Client, &Client),
+    dest: &Client,
     replicator: &mut Replicator,
     records: i64,
 ) -> Result<()> {
@@ -220,7 +222,7 @@ fn wait_for_copied(
         if copied >= records {
             replicator.signal("STOP")?;
             let ends = end_offsets(rt, dest, IDEM, IDEM_PARTITIONS)?;
-            if ends.iter().zip(committed(rt, src)?).any(|(&e, k)| e > k) {
+            if ends.iter().zip(committed(rt, dest)?).any(|(&e, k)| e > k) {
                 return Ok(());
             }
             replicator.signal("CONT")?;
@@ -320,14 +322,14 @@ fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() ->
     let mut kills = Vec::new();
     for phase in 0..2 {
         write_phase(&idem, &txn, phase)?;
-        let mut r = Replicator::start(&source, &proxy, dir.path(), phase, "follow")?;
+        let mut r = Replicator::start(&source, &proxy, dir.path(), phase, false)?;
         // Kill once about half of this phase is copied: some records of
         // the whole stream copied, never all (phase 3 is not written yet).
         let target = phase as i64 * per_phase_total + per_phase_total / 2;
-        wait_for_copied(&rt, (&src, &dest), &mut r, target)?;
+        wait_for_copied(&rt, &dest, &mut r, target)?;
         r.kill()?;
         let copied = end_offsets(&rt, &dest, IDEM, IDEM_PARTITIONS)?;
-        let committed = committed(&rt, &src)?;
+        let committed = committed(&rt, &dest)?;
         eprintln!(
             "kill {}: destination ends {copied:?}, committed {committed:?}",
             phase + 1
@@ -352,7 +354,7 @@ fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() ->
 
     // The last run copies the rest and stops once caught up.
     write_phase(&idem, &txn, 2)?;
-    let mut last = Replicator::start(&source, &proxy, dir.path(), 2, "until-caught-up")?;
+    let mut last = Replicator::start(&source, &proxy, dir.path(), 2, true)?;
     let status = last.child.wait()?;
     ensure!(
         status.success(),

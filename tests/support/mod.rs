@@ -3,7 +3,7 @@
 //! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
 //! crate's own client set up for tests (`crate_client`), a TCP relay that
 //! breaks connections (`relay`), one that holds a request (`hold_relay`),
-//! the example replicator's binary (`replicator`) and free ports (`ports`).
+//! the replicator (`replicator`) and free ports (`ports`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]

@@ -1536,8 +1536,8 @@ fn the_replicator_defaults_to_the_charts_proxy_and_link() -> Result<()> {
 // Dashboard and alerts.
 
 /// The series selectors in a PromQL expression: each `kafka_mirror_proxy_*`
-/// name with its `label="value"` matchers (other matchers, `=~` on
-/// dashboard variables, select nothing fixed).
+/// and `kafka_mirror_replicator_*` name with its `label="value"` matchers
+/// (other matchers, `=~` on dashboard variables, select nothing fixed).
 fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
     let name_re = regex::Regex::new(r"[a-zA-Z_:][a-zA-Z0-9_:]*").expect("regex");
     let eq_re = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)""#).expect("regex");
@@ -1546,7 +1546,9 @@ fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
         let name = m.as_str();
         // Inside a string (a legend or a label value) is not a name.
         let before = &expr[..m.start()];
-        if before.matches('"').count() % 2 == 1 || !name.contains("mirror_proxy") {
+        if before.matches('"').count() % 2 == 1
+            || !(name.contains("mirror_proxy") || name.contains("mirror_replicator"))
+        {
             continue;
         }
         let mut labels = Vec::new();
@@ -1597,18 +1599,44 @@ fn monitoring_expressions() -> Result<Vec<(String, String)>> {
     walk(&dashboard, "dashboard", &mut exprs);
     // The datasource variable's `query` is a plugin type, not PromQL.
     exprs.retain(|(_, e)| e != "prometheus");
+    let proxy_rules = rule_expressions(PROXY_RULES)?;
+    ensure!(
+        proxy_rules.len() >= 5,
+        "only {} alerting rules read",
+        proxy_rules.len()
+    );
+    exprs.extend(proxy_rules);
+    Ok(exprs)
+}
+
+/// The rule groups of the rules file: the proxy's, whose series a running
+/// proxy serves, and the replicator's, whose series a running replicator
+/// serves.
+const PROXY_RULES: &str = "kafka-mirror-proxy";
+const REPLICATOR_RULES: &str = "kafka-mirror-replicator";
+
+/// The `expr` of every alerting rule of the rules file's group `group`
+/// ("rule <alert>", expr); fails on a group of another name, so that no
+/// rule escapes both checks.
+fn rule_expressions(group_name: &str) -> Result<Vec<(String, String)>> {
     let rules_file = repo().join("deploy/prometheus/kafka-mirror-proxy-rules.yaml");
     let rules = yaml_documents(&std::fs::read_to_string(&rules_file)?)?;
-    let mut alerts = 0;
+    let mut exprs = Vec::new();
     for group in rules[0]["groups"].as_array().context("no rule groups")? {
+        let name = text_of(&group["name"]);
+        ensure!(
+            name == PROXY_RULES || name == REPLICATOR_RULES,
+            "rule group {name}: tests/deploy.rs checks only {PROXY_RULES} and {REPLICATOR_RULES}"
+        );
+        if name != group_name {
+            continue;
+        }
         for rule in group["rules"].as_array().context("no rules")? {
             let name = text_of(&rule["alert"]);
             let expr = rule["expr"].as_str().context("rule without expr")?;
             exprs.push((format!("rule {name}"), expr.to_string()));
-            alerts += 1;
         }
     }
-    ensure!(alerts >= 5, "only {alerts} alerting rules read");
     Ok(exprs)
 }
 
@@ -1774,6 +1802,88 @@ fn selectors_are_read_from_promql() {
             ("kafka_mirror_proxy_link_state".to_string(), vec![]),
         ]
     );
+}
+
+/// The replicator's metrics and their labels, from its contract (issue
+/// 42): every one labelled `link`. Written out for the same reason as
+/// `REPLICATOR_FLAGS`; once the subcommand runs in these tests, check the
+/// rules against its `/metrics` as the proxy's are.
+const REPLICATOR_METRICS: &[(&str, &[&str])] = &[
+    (
+        "kafka_mirror_replicator_records_copied_total",
+        &["link", "topic"],
+    ),
+    (
+        "kafka_mirror_replicator_bytes_copied_total",
+        &["link", "topic"],
+    ),
+    (
+        "kafka_mirror_replicator_batches_copied_total",
+        &["link", "topic"],
+    ),
+    (
+        "kafka_mirror_replicator_duplicates_answered_total",
+        &["link"],
+    ),
+    (
+        "kafka_mirror_replicator_partition_lag_records",
+        &["link", "topic", "partition"],
+    ),
+    (
+        "kafka_mirror_replicator_partition_lag_seconds",
+        &["link", "topic", "partition"],
+    ),
+    ("kafka_mirror_replicator_topics_created_total", &["link"]),
+    ("kafka_mirror_replicator_errors_total", &["link", "kind"]),
+    ("kafka_mirror_replicator_fenced", &["link"]),
+];
+
+/// The replicator's alerting rules use only its series, by the contract's
+/// names, with matchers and `by (...)` groupings on labels those series
+/// have (or the scrape's `job` and `instance`); the proxy's rules use none
+/// of them (they are checked against a running proxy's `/metrics`).
+#[test]
+fn the_replicator_alerts_use_its_series() -> Result<()> {
+    let rules = rule_expressions(REPLICATOR_RULES)?;
+    let names: BTreeSet<&str> = rules.iter().map(|(at, _)| at.as_str()).collect();
+    for alert in ["Fenced", "LagGrowing", "Errors"] {
+        let at = format!("rule KafkaMirrorReplicator{alert}");
+        ensure!(names.contains(at.as_str()), "{at} missing: {names:?}");
+    }
+    let by_re = regex::Regex::new(r"\bby\s*\(([^)]*)\)").expect("regex");
+    for (at, expr) in &rules {
+        let used = selectors(expr);
+        ensure!(!used.is_empty(), "{at}: no replicator series in {expr:?}");
+        let mut labels: BTreeSet<&str> = BTreeSet::from(["job", "instance"]);
+        for (name, matchers) in &used {
+            let known = REPLICATOR_METRICS
+                .iter()
+                .find(|(n, _)| n == name)
+                .with_context(|| format!("{at}: {name} is not a replicator metric"))?;
+            labels.extend(known.1.iter().copied());
+            for (label, _) in matchers {
+                ensure!(
+                    known.1.contains(&label.as_str()),
+                    "{at}: {name} has no label {label}"
+                );
+            }
+        }
+        for grouping in by_re.captures_iter(expr) {
+            for label in grouping[1].split(',').map(str::trim) {
+                ensure!(
+                    labels.contains(label),
+                    "{at}: by ({label}), which its series lack"
+                );
+            }
+        }
+    }
+    for (at, expr) in rule_expressions(PROXY_RULES)? {
+        ensure!(
+            !expr.contains("kafka_mirror_replicator_"),
+            "{at}: a replicator series in the proxy's rules"
+        );
+    }
+    Ok(())
 }
 
 /// Wait up to 60 s for `what`.

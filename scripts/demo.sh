@@ -2,16 +2,17 @@
 # The proxy's main job in front of a real local Kafka, start to finish:
 #   1. a destination broker B with the proxy in front of it; Kafka's console
 #      producer and consumer go through the proxy, which is all they ever see;
-#   2. a source broker A whose idempotent producer writes a few records; the
-#      example replicator copies A's batches byte for byte through the proxy
-#      as mirror link "a"; DumpLogSegments shows the producer id on A and
-#      the remapped one on B, and `kafka-mirror-proxy unmap` reads it back;
+#   2. a source broker A whose idempotent producer writes a few records;
+#      `kafka-mirror-proxy replicate` copies A's batches byte for byte
+#      through the proxy as mirror link "a"; DumpLogSegments shows the
+#      producer id on A and the remapped one on B, and `kafka-mirror-proxy
+#      unmap` reads it back;
 #   3. while link a is MIRRORING, its topic is read-only for everyone else:
 #      the console producer's write to `orders` is refused;
 #   4. `kafka-mirror-proxy failover a`: the link goes MIRRORING -> STOPPING
 #      -> STOPPED, with a barrier per partition;
 #   5. the same write is now accepted and read back, and the link's
-#      replicator is fenced.
+#      replicator is fenced (it stops at once with exit code 3).
 # Brokers come from the cached Kafka jars (scripts/kafka-jars.sh); all
 # processes stop when the script ends (KMP_KEEP=1 keeps the work folder).
 set -euo pipefail
@@ -20,7 +21,7 @@ set -euo pipefail
 A_ID=MkU3OEVBNTcwNTJENDM2Qk
 B_ID=q1Zx7Kd8Tj2m4Wf0hYvRsA
 
-(cd "$KMP_ROOT" && cargo build --release --quiet --bin kafka-mirror-proxy --example replicator)
+(cd "$KMP_ROOT" && cargo build --release --quiet --bin kafka-mirror-proxy)
 kmp_init
 kmp_start_broker A "$A_ID"
 kmp_start_broker B "$B_ID"
@@ -43,8 +44,12 @@ for port in "$A_PORT" "$B_PORT"; do
 done
 seq 1 10 | sed 's/^/order-/' | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$A_PORT" \
     --topic orders --command-property enable.idempotence=true
-"$KMP_RELEASE/examples/replicator" --source "127.0.0.1:$A_PORT" --destination "$PROXY" \
-    --topics orders --client-id mirror-a --mode until-caught-up
+# The replicator of link a (client id mirror-a, both sides' default);
+# --until-caught-up returns once it copied what A held when it started. Its
+# admin endpoint on a free port: the default 9191 may be taken here.
+replicate=("$KMP_RELEASE/kafka-mirror-proxy" replicate --source-bootstrap-servers "127.0.0.1:$A_PORT"
+    --destination-bootstrap-servers "$PROXY" --link a --topics orders --until-caught-up)
+"${replicate[@]}" --admin-listen "127.0.0.1:$(kmp_free_port)"
 
 pid_of() { kmp_java org.apache.kafka.tools.DumpLogSegments --files "$1"/data/orders-0/00000000000000000000.log \
     | grep -o 'producerId: [-0-9]*' | head -1 | awk '{print $2}'; }
@@ -82,8 +87,11 @@ out=$(kmp_java org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-serve
     --from-beginning --max-messages 11 --timeout-ms 20000 | tr '\n' ' '); echo "$out"
 grep -q order-local <<<"$out" || { echo "order-local was not read back" >&2; exit 1; }
 echo order-11 | kmp_java org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$A_PORT" --topic orders
-echo "the link's replicator (5 s; it retries closed connections for 30 s before it gives up):"
-timeout 5 "$KMP_RELEASE/examples/replicator" --source "127.0.0.1:$A_PORT" --destination "$PROXY" \
-    --topics orders --client-id mirror-a --mode until-caught-up > "$KMP_WORK/replicator-fenced.log" 2>&1 \
-    && { cat "$KMP_WORK/replicator-fenced.log"; echo "the replicator was not fenced" >&2; exit 1; }
+echo "the link's replicator, with order-11 to copy, is fenced and stops at once with exit code 3:"
+# --until-caught-up: a replicator that is not fenced copies order-11 and
+# exits 0, which fails the demo rather than hanging it (so does the timeout).
+rc=0
+timeout 60 "${replicate[@]}" --admin-listen "127.0.0.1:$(kmp_free_port)" > "$KMP_WORK/replicator-fenced.log" 2>&1 || rc=$?
+tail -3 "$KMP_WORK/replicator-fenced.log"
+[ "$rc" -eq 3 ] || { cat "$KMP_WORK/replicator-fenced.log"; echo "expected exit code 3 (fenced), got $rc" >&2; exit 1; }
 grep -m1 "fenced link" "$KMP_WORK/proxy-P.log" | sed -E 's/\x1b\[[0-9;]*m//g; s/^[^ ]+ +//'

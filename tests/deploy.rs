@@ -892,11 +892,652 @@ fn the_chart_probes_pass_against_the_proxy_started_with_its_environment() -> Res
 }
 
 // ---------------------------------------------------------------------------
+// The replicator's Deployment (`replicator.enabled`).
+
+/// The replicator's flags, from its contract (`kafka-mirror-proxy
+/// replicate`, issue 42): each is also `MIRROR_REPLICATOR_<FLAG>`. Written
+/// out here because the chart is built beside the subcommand; once
+/// `src/` has the subcommand's own list, take the names from there as the
+/// proxy's checks take `config::VARIABLES`.
+const REPLICATOR_FLAGS: &[&str] = &[
+    "SOURCE_BOOTSTRAP_SERVERS",
+    "DESTINATION_BOOTSTRAP_SERVERS",
+    "LINK",
+    "CLIENT_ID",
+    "TOPICS",
+    "GROUP_ID",
+    "ADMIN_LISTEN",
+    "DISCOVERY_INTERVAL_MS",
+    "START_OFFSET",
+    "ISOLATION_LEVEL",
+    "FETCH_MAX_BYTES",
+    "PARTITION_FETCH_MAX_BYTES",
+    "MAX_BUFFERED_BYTES",
+    "MAX_IN_FLIGHT_REQUESTS",
+    "CREATE_TOPICS",
+    "REPLICATION_FACTOR",
+    "UNTIL_CAUGHT_UP",
+    "LOG_FORMAT",
+    "SOURCE_TLS",
+    "SOURCE_TLS_CA",
+    "SOURCE_TLS_CERT",
+    "SOURCE_TLS_KEY",
+    "SOURCE_TLS_SERVER_NAME",
+    "SOURCE_SASL_MECHANISM",
+    "SOURCE_SASL_USERNAME",
+    "SOURCE_SASL_PASSWORD",
+    "DESTINATION_TLS",
+    "DESTINATION_TLS_CA",
+    "DESTINATION_TLS_CERT",
+    "DESTINATION_TLS_KEY",
+    "DESTINATION_TLS_SERVER_NAME",
+    "DESTINATION_SASL_MECHANISM",
+    "DESTINATION_SASL_USERNAME",
+    "DESTINATION_SASL_PASSWORD",
+];
+
+const REPLICATOR_PREFIX: &str = "MIRROR_REPLICATOR_";
+
+/// The flags the chart derives from structured values (or refuses); every
+/// other one goes through `replicator.config`.
+const REPLICATOR_CHART_MANAGED: &[&str] = &[
+    "SOURCE_BOOTSTRAP_SERVERS",
+    "DESTINATION_BOOTSTRAP_SERVERS",
+    "LINK",
+    "CLIENT_ID",
+    "TOPICS",
+    "GROUP_ID",
+    "ADMIN_LISTEN",
+    "UNTIL_CAUGHT_UP",
+    "SOURCE_TLS",
+    "SOURCE_TLS_CA",
+    "SOURCE_TLS_CERT",
+    "SOURCE_TLS_KEY",
+    "SOURCE_TLS_SERVER_NAME",
+    "SOURCE_SASL_PASSWORD",
+    "DESTINATION_TLS",
+    "DESTINATION_TLS_CA",
+    "DESTINATION_TLS_CERT",
+    "DESTINATION_TLS_KEY",
+    "DESTINATION_TLS_SERVER_NAME",
+    "DESTINATION_SASL_PASSWORD",
+];
+
+const REPLICATOR: &str = "kmp-kafka-mirror-proxy-replicator";
+
+fn replicator_deployment(docs: &[Value]) -> Result<&Value> {
+    find(docs, "Deployment", REPLICATOR)
+}
+
+fn replicator_container(docs: &[Value]) -> Result<&Value> {
+    let containers = replicator_deployment(docs)?["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .context("no containers")?;
+    ensure!(containers.len() == 1, "{containers:?}");
+    Ok(&containers[0])
+}
+
+/// Whether a `matchLabels` selector (or a Service's `selector`) selects
+/// an object with `labels`.
+fn selects(selector: &Value, labels: &Value) -> Result<bool> {
+    let selector = selector.as_object().context("selector not a map")?;
+    ensure!(!selector.is_empty(), "an empty selector selects everything");
+    Ok(selector.iter().all(|(k, v)| labels[k] == *v))
+}
+
+/// A proxy in nodePorts mode with link `east` (topics, a client id of its
+/// own) and, when `replicator` is given, the replicator with those values.
+fn with_replicator(replicator: Value) -> Value {
+    json!({
+        "config": {
+            "BOOTSTRAP_SERVERS": "kafka-0.kafka:9092",
+            "ADVERTISED_HOST": "kafka-proxy.example.com",
+        },
+        "links": [{
+            "name": "east",
+            "sourceClusterId": "MkU3OEVBNTcwNTJENDM2Qk",
+            "topics": ["orders", "payments-.*"],
+            "clientId": "mirror-east-dc",
+        }],
+        "routing": {"bootstrapPort": 19092, "brokerPortBase": 19100, "nodeIds": [1]},
+        "serviceMonitor": {"enabled": true},
+        "replicator": replicator,
+    })
+}
+
+/// `helm template` with a values file of the chart (`ci/...`).
+fn rendered_with_file(helm: &Path, file: &Path) -> Result<Vec<Value>> {
+    let dir = tempfile::tempdir()?;
+    let out = Command::new(helm)
+        .arg("template")
+        .arg("kmp")
+        .arg(chart())
+        .arg("--namespace")
+        .arg("mirror")
+        .arg("-f")
+        .arg(file)
+        .env("HELM_CACHE_HOME", dir.path().join("cache"))
+        .env("HELM_CONFIG_HOME", dir.path().join("config"))
+        .env("HELM_DATA_HOME", dir.path().join("data"))
+        .output()
+        .context("running helm template")?;
+    ensure!(
+        out.status.success(),
+        "helm template -f {}:\n{}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_documents(&String::from_utf8(out.stdout)?)
+}
+
+/// Off by default: nothing of the replicator renders without
+/// `replicator.enabled` (nor with the SNI CI values, which leave it off);
+/// the example CI values enable it, so CI lints and renders it.
+#[test]
+fn the_replicator_renders_only_when_enabled() -> Result<()> {
+    let helm = helm()?;
+    let is_replicator = |d: &Value| text_of(&d["metadata"]["name"]).contains("replicator");
+    let mut off = with_replicator(json!({}));
+    if let Some(values) = off.as_object_mut() {
+        values.remove("replicator");
+    }
+    let docs = rendered(&helm, &off)?;
+    ensure!(!docs.is_empty(), "nothing rendered");
+    let stray: Vec<_> = docs.iter().filter(|d| is_replicator(d)).collect();
+    ensure!(stray.is_empty(), "rendered while off: {stray:?}");
+    // Even half-configured: off means not validated either.
+    let docs = rendered(
+        &helm,
+        &with_replicator(json!({"enabled": false, "link": "nowhere"})),
+    )?;
+    ensure!(!docs.iter().any(is_replicator), "rendered while off");
+
+    let sni = rendered_with_file(&helm, &chart().join("ci/sni-values.yaml"))?;
+    ensure!(
+        !sni.iter().any(is_replicator),
+        "ci/sni-values.yaml renders it"
+    );
+    let example = rendered_with_file(&helm, &chart().join("ci/example-values.yaml"))?;
+    let kinds: BTreeSet<String> = example
+        .iter()
+        .filter(|d| is_replicator(d))
+        .map(|d| text_of(&d["kind"]))
+        .collect();
+    ensure!(
+        kinds == BTreeSet::from(["Deployment", "Service", "ServiceMonitor"].map(String::from)),
+        "ci/example-values.yaml renders of the replicator: {kinds:?}"
+    );
+    let env = env_of(replicator_container(&example)?)?;
+    ensure!(
+        env[&format!("{REPLICATOR_PREFIX}SOURCE_SASL_PASSWORD")]
+            == json!({"valueFrom": {"secretKeyRef": {"name": "kafka-east-credentials", "key": "password"}}}),
+        "ci/example-values.yaml: {env:?}"
+    );
+    Ok(())
+}
+
+/// Every flag of the contract reaches the replicator's container as
+/// `MIRROR_REPLICATOR_<FLAG>`, with the value or Secret reference given,
+/// and nothing else does; it runs `replicate` from the proxy's image with
+/// probes on its admin port, the proxy's security settings, the TLS
+/// Secrets mounted where the variables point; and its pods are not taken
+/// for the proxy's (or the other way round) by any selector.
+#[test]
+fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
+    let helm = helm()?;
+    let mut config = serde_json::Map::new();
+    let mut expected: BTreeMap<String, Value> = BTreeMap::new();
+    for (i, flag) in REPLICATOR_FLAGS.iter().enumerate() {
+        if !REPLICATOR_CHART_MANAGED.contains(flag) {
+            let value = format!("{}", 80_001 + i);
+            config.insert(flag.to_string(), json!(value));
+            expected.insert(format!("{REPLICATOR_PREFIX}{flag}"), json!(value));
+        }
+    }
+    let secret =
+        |name: &str, key: &str| json!({"valueFrom": {"secretKeyRef": {"name": name, "key": key}}});
+    for (flag, value) in [
+        ("SOURCE_BOOTSTRAP_SERVERS", json!("src-0:9092,src-1:9092")),
+        ("DESTINATION_BOOTSTRAP_SERVERS", json!("proxy.other:9092")),
+        ("LINK", json!("east")),
+        ("CLIENT_ID", json!("mirror-east-dc")),
+        ("TOPICS", json!("orders,payments-.*")),
+        ("GROUP_ID", json!("replicator.east.v2")),
+        ("ADMIN_LISTEN", json!("0.0.0.0:19191")),
+        ("SOURCE_TLS", json!("true")),
+        (
+            "SOURCE_TLS_CA",
+            json!("/etc/kafka-mirror-proxy/tls/source/src-ca.pem"),
+        ),
+        (
+            "SOURCE_TLS_CERT",
+            json!("/etc/kafka-mirror-proxy/tls/source/src.crt"),
+        ),
+        (
+            "SOURCE_TLS_KEY",
+            json!("/etc/kafka-mirror-proxy/tls/source/src.key"),
+        ),
+        ("SOURCE_TLS_SERVER_NAME", json!("kafka.source.example.com")),
+        (
+            "SOURCE_SASL_PASSWORD",
+            secret("source-credentials", "password"),
+        ),
+        ("DESTINATION_TLS", json!("true")),
+        (
+            "DESTINATION_TLS_CA",
+            json!("/etc/kafka-mirror-proxy/tls/destination/ca.crt"),
+        ),
+        (
+            "DESTINATION_TLS_CERT",
+            json!("/etc/kafka-mirror-proxy/tls/destination/tls.crt"),
+        ),
+        (
+            "DESTINATION_TLS_KEY",
+            json!("/etc/kafka-mirror-proxy/tls/destination/tls.key"),
+        ),
+        (
+            "DESTINATION_TLS_SERVER_NAME",
+            json!("proxy.other.example.com"),
+        ),
+        (
+            "DESTINATION_SASL_PASSWORD",
+            secret("dest-credentials", "secret"),
+        ),
+    ] {
+        expected.insert(format!("{REPLICATOR_PREFIX}{flag}"), value);
+    }
+    let mut values = with_replicator(json!({
+        "enabled": true,
+        "replicaCount": 3,
+        "link": "east",
+        "sourceBootstrapServers": "src-0:9092,src-1:9092",
+        "destinationBootstrapServers": "proxy.other:9092",
+        "topics": ["orders", "payments-.*"],
+        "clientId": "mirror-east-dc",
+        "groupId": "replicator.east.v2",
+        "config": config,
+        "secretEnv": {
+            "SOURCE_SASL_PASSWORD": {"name": "source-credentials", "key": "password"},
+            "DESTINATION_SASL_PASSWORD": {"name": "dest-credentials", "key": "secret"},
+        },
+        "tls": {
+            "source": {"secretName": "source-tls", "caKey": "src-ca.pem", "certKey": "src.crt", "keyKey": "src.key", "serverName": "kafka.source.example.com"},
+            "destination": {"secretName": "replicator-tls", "certKey": "tls.crt", "keyKey": "tls.key", "serverName": "proxy.other.example.com"},
+        },
+        "admin": {"port": 19191},
+        "terminationGracePeriodSeconds": 75,
+    }));
+    // The link's tlsSubject, which needs the client certificate given.
+    values["links"][0]["tlsSubject"] = json!("CN=replicator");
+    let docs = rendered(&helm, &values)?;
+    let c = replicator_container(&docs)?;
+    let env = env_of(c)?;
+
+    // Every name is one of the contract's flags.
+    let unknown: Vec<_> = env
+        .keys()
+        .filter(|k| {
+            k.strip_prefix(REPLICATOR_PREFIX)
+                .is_none_or(|flag| !REPLICATOR_FLAGS.contains(&flag))
+        })
+        .collect();
+    ensure!(unknown.is_empty(), "not flags of the contract: {unknown:?}");
+    // Every flag is set as given, but --until-caught-up (a Deployment's
+    // replicator runs until stopped).
+    let mut missing = Vec::new();
+    for (name, value) in &expected {
+        match env.get(name) {
+            None => missing.push(name.clone()),
+            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "flags not in the container: {missing:?}"
+    );
+    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
+    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    ensure!(
+        expected.len() == REPLICATOR_FLAGS.len() - 1
+            && !env.contains_key(&format!("{REPLICATOR_PREFIX}UNTIL_CAUGHT_UP")),
+        "{} of {} flags expected",
+        expected.len(),
+        REPLICATOR_FLAGS.len()
+    );
+    println!(
+        "{} replicator variables rendered into its container",
+        env.len()
+    );
+
+    // The subcommand of the proxy's image.
+    let proxy = container(&docs)?;
+    ensure!(c["args"] == json!(["replicate"]), "args {}", c["args"]);
+    ensure!(
+        c["image"] == proxy["image"] && c["imagePullPolicy"] == proxy["imagePullPolicy"],
+        "image {} beside the proxy's {}",
+        c["image"],
+        proxy["image"]
+    );
+    // Probes on the admin port the replicator listens on (ADMIN_LISTEN).
+    let ports = c["ports"].as_array().context("no ports")?;
+    ensure!(
+        ports.len() == 1
+            && ports[0]["name"] == "admin"
+            && text_of(&ports[0]["containerPort"]) == "19191",
+        "ports {ports:?}"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &c[probe]["httpGet"];
+        ensure!(
+            get["path"] == path && get["port"] == "admin",
+            "{probe}: {}",
+            c[probe]
+        );
+        ensure!(
+            !c[probe]["periodSeconds"].is_null() && !c[probe]["failureThreshold"].is_null(),
+            "{probe} without its settings: {}",
+            c[probe]
+        );
+    }
+    // The proxy's security settings, pod and container.
+    let pod = &replicator_deployment(&docs)?["spec"]["template"]["spec"];
+    let proxy_pod =
+        &find(&docs, "Deployment", "kmp-kafka-mirror-proxy")?["spec"]["template"]["spec"];
+    ensure!(
+        c["securityContext"] == proxy["securityContext"]
+            && c["securityContext"]["readOnlyRootFilesystem"] == "true",
+        "container securityContext {}",
+        c["securityContext"]
+    );
+    ensure!(
+        pod["securityContext"] == proxy_pod["securityContext"]
+            && pod["securityContext"]["runAsNonRoot"] == "true",
+        "pod securityContext {}",
+        pod["securityContext"]
+    );
+    ensure!(
+        text_of(&pod["terminationGracePeriodSeconds"]) == "75",
+        "terminationGracePeriodSeconds {}",
+        pod["terminationGracePeriodSeconds"]
+    );
+    ensure!(
+        text_of(&replicator_deployment(&docs)?["spec"]["replicas"]) == "3",
+        "replicas"
+    );
+    // The TLS Secrets mounted where the variables point.
+    for (volume, secret, path) in [
+        (
+            "tls-source",
+            "source-tls",
+            "/etc/kafka-mirror-proxy/tls/source",
+        ),
+        (
+            "tls-destination",
+            "replicator-tls",
+            "/etc/kafka-mirror-proxy/tls/destination",
+        ),
+    ] {
+        let volumes = pod["volumes"].as_array().context("no volumes")?;
+        ensure!(
+            volumes
+                .iter()
+                .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
+            "volume {volume} of Secret {secret} missing: {volumes:?}"
+        );
+        let mounts = c["volumeMounts"].as_array().context("no mounts")?;
+        ensure!(
+            mounts
+                .iter()
+                .any(|m| m["name"] == volume && m["mountPath"] == path && m["readOnly"] == "true"),
+            "{volume} not mounted read-only at {path}: {mounts:?}"
+        );
+    }
+
+    // Selectors: the proxy's never take a replicator pod or its admin
+    // Service, the replicator's take exactly its own.
+    let replicator_pod = &replicator_deployment(&docs)?["spec"]["template"]["metadata"]["labels"];
+    let proxy_pod_labels = &find(&docs, "Deployment", "kmp-kafka-mirror-proxy")?["spec"]
+        ["template"]["metadata"]["labels"];
+    let replicator_selector = &replicator_deployment(&docs)?["spec"]["selector"]["matchLabels"];
+    ensure!(
+        selects(replicator_selector, replicator_pod)?,
+        "the replicator's Deployment does not select its pods"
+    );
+    ensure!(
+        !selects(replicator_selector, proxy_pod_labels)?,
+        "the replicator's Deployment selects the proxy's pods"
+    );
+    for (kind, name, path) in [
+        (
+            "Deployment",
+            "kmp-kafka-mirror-proxy",
+            "/spec/selector/matchLabels",
+        ),
+        ("Service", "kmp-kafka-mirror-proxy", "/spec/selector"),
+        ("Service", "kmp-kafka-mirror-proxy-admin", "/spec/selector"),
+        (
+            "PodDisruptionBudget",
+            "kmp-kafka-mirror-proxy",
+            "/spec/selector/matchLabels",
+        ),
+    ] {
+        let selector = find(&docs, kind, name)?
+            .pointer(path)
+            .context("no selector")?;
+        ensure!(
+            selects(selector, proxy_pod_labels)?,
+            "{kind} {name} does not select the proxy's pods"
+        );
+        ensure!(
+            !selects(selector, replicator_pod)?,
+            "{kind} {name} selects the replicator's pods"
+        );
+    }
+    let admin = find(&docs, "Service", &format!("{REPLICATOR}-admin"))?;
+    ensure!(
+        selects(&admin["spec"]["selector"], replicator_pod)?,
+        "the replicator's admin Service misses its pods"
+    );
+    ensure!(
+        admin["spec"]["ports"][0]["targetPort"] == "admin"
+            && text_of(&admin["spec"]["ports"][0]["port"]) == "19191",
+        "admin Service ports {}",
+        admin["spec"]["ports"]
+    );
+    let proxy_admin =
+        &find(&docs, "Service", "kmp-kafka-mirror-proxy-admin")?["metadata"]["labels"];
+    let monitor = &find(&docs, "ServiceMonitor", REPLICATOR)?["spec"];
+    ensure!(
+        selects(
+            &monitor["selector"]["matchLabels"],
+            &admin["metadata"]["labels"]
+        )?,
+        "its ServiceMonitor misses its admin Service"
+    );
+    ensure!(
+        !selects(&monitor["selector"]["matchLabels"], proxy_admin)?,
+        "its ServiceMonitor scrapes the proxy"
+    );
+    ensure!(
+        monitor["endpoints"][0]["port"] == "admin" && monitor["endpoints"][0]["path"] == "/metrics",
+        "its ServiceMonitor endpoint {}",
+        monitor["endpoints"]
+    );
+    let proxy_monitor = &find(&docs, "ServiceMonitor", "kmp-kafka-mirror-proxy")?["spec"]
+        ["selector"]["matchLabels"];
+    ensure!(
+        !selects(proxy_monitor, &admin["metadata"]["labels"])?,
+        "the proxy's ServiceMonitor scrapes the replicator with the proxy's token"
+    );
+    Ok(())
+}
+
+/// Left unset, the destination is this chart's proxy (its Service; the SNI
+/// bootstrap name in sni mode), and the topics and client id are the
+/// link's; what cannot work is refused with the value to set named.
+#[test]
+fn the_replicator_defaults_to_the_charts_proxy_and_link() -> Result<()> {
+    let helm = helm()?;
+    let var = |env: &BTreeMap<String, Value>, flag: &str| {
+        env.get(&format!("{REPLICATOR_PREFIX}{flag}")).cloned()
+    };
+    let minimal = json!({"enabled": true, "link": "east", "sourceBootstrapServers": "src:9092"});
+
+    let docs = rendered(&helm, &with_replicator(minimal.clone()))?;
+    let env = env_of(replicator_container(&docs)?)?;
+    for (flag, want) in [
+        (
+            "DESTINATION_BOOTSTRAP_SERVERS",
+            Some(json!("kmp-kafka-mirror-proxy.mirror.svc:19092")),
+        ),
+        ("TOPICS", Some(json!("orders,payments-.*"))),
+        ("CLIENT_ID", Some(json!("mirror-east-dc"))),
+        ("ADMIN_LISTEN", Some(json!("0.0.0.0:9191"))),
+        ("LOG_FORMAT", Some(json!("json"))),
+        // The replicator's own defaults apply: replicator.<client id>.
+        ("GROUP_ID", None),
+        ("DESTINATION_TLS", None),
+    ] {
+        ensure!(
+            var(&env, flag) == want,
+            "{flag}: {:?}, expected {want:?}",
+            var(&env, flag)
+        );
+    }
+    // The proxy Service named is the one rendered, at its bootstrap port.
+    let service = find(&docs, "Service", "kmp-kafka-mirror-proxy")?;
+    ensure!(
+        text_of(&service["spec"]["ports"][0]["port"]) == "19092",
+        "{}",
+        service["spec"]["ports"]
+    );
+    // A link without a client id: both sides keep their default, mirror-<link>.
+    let mut plain = with_replicator(minimal.clone());
+    if let Some(link) = plain["links"][0].as_object_mut() {
+        link.remove("clientId");
+    }
+    let env = env_of(replicator_container(&rendered(&helm, &plain)?)?)?;
+    ensure!(
+        var(&env, "CLIENT_ID").is_none(),
+        "CLIENT_ID {:?}",
+        var(&env, "CLIENT_ID")
+    );
+
+    // The proxy serving TLS (nodePorts): every node is reached at
+    // ADVERTISED_HOST, the name its certificate is checked against.
+    let mut tls = with_replicator(minimal.clone());
+    tls["tls"] = json!({"client": {"secretName": "proxy-tls"}});
+    tls["replicator"]["tls"] = json!({"destination": {"secretName": "proxy-ca"}});
+    let env = env_of(replicator_container(&rendered(&helm, &tls)?)?)?;
+    ensure!(
+        var(&env, "DESTINATION_TLS_SERVER_NAME") == Some(json!("kafka-proxy.example.com"))
+            && var(&env, "DESTINATION_TLS_CA")
+                == Some(json!("/etc/kafka-mirror-proxy/tls/destination/ca.crt")),
+        "{env:?}"
+    );
+    // SNI routing: the bootstrap name, at the advertised port.
+    let mut sni = tls.clone();
+    sni["routing"] = json!({"mode": "sni", "bootstrapPort": 19092, "sni": {
+        "hostPattern": "broker-$(nodeId).kafka.example.com",
+        "bootstrapHost": "bootstrap.kafka.example.com",
+        "advertisedPort": 443,
+    }});
+    if let Some(config) = sni["config"].as_object_mut() {
+        config.remove("ADVERTISED_HOST");
+    }
+    let env = env_of(replicator_container(&rendered(&helm, &sni)?)?)?;
+    ensure!(
+        var(&env, "DESTINATION_BOOTSTRAP_SERVERS")
+            == Some(json!("bootstrap.kafka.example.com:443"))
+            && var(&env, "DESTINATION_TLS_SERVER_NAME").is_none(),
+        "{env:?}"
+    );
+
+    // Refused, each naming what to set.
+    let case = |f: &dyn Fn(&mut Value)| {
+        let mut v = with_replicator(minimal.clone());
+        f(&mut v);
+        v
+    };
+    for (what, values, needle) in [
+        (
+            "no source",
+            case(&|v| v["replicator"]["sourceBootstrapServers"] = json!("")),
+            "replicator.sourceBootstrapServers",
+        ),
+        (
+            "no link",
+            case(&|v| v["replicator"]["link"] = json!("")),
+            "replicator.link",
+        ),
+        (
+            "a link the proxy lacks",
+            case(&|v| v["replicator"]["link"] = json!("west")),
+            "replicator.destinationBootstrapServers",
+        ),
+        (
+            "another client id",
+            case(&|v| v["replicator"]["clientId"] = json!("mirror-east")),
+            "replicator.clientId",
+        ),
+        (
+            "a TLS proxy without the CA",
+            case(&|v| v["tls"] = json!({"client": {"secretName": "proxy-tls"}})),
+            "replicator.tls.destination.secretName",
+        ),
+        (
+            "a tlsSubject without a certificate",
+            case(&|v| v["links"][0]["tlsSubject"] = json!("CN=replicator")),
+            "certKey",
+        ),
+        (
+            "TOPICS in config",
+            case(&|v| v["replicator"]["config"] = json!({"TOPICS": "x"})),
+            "replicator.topics",
+        ),
+        (
+            "UNTIL_CAUGHT_UP in config",
+            case(&|v| v["replicator"]["config"] = json!({"UNTIL_CAUGHT_UP": "true"})),
+            "runs until stopped",
+        ),
+        (
+            "a password in config",
+            case(&|v| v["replicator"]["config"] = json!({"SOURCE_SASL_PASSWORD": "x"})),
+            "replicator.secretEnv",
+        ),
+        (
+            "a prefixed key",
+            case(&|v| v["replicator"]["config"] = json!({"MIRROR_REPLICATOR_LINK": "x"})),
+            "without the MIRROR_REPLICATOR_ prefix",
+        ),
+    ] {
+        match render(&helm, &values)? {
+            Ok(_) => bail!("{what} was accepted"),
+            Err(e) => ensure!(
+                e.contains(needle),
+                "{what}: refused without naming {needle}: {e}"
+            ),
+        }
+    }
+    // A link of another proxy is fine with that proxy named.
+    let mut other = with_replicator(minimal);
+    other["replicator"]["link"] = json!("west");
+    other["replicator"]["topics"] = json!(["t"]);
+    other["replicator"]["destinationBootstrapServers"] = json!("other-proxy:9092");
+    let env = env_of(replicator_container(&rendered(&helm, &other)?)?)?;
+    ensure!(
+        var(&env, "DESTINATION_BOOTSTRAP_SERVERS") == Some(json!("other-proxy:9092")),
+        "{env:?}"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
 // Dashboard and alerts.
 
 /// The series selectors in a PromQL expression: each `kafka_mirror_proxy_*`
-/// name with its `label="value"` matchers (other matchers, `=~` on
-/// dashboard variables, select nothing fixed).
+/// and `kafka_mirror_replicator_*` name with its `label="value"` matchers
+/// (other matchers, `=~` on dashboard variables, select nothing fixed).
 fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
     let name_re = regex::Regex::new(r"[a-zA-Z_:][a-zA-Z0-9_:]*").expect("regex");
     let eq_re = regex::Regex::new(r#"([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)""#).expect("regex");
@@ -905,7 +1546,9 @@ fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
         let name = m.as_str();
         // Inside a string (a legend or a label value) is not a name.
         let before = &expr[..m.start()];
-        if before.matches('"').count() % 2 == 1 || !name.contains("mirror_proxy") {
+        if before.matches('"').count() % 2 == 1
+            || !(name.contains("mirror_proxy") || name.contains("mirror_replicator"))
+        {
             continue;
         }
         let mut labels = Vec::new();
@@ -956,18 +1599,44 @@ fn monitoring_expressions() -> Result<Vec<(String, String)>> {
     walk(&dashboard, "dashboard", &mut exprs);
     // The datasource variable's `query` is a plugin type, not PromQL.
     exprs.retain(|(_, e)| e != "prometheus");
+    let proxy_rules = rule_expressions(PROXY_RULES)?;
+    ensure!(
+        proxy_rules.len() >= 5,
+        "only {} alerting rules read",
+        proxy_rules.len()
+    );
+    exprs.extend(proxy_rules);
+    Ok(exprs)
+}
+
+/// The rule groups of the rules file: the proxy's, whose series a running
+/// proxy serves, and the replicator's, whose series a running replicator
+/// serves.
+const PROXY_RULES: &str = "kafka-mirror-proxy";
+const REPLICATOR_RULES: &str = "kafka-mirror-replicator";
+
+/// The `expr` of every alerting rule of the rules file's group `group`
+/// ("rule <alert>", expr); fails on a group of another name, so that no
+/// rule escapes both checks.
+fn rule_expressions(group_name: &str) -> Result<Vec<(String, String)>> {
     let rules_file = repo().join("deploy/prometheus/kafka-mirror-proxy-rules.yaml");
     let rules = yaml_documents(&std::fs::read_to_string(&rules_file)?)?;
-    let mut alerts = 0;
+    let mut exprs = Vec::new();
     for group in rules[0]["groups"].as_array().context("no rule groups")? {
+        let name = text_of(&group["name"]);
+        ensure!(
+            name == PROXY_RULES || name == REPLICATOR_RULES,
+            "rule group {name}: tests/deploy.rs checks only {PROXY_RULES} and {REPLICATOR_RULES}"
+        );
+        if name != group_name {
+            continue;
+        }
         for rule in group["rules"].as_array().context("no rules")? {
             let name = text_of(&rule["alert"]);
             let expr = rule["expr"].as_str().context("rule without expr")?;
             exprs.push((format!("rule {name}"), expr.to_string()));
-            alerts += 1;
         }
     }
-    ensure!(alerts >= 5, "only {alerts} alerting rules read");
     Ok(exprs)
 }
 
@@ -1133,6 +1802,88 @@ fn selectors_are_read_from_promql() {
             ("kafka_mirror_proxy_link_state".to_string(), vec![]),
         ]
     );
+}
+
+/// The replicator's metrics and their labels, from its contract (issue
+/// 42): every one labelled `link`. Written out for the same reason as
+/// `REPLICATOR_FLAGS`; once the subcommand runs in these tests, check the
+/// rules against its `/metrics` as the proxy's are.
+const REPLICATOR_METRICS: &[(&str, &[&str])] = &[
+    (
+        "kafka_mirror_replicator_records_copied_total",
+        &["link", "topic"],
+    ),
+    (
+        "kafka_mirror_replicator_bytes_copied_total",
+        &["link", "topic"],
+    ),
+    (
+        "kafka_mirror_replicator_batches_copied_total",
+        &["link", "topic"],
+    ),
+    (
+        "kafka_mirror_replicator_duplicates_answered_total",
+        &["link"],
+    ),
+    (
+        "kafka_mirror_replicator_partition_lag_records",
+        &["link", "topic", "partition"],
+    ),
+    (
+        "kafka_mirror_replicator_partition_lag_seconds",
+        &["link", "topic", "partition"],
+    ),
+    ("kafka_mirror_replicator_topics_created_total", &["link"]),
+    ("kafka_mirror_replicator_errors_total", &["link", "kind"]),
+    ("kafka_mirror_replicator_fenced", &["link"]),
+];
+
+/// The replicator's alerting rules use only its series, by the contract's
+/// names, with matchers and `by (...)` groupings on labels those series
+/// have (or the scrape's `job` and `instance`); the proxy's rules use none
+/// of them (they are checked against a running proxy's `/metrics`).
+#[test]
+fn the_replicator_alerts_use_its_series() -> Result<()> {
+    let rules = rule_expressions(REPLICATOR_RULES)?;
+    let names: BTreeSet<&str> = rules.iter().map(|(at, _)| at.as_str()).collect();
+    for alert in ["Fenced", "LagGrowing", "Errors"] {
+        let at = format!("rule KafkaMirrorReplicator{alert}");
+        ensure!(names.contains(at.as_str()), "{at} missing: {names:?}");
+    }
+    let by_re = regex::Regex::new(r"\bby\s*\(([^)]*)\)").expect("regex");
+    for (at, expr) in &rules {
+        let used = selectors(expr);
+        ensure!(!used.is_empty(), "{at}: no replicator series in {expr:?}");
+        let mut labels: BTreeSet<&str> = BTreeSet::from(["job", "instance"]);
+        for (name, matchers) in &used {
+            let known = REPLICATOR_METRICS
+                .iter()
+                .find(|(n, _)| n == name)
+                .with_context(|| format!("{at}: {name} is not a replicator metric"))?;
+            labels.extend(known.1.iter().copied());
+            for (label, _) in matchers {
+                ensure!(
+                    known.1.contains(&label.as_str()),
+                    "{at}: {name} has no label {label}"
+                );
+            }
+        }
+        for grouping in by_re.captures_iter(expr) {
+            for label in grouping[1].split(',').map(str::trim) {
+                ensure!(
+                    labels.contains(label),
+                    "{at}: by ({label}), which its series lack"
+                );
+            }
+        }
+    }
+    for (at, expr) in rule_expressions(PROXY_RULES)? {
+        ensure!(
+            !expr.contains("kafka_mirror_replicator_"),
+            "{at}: a replicator series in the proxy's rules"
+        );
+    }
+    Ok(())
 }
 
 /// Wait up to 60 s for `what`.

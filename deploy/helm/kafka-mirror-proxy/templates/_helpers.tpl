@@ -223,3 +223,183 @@ exec:
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/*
+The replicator (`kafka-mirror-proxy replicate`). Its pods carry their own
+app.kubernetes.io/name (<name>-replicator): the proxy's selectors (its
+Deployment, Services, PodDisruptionBudget) match on name and instance, so
+with the proxy's name they would take the replicator's pods for proxies.
+*/}}
+{{- define "kmp.replicatorFullname" -}}
+{{- printf "%s-replicator" (include "kmp.fullname" . | trunc 46 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "kmp.replicatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-replicator" (include "kmp.name" . | trunc 52 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kmp.replicatorLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "kmp.replicatorSelectorLabels" . }}
+app.kubernetes.io/part-of: {{ include "kmp.name" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* The entry of `links` the replicator writes as (empty if none). */}}
+{{- define "kmp.replicatorLink" -}}
+{{- range .Values.links -}}
+{{- if eq (toString .name) (toString $.Values.replicator.link) -}}{{ toJson . }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse a replicator the chart cannot render, before anything is applied. */}}
+{{- define "kmp.replicatorValidate" -}}
+{{- $r := .Values.replicator -}}
+{{- if not $r.sourceBootstrapServers -}}
+{{- fail "replicator.sourceBootstrapServers is required (the source cluster, host:port,...)" -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z0-9-]+$" (toString $r.link)) -}}
+{{- fail (printf "replicator.link %q: the name of a link, [a-z0-9-]+" (toString $r.link)) -}}
+{{- end -}}
+{{- $json := include "kmp.replicatorLink" . -}}
+{{- $link := dict -}}
+{{- if $json }}{{ $link = fromJson $json }}{{ end -}}
+{{- if and (not $json) (not $r.destinationBootstrapServers) -}}
+{{- fail (printf "replicator.link %q is not under links, so this chart's proxy would refuse its writes: add the link, or set replicator.destinationBootstrapServers to the proxy that has it" (toString $r.link)) -}}
+{{- end -}}
+{{- if not (or $r.topics $link.topics) -}}
+{{- fail "replicator.topics is required (the link's topics are the default, and it has none here)" -}}
+{{- end -}}
+{{- if and $r.clientId $link.clientId (ne (toString $r.clientId) (toString $link.clientId)) -}}
+{{- fail (printf "replicator.clientId %q differs from the link's clientId %q: the proxy knows the link by its client id" (toString $r.clientId) (toString $link.clientId)) -}}
+{{- end -}}
+{{- if and (not $r.destinationBootstrapServers) .Values.tls.client.secretName (not $r.tls.destination.secretName) -}}
+{{- fail "the proxy serves TLS (tls.client.secretName): replicator.tls.destination.secretName must hold the CA that signed its certificate" -}}
+{{- end -}}
+{{- if and $link.tlsSubject (not (and $r.tls.destination.certKey $r.tls.destination.keyKey)) -}}
+{{- fail (printf "link %q has a tlsSubject: replicator.tls.destination needs secretName, certKey and keyKey (a client certificate with that subject)" (toString $r.link)) -}}
+{{- end -}}
+{{- range $side := list "source" "destination" -}}
+{{- $tls := get $r.tls $side -}}
+{{- if and (or $tls.certKey $tls.keyKey) (not $tls.secretName) -}}
+{{- fail (printf "replicator.tls.%s.certKey and keyKey need replicator.tls.%s.secretName" $side $side) -}}
+{{- end -}}
+{{- end -}}
+{{- $managed := dict
+    "SOURCE_BOOTSTRAP_SERVERS" "replicator.sourceBootstrapServers"
+    "DESTINATION_BOOTSTRAP_SERVERS" "replicator.destinationBootstrapServers"
+    "LINK" "replicator.link"
+    "TOPICS" "replicator.topics"
+    "CLIENT_ID" "replicator.clientId"
+    "GROUP_ID" "replicator.groupId"
+    "ADMIN_LISTEN" "replicator.admin.port"
+    "SOURCE_TLS" "replicator.tls.source.secretName"
+    "SOURCE_TLS_CA" "replicator.tls.source.caKey"
+    "SOURCE_TLS_CERT" "replicator.tls.source.certKey"
+    "SOURCE_TLS_KEY" "replicator.tls.source.keyKey"
+    "SOURCE_TLS_SERVER_NAME" "replicator.tls.source.serverName"
+    "DESTINATION_TLS" "replicator.tls.destination.secretName"
+    "DESTINATION_TLS_CA" "replicator.tls.destination.caKey"
+    "DESTINATION_TLS_CERT" "replicator.tls.destination.certKey"
+    "DESTINATION_TLS_KEY" "replicator.tls.destination.keyKey"
+    "DESTINATION_TLS_SERVER_NAME" "replicator.tls.destination.serverName"
+    "SOURCE_SASL_PASSWORD" "replicator.secretEnv (a secret)"
+    "DESTINATION_SASL_PASSWORD" "replicator.secretEnv (a secret)"
+    "UNTIL_CAUGHT_UP" "nothing: a Deployment restarts a pod that exits, so the replicator here runs until stopped" -}}
+{{- range $key, $_ := $r.config -}}
+{{- if hasKey $managed $key -}}
+{{- fail (printf "replicator.config.%s is set by the chart: use %s" $key (get $managed $key)) -}}
+{{- else if hasPrefix "MIRROR_" $key -}}
+{{- fail (printf "replicator.config.%s: name variables without the MIRROR_REPLICATOR_ prefix" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range $key, $_ := $r.secretEnv -}}
+{{- if and (hasKey $managed $key) (not (hasSuffix "_SASL_PASSWORD" $key)) -}}
+{{- fail (printf "replicator.secretEnv.%s is set by the chart: use %s" $key (get $managed $key)) -}}
+{{- end -}}
+{{- if hasKey $r.config $key -}}
+{{- fail (printf "replicator: %s is set in both config and secretEnv" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The replicator's MIRROR_REPLICATOR_* variables (flags of the contract). */}}
+{{- define "kmp.replicatorEnv" -}}
+{{- $r := .Values.replicator -}}
+{{- $json := include "kmp.replicatorLink" . -}}
+{{- $link := dict -}}
+{{- if $json }}{{ $link = fromJson $json }}{{ end -}}
+{{- $sni := eq .Values.routing.mode "sni" -}}
+{{- $destination := $r.destinationBootstrapServers -}}
+{{- $serverName := $r.tls.destination.serverName -}}
+{{- if not $destination -}}
+{{- if $sni -}}
+{{- $destination = printf "%s:%d" .Values.routing.sni.bootstrapHost (int (.Values.routing.sni.advertisedPort | default .Values.routing.bootstrapPort)) -}}
+{{- else -}}
+{{- $destination = printf "%s.%s.svc:%d" (include "kmp.fullname" .) .Release.Namespace (int .Values.routing.bootstrapPort) -}}
+{{- /* The bootstrap is the Service's name, every node ADVERTISED_HOST's. */}}
+{{- if and $r.tls.destination.secretName (not $serverName) -}}
+{{- $serverName = .Values.config.ADVERTISED_HOST -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $topics := $r.topics | default $link.topics -}}
+- name: MIRROR_REPLICATOR_SOURCE_BOOTSTRAP_SERVERS
+  value: {{ $r.sourceBootstrapServers | quote }}
+- name: MIRROR_REPLICATOR_DESTINATION_BOOTSTRAP_SERVERS
+  value: {{ $destination | quote }}
+- name: MIRROR_REPLICATOR_LINK
+  value: {{ $r.link | toString | quote }}
+- name: MIRROR_REPLICATOR_TOPICS
+  value: {{ if kindIs "slice" $topics }}{{ join "," $topics | quote }}{{ else }}{{ $topics | toString | quote }}{{ end }}
+{{- with ($r.clientId | default $link.clientId) }}
+- name: MIRROR_REPLICATOR_CLIENT_ID
+  value: {{ . | toString | quote }}
+{{- end }}
+{{- with $r.groupId }}
+- name: MIRROR_REPLICATOR_GROUP_ID
+  value: {{ . | toString | quote }}
+{{- end }}
+- name: MIRROR_REPLICATOR_ADMIN_LISTEN
+  value: {{ printf "0.0.0.0:%d" (int $r.admin.port) | quote }}
+{{- range $key, $value := $r.config }}
+{{- if not (kindIs "invalid" $value) }}
+- name: MIRROR_REPLICATOR_{{ $key }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- range $key, $ref := $r.secretEnv }}
+- name: MIRROR_REPLICATOR_{{ $key }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ required (printf "replicator.secretEnv.%s.name is required" $key) $ref.name }}
+      key: {{ required (printf "replicator.secretEnv.%s.key is required" $key) $ref.key }}
+{{- end }}
+{{- range $side := list "source" "destination" }}
+{{- $tls := get $r.tls $side }}
+{{- if $tls.secretName }}
+{{- $prefix := printf "MIRROR_REPLICATOR_%s_TLS" (upper $side) }}
+{{- $dir := printf "/etc/kafka-mirror-proxy/tls/%s" $side }}
+- name: {{ $prefix }}
+  value: "true"
+{{- if $tls.caKey }}
+- name: {{ $prefix }}_CA
+  value: {{ printf "%s/%s" $dir $tls.caKey | quote }}
+{{- end }}
+{{- if $tls.certKey }}
+- name: {{ $prefix }}_CERT
+  value: {{ printf "%s/%s" $dir $tls.certKey | quote }}
+{{- end }}
+{{- if $tls.keyKey }}
+- name: {{ $prefix }}_KEY
+  value: {{ printf "%s/%s" $dir $tls.keyKey | quote }}
+{{- end }}
+{{- with (ternary $serverName $tls.serverName (eq $side "destination")) }}
+- name: {{ $prefix }}_SERVER_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -449,4 +449,27 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn the_documented_table_is_the_table() {
+        let doc = include_str!("../../docs/replicator.md");
+        let rows: Vec<(String, String)> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `MIRROR_REPLICATOR_"))
+            .filter_map(|l| {
+                let mut cells = l.split(" | ");
+                let name = cells.next()?.strip_suffix('`')?.to_string();
+                let default = cells.next()?.trim_matches('`').to_string();
+                Some((name, default))
+            })
+            .collect();
+        let table: Vec<(String, String)> = VARIABLES
+            .iter()
+            .map(|(n, d, _)| (n.to_string(), d.to_string()))
+            .collect();
+        assert_eq!(
+            rows, table,
+            "docs/replicator.md's table and VARIABLES differ"
+        );
+    }
 }

@@ -466,6 +466,13 @@ fn parse_socket_addr(s: &str) -> Option<SocketAddr> {
     s.parse().ok()
 }
 
+/// The process environment's variables named with `prefix`.
+fn process_vars(prefix: &str) -> HashMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .collect()
+}
+
 fn parse_bool(s: &str) -> Option<bool> {
     match s.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" => Some(true),
@@ -484,10 +491,7 @@ fn valid_host_port(s: &str) -> bool {
 impl Config {
     /// Read the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
-        let vars: HashMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with(PREFIX))
-            .collect();
-        Self::from_vars(&vars)
+        Self::from_vars(&process_vars(PREFIX))
     }
 
     /// Validate a map of variables (full names, with the prefix).

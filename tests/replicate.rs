@@ -1,6 +1,8 @@
 //! `kafka-mirror-proxy replicate` as an operator runs it: the binary,
-//! between a real source broker and a proxy in front of a real destination
-//! broker, configured by flags and `MIRROR_REPLICATOR_*` variables.
+//! between a real source broker (SASL, SCRAM-SHA-256, as a cluster in
+//! another region would require) and a proxy in front of a real
+//! destination broker, configured by flags and `MIRROR_REPLICATOR_*`
+//! variables.
 //!
 //! One pair of clusters, in phases:
 //! 1. the link's pattern (`orders\..*`) matches a source topic the
@@ -41,6 +43,8 @@ use support::tools;
 
 const WAIT: Duration = Duration::from_secs(90);
 const GROUP: &str = "replicator.mirror-a";
+const USER: &str = "mirror";
+const PASSWORD: &str = "mirror-secret";
 
 /// GET `path` of an HTTP endpoint: (status code, body).
 fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
@@ -82,6 +86,9 @@ impl Replicator {
         let child = replicator_command()
             // Flags and variables mix: a flag wins over its variable.
             .env("MIRROR_REPLICATOR_SOURCE_BOOTSTRAP_SERVERS", source)
+            .env("MIRROR_REPLICATOR_SOURCE_SASL_MECHANISM", "SCRAM-SHA-256")
+            .env("MIRROR_REPLICATOR_SOURCE_SASL_USERNAME", USER)
+            .env("MIRROR_REPLICATOR_SOURCE_SASL_PASSWORD", PASSWORD)
             .env("MIRROR_REPLICATOR_LINK", "not-this-one")
             .args(["--destination-bootstrap-servers", proxy])
             .args(["--link", "a"])
@@ -141,12 +148,36 @@ impl Drop for Replicator {
     }
 }
 
-fn producer(bootstrap: &str) -> Result<BaseProducer> {
-    Ok(RdConfig::new()
-        .set("bootstrap.servers", bootstrap)
+fn producer(source: &KafkaCluster) -> Result<BaseProducer> {
+    let mut c = RdConfig::new();
+    c.set("bootstrap.servers", source.bootstrap())
         .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
-        .create()?)
+        .set("linger.ms", "5");
+    for (k, v) in source.client_properties() {
+        if k != "sasl.jaas.config" {
+            c.set(k, v);
+        }
+    }
+    c.set("sasl.username", USER).set("sasl.password", PASSWORD);
+    Ok(c.create()?)
+}
+
+/// The crate's client for the source, with its SASL credentials.
+fn source_client(bootstrap: &str) -> Client {
+    let mut c = kafka_mirror_proxy::client::ClientConfig::new(
+        vec![bootstrap.to_string()],
+        kafka_mirror_proxy::net::upstream::Upstream {
+            tls: None,
+            server_name: None,
+            timeout: Duration::from_secs(10),
+        },
+    );
+    c.sasl = Some(kafka_mirror_proxy::wire::sasl::Credentials {
+        mechanism: kafka_mirror_proxy::wire::sasl::Mechanism::Plain,
+        username: USER.into(),
+        password: PASSWORD.into(),
+    });
+    Client::new(c)
 }
 
 /// `n` records to each listed partition of `topic`.
@@ -238,7 +269,7 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
         ],
     )?;
     create_topic(&rt, &src, "other", 1, &[])?;
-    let p = producer(&source.bootstrap())?;
+    let p = producer(&source)?;
     write(&p, "orders.one", &[0, 1], 200, "first")?;
     write(&p, "other", &[0], 10, "not-copied")?;
 
@@ -275,7 +306,7 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
     write(&p, "orders.two", &[0], 50, "two")?;
     assert!(rt.block_on(src.create_partitions("orders.one", 3))?);
     // A new producer: it learns of partition 2 in its first metadata.
-    let p = producer(&source.bootstrap())?;
+    let p = producer(&source)?;
     write(&p, "orders.one", &[2], 30, "added")?;
     rt.block_on(src.alter_topic_configs(
         "orders.one",

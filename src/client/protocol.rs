@@ -360,11 +360,14 @@ pub fn describe_topic_config_request(topic: &str, keys: &[&str]) -> DescribeConf
         ))])
 }
 
-/// The topic's configuration values by name (`None`: no value, e.g. sensitive).
-pub fn describe_topic_config_result(
-    r: &DescribeConfigsResponse,
+/// The topic's result in a DescribeConfigs answer, its error as `Err`.
+pub(super) fn topic_configs<'a>(
+    r: &'a DescribeConfigsResponse,
     topic: &str,
-) -> Result<BTreeMap<String, Option<String>>, ClientError> {
+) -> Result<
+    &'a kafka_protocol::messages::describe_configs_response::DescribeConfigsResult,
+    ClientError,
+> {
     let res = r
         .results
         .iter()
@@ -377,7 +380,15 @@ pub fn describe_topic_config_result(
             message: text(&res.error_message),
         });
     }
-    Ok(res
+    Ok(res)
+}
+
+/// The topic's configuration values by name (`None`: no value, e.g. sensitive).
+pub fn describe_topic_config_result(
+    r: &DescribeConfigsResponse,
+    topic: &str,
+) -> Result<BTreeMap<String, Option<String>>, ClientError> {
+    Ok(topic_configs(r, topic)?
         .configs
         .iter()
         .map(|c| (c.name.as_str().to_string(), text(&c.value)))

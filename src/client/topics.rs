@@ -20,7 +20,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 
 use super::error::ClientError;
-use super::protocol::{missing, text, topic_name};
+use super::protocol::{missing, text, topic_configs, topic_name};
 use super::{millis_i32, Client};
 
 /// Kafka's resource type for topics.
@@ -50,19 +50,7 @@ pub fn topic_overrides(
     r: &DescribeConfigsResponse,
     topic: &str,
 ) -> Result<BTreeMap<String, String>, ClientError> {
-    let res = r
-        .results
-        .iter()
-        .find(|x| x.resource_type == RESOURCE_TOPIC && x.resource_name.as_str() == topic)
-        .ok_or_else(|| missing("DescribeConfigs", topic))?;
-    if res.error_code != 0 {
-        return Err(ClientError::Kafka {
-            context: format!("describe configs of topic {topic}"),
-            code: res.error_code,
-            message: text(&res.error_message),
-        });
-    }
-    Ok(res
+    Ok(topic_configs(r, topic)?
         .configs
         .iter()
         .filter(|c| c.config_source == DYNAMIC_TOPIC_CONFIG)

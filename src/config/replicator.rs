@@ -10,8 +10,8 @@ use std::time::Duration;
 use regex::Regex;
 
 use super::{
-    parse_bool, parse_socket_addr, upstream_sasl, upstream_tls, ConfigError, Env, LogFormat,
-    UpstreamTls,
+    parse_bool, parse_socket_addr, process_vars, upstream_sasl, upstream_tls, ConfigError, Env,
+    LogFormat, UpstreamTls,
 };
 use crate::wire::sasl::Credentials;
 
@@ -43,6 +43,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("CONNECT_TIMEOUT_MS", "10000", "Connecting (and TLS) to a broker of either cluster."),
     ("REQUEST_TIMEOUT_MS", "30000", "Bound on one request's round trip (a Fetch adds its wait)."),
     ("RETRY_BACKOFF_MS", "100", "First wait before retrying a failed request; doubles up to RETRY_BACKOFF_MAX_MS."),
+    ("UNKNOWN_OUTCOME_WAIT_MS", "10000", "A batch whose answer was lost with its connection is sent again after this long, and a partition resumed from a commit sends nothing for this long after start: a request a proxy instance still holds from before lands first, and the retry is its duplicate (the proxy's own UNKNOWN_OUTCOME_WAIT_MS)."),
     ("RETRY_BACKOFF_MAX_MS", "5000", "Longest wait between retries. Retriable errors are retried for as long as the replicator runs."),
     ("LOG_FORMAT", "text", "`text` or `json`; filter with RUST_LOG (default `info`)."),
     ("SOURCE_TLS", "false", "TLS to the source brokers."),
@@ -124,6 +125,7 @@ pub struct ReplicatorConfig {
     pub request_timeout: Duration,
     pub retry_backoff: Duration,
     pub retry_backoff_max: Duration,
+    pub unknown_outcome_wait: Duration,
     pub log_format: LogFormat,
 }
 
@@ -169,10 +171,7 @@ impl ReplicatorConfig {
 
     /// Read the process environment.
     pub fn from_env() -> Result<ReplicatorConfig, ConfigError> {
-        let vars: HashMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with(PREFIX))
-            .collect();
-        Self::from_vars(&vars)
+        Self::from_vars(&process_vars(PREFIX))
     }
 
     /// Validate a map of variables (full names, with the prefix).
@@ -231,6 +230,7 @@ impl ReplicatorConfig {
         let request_timeout = ms("REQUEST_TIMEOUT_MS", 30_000);
         let retry_backoff = ms("RETRY_BACKOFF_MS", 100);
         let retry_backoff_max = ms("RETRY_BACKOFF_MAX_MS", 5_000);
+        let unknown_outcome_wait = ms("UNKNOWN_OUTCOME_WAIT_MS", 10_000);
         let start_offset = env
             .parse(
                 "START_OFFSET",
@@ -338,6 +338,7 @@ impl ReplicatorConfig {
             request_timeout,
             retry_backoff,
             retry_backoff_max,
+            unknown_outcome_wait,
             log_format,
         })
     }

@@ -238,6 +238,9 @@ struct Shared {
     stop: Mutex<Option<Stop>>,
     stopped: Notify,
     commits: std::sync::atomic::AtomicU64,
+    /// When this run started: a partition resumed from a commit sends
+    /// nothing before `started + unknown_outcome_wait` (see `topics`).
+    started: Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -328,6 +331,7 @@ pub async fn run(
         stop: Mutex::new(None),
         stopped: Notify::new(),
         commits: std::sync::atomic::AtomicU64::new(0),
+        started: Instant::now(),
         config,
     });
     let mut tasks = JoinSet::new();

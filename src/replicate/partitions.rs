@@ -782,4 +782,39 @@ mod tests {
         // An answer for a position left behind is dropped.
         assert!(!t.push(&tp(1), 5, vec![Item::Data(batch(5, 5, 10))], 6, now));
     }
+
+    #[test]
+    fn an_answer_below_what_was_acknowledged_is_a_duplicate() {
+        let now = Instant::now();
+        let mut t = table(1, now);
+        t.push(
+            &tp(0),
+            0,
+            vec![Item::Data(batch(0, 2, 10)), Item::Data(batch(3, 3, 10))],
+            4,
+            now,
+        );
+        let s = t.to_send(2, 1 << 20, now);
+        let first = t.settle(
+            &tp(0),
+            &s[0].batch,
+            Outcome::Acked {
+                base_offset: Some(40),
+            },
+            now,
+        );
+        assert_eq!(first, Settled::Acked { duplicate: false });
+        let s = t.to_send(2, 1 << 20, now);
+        // Answered with an offset inside the first batch's (40..=42).
+        let again = t.settle(
+            &tp(0),
+            &s[0].batch,
+            Outcome::Acked {
+                base_offset: Some(41),
+            },
+            now,
+        );
+        assert_eq!(again, Settled::Acked { duplicate: true });
+        assert_eq!(t.get(&tp(0)).map(|p| p.acked), Some(4));
+    }
 }

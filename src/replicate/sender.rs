@@ -67,21 +67,21 @@ pub(super) async fn run(shared: Arc<Shared>, destination: Client, node: i32) {
         };
         let tickets = Mutex::new(VecDeque::new());
         let ended = session(&shared, node, conn, &tickets, careful).await;
-        // Whatever the connection carried is sent again.
+        // Whatever the connection carried is sent again; after a broken
+        // connection, only once a request the proxy instance had passed on
+        // (it may have died with it) has had time to land, so that the
+        // retry is seen as its duplicate.
+        let retry_in = match ended {
+            Ok(()) => shared.config.retry_backoff,
+            Err(_) => shared.config.unknown_outcome_wait,
+        };
         let now = Instant::now();
         let left: Vec<Ticket> = lock(&tickets).drain(..).collect();
         {
             let mut table = shared.table();
             for ticket in &left {
                 for b in &ticket.batches {
-                    table.settle(
-                        &b.tp,
-                        &b.batch,
-                        Outcome::Retry {
-                            retry_in: shared.config.retry_backoff,
-                        },
-                        now,
-                    );
+                    table.settle(&b.tp, &b.batch, Outcome::Retry { retry_in }, now);
                 }
             }
         }

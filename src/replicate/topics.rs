@@ -299,6 +299,14 @@ async fn take_on(
         let mut p = Partition::new(&tp, position, end, config.partition_fetch_max_bytes, now);
         p.committed = resumed.unwrap_or(-1);
         p.report.resumed_from = resumed;
+        // A previous run of the link may have died with requests still at
+        // a proxy instance; re-sent through another instance before they
+        // land, they would be appended twice. The proxy waits as long for
+        // an answer that never came.
+        let hold = shared.started + config.unknown_outcome_wait;
+        if resumed.is_some() && hold > now {
+            p.paused_until = Some(hold);
+        }
         if config.until_caught_up {
             p.target = Some(end);
         }

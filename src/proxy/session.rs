@@ -102,6 +102,35 @@ impl From<FilterError> for SessionError {
     }
 }
 
+/// Every reason a connection is closed for (`connections_closed_total`):
+/// the labels of [`SessionError::label`] and of the ends without an error.
+pub const CLOSE_REASONS: [&str; 24] = [
+    "client_closed",
+    "shutdown",
+    "link_fenced",
+    "tls_handshake",
+    "tls_handshake_timeout",
+    "idle_timeout",
+    "upstream_unreachable",
+    "frame_too_large",
+    "request_timeout",
+    "buffer_wait_timeout",
+    "bad_client_frame",
+    "malformed_header",
+    "malformed_produce",
+    "bad_response",
+    "malformed_request",
+    "unsupported_version",
+    "upstream_closed",
+    "bad_upstream_frame",
+    "upstream_protocol",
+    "listener",
+    "upstream_write_timeout",
+    "upstream_write",
+    "client_write_timeout",
+    "client_write",
+];
+
 impl SessionError {
     /// Metric label for why the connection ended.
     fn label(&self) -> &'static str {

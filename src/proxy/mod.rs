@@ -211,6 +211,16 @@ fn own_port(config: &Config, port: u16) -> Option<&'static str> {
 }
 
 impl Shared {
+    /// The largest request a connection may read while the broker still
+    /// holds one of its requests (and so reads nothing more from it): its
+    /// share of `MAX_BUFFERED_BYTES` when every allowed connection is open.
+    /// However many connections wait on their broker, together they cannot
+    /// hold the whole budget; a larger frame waits, holding nothing, until
+    /// the broker has answered.
+    pub fn parked_share(&self) -> usize {
+        self.budget.total() / self.config.max_connections.max(1)
+    }
+
     /// The real address of broker `node`, once a response has named it.
     pub fn node_address(&self, node: i32) -> Option<String> {
         self.nodes

@@ -1129,6 +1129,12 @@ fn every_series_the_dashboard_and_alerts_use_is_there_at_zero_from_the_start() -
     let source: kafka_mirror_proxy::mirror::pid::ClusterId = "MkU3OEVBNTcwNTJENDM2Qk".parse()?;
     let proxy = ProxyProcess::with_link_x(&broker.bootstrap(), &source, "mirrored", &[])?;
     proxy_wait_ready(&proxy)?;
+    // A link's state is shown once it is known: read from the state topic,
+    // shortly after the proxy is ready.
+    wait_for(&proxy, "the link's state shown", || {
+        let (_, metrics) = proxy.admin_get("/metrics")?;
+        Ok(metrics.contains("kafka_mirror_proxy_link_state{link=\"x\"} "))
+    })?;
     let mut client = RawClient::connect(&proxy.bootstrap)?;
     client.send(
         ApiKey::Metadata,

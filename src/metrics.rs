@@ -413,12 +413,68 @@ impl Metrics {
             state,
             control,
         };
-        // The bootstrap listener always exists: show its series before the
-        // first connection.
-        let _ = metrics.client_connections.get_or_create(&ListenerLabels {
-            listener: Listener::Bootstrap,
-        });
+        // Every label set known at start is shown at zero before its first
+        // event: `rate()` and `increase()` see nothing of a series that
+        // appears at 1, so a first failover would never fire its alert.
+        metrics.listener_known(Listener::Bootstrap);
+        for link in metrics.links.values() {
+            let label = LinkLabels {
+                link: Arc::clone(&link.name),
+            };
+            let _ = metrics.duplicates_answered.get_or_create(&label);
+            let _ = metrics.control.failovers.get_or_create(&label);
+            let _ = metrics.control.failovers_completed.get_or_create(&label);
+            let _ = metrics.control.local_writes_refused.get_or_create(&label);
+            let _ = metrics.control.connections_fenced.get_or_create(&label);
+        }
         metrics
+    }
+
+    /// A listener exists (the bootstrap one, or a node's once a response
+    /// named it): its series are shown at zero from now on.
+    pub fn listener_known(&self, listener: Listener) {
+        let labels = ListenerLabels { listener };
+        let _ = self.client_connections.get_or_create(&labels);
+        let _ = self.broker_unreachable.get_or_create(&labels);
+        let _ = self.broker_outages.get_or_create(&labels);
+        self.refusal_reasons(listener, ["max_connections"]);
+    }
+
+    /// `reasons` (fixed labels) can refuse connections to `listener`: each
+    /// is shown at zero from now on.
+    pub fn refusal_reasons(
+        &self,
+        listener: Listener,
+        reasons: impl IntoIterator<Item = &'static str>,
+    ) {
+        for reason in reasons {
+            let _ = self
+                .connections_refused
+                .get_or_create(&RefusedConnectionLabels { listener, reason });
+        }
+    }
+
+    /// `reasons` (fixed labels) can close a client connection: each is
+    /// shown at zero from now on.
+    pub fn close_reasons(&self, reasons: impl IntoIterator<Item = &'static str>) {
+        for reason in reasons {
+            let _ = self
+                .connections_closed
+                .get_or_create(&ReasonLabels { reason });
+        }
+    }
+
+    /// `reasons` (fixed labels) can refuse a link's partitions: each is
+    /// shown at zero for every configured link from now on.
+    pub fn partition_refusal_reasons(&self, reasons: impl IntoIterator<Item = &'static str>) {
+        for reason in reasons {
+            for link in self.links.values() {
+                let _ = self.partitions_refused.get_or_create(&RefusedLabels {
+                    link: Arc::clone(&link.name),
+                    reason,
+                });
+            }
+        }
     }
 
     /// The gauge of request frame memory held (kept by `net::frame::Budget`).
@@ -728,6 +784,50 @@ mod tests {
         // No doubled suffix, no OpenMetrics trailer.
         assert!(!text.contains("_total_total"), "{text}");
         assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    #[test]
+    fn every_known_label_set_is_shown_at_zero_before_its_first_event() {
+        let m = Metrics::new(["east"]);
+        m.partition_refusal_reasons(["topic_not_mirrored", "read_only"]);
+        m.close_reasons(["client_closed"]);
+        let text = m.render();
+        let at_zero = |series: &str| {
+            assert_eq!(sample(&text, series), Some(0), "{series} in:\n{text}");
+        };
+        for name in [
+            "failovers_total",
+            "failovers_completed_total",
+            "link_connections_fenced_total",
+            "local_writes_refused_total",
+            "mirror_duplicates_answered_total",
+        ] {
+            at_zero(&format!("kafka_mirror_proxy_{name}{{link=\"east\"}}"));
+        }
+        for reason in ["topic_not_mirrored", "read_only"] {
+            at_zero(&format!(
+                "kafka_mirror_proxy_mirror_partitions_refused_total{{link=\"east\",reason=\"{reason}\"}}"
+            ));
+        }
+        at_zero("kafka_mirror_proxy_connections_closed_total{reason=\"client_closed\"}");
+        at_zero("kafka_mirror_proxy_broker_unreachable{listener=\"bootstrap\"}");
+        at_zero("kafka_mirror_proxy_connections_refused_total{listener=\"bootstrap\",reason=\"max_connections\"}");
+        assert_eq!(
+            series_of(&text, "kafka_mirror_proxy_broker_unreachable"),
+            1,
+            "{text}"
+        );
+
+        // A node named by a response.
+        m.listener_known(Listener::Node(3));
+        let text = m.render();
+        for series in [
+            "kafka_mirror_proxy_broker_unreachable{listener=\"node-3\"}",
+            "kafka_mirror_proxy_broker_outages_total{listener=\"node-3\"}",
+            "kafka_mirror_proxy_connections_refused_total{listener=\"node-3\",reason=\"max_connections\"}",
+        ] {
+            assert_eq!(sample(&text, series), Some(0), "{series} in:\n{text}");
+        }
     }
 
     #[test]

@@ -1773,6 +1773,107 @@ fn every_series_the_dashboard_and_alerts_use_exists() -> Result<()> {
     Ok(())
 }
 
+/// Series that count events: absent until their first event, `rate()` and
+/// `increase()` would never see that event, so each must be there at zero
+/// from the start, for every link and listener its family is labelled by.
+const EVENT_SERIES: [&str; 8] = [
+    "kafka_mirror_proxy_broker_unreachable",
+    "kafka_mirror_proxy_connections_refused_total",
+    "kafka_mirror_proxy_failovers_completed_total",
+    "kafka_mirror_proxy_failovers_total",
+    "kafka_mirror_proxy_link_connections_fenced_total",
+    "kafka_mirror_proxy_local_writes_refused_total",
+    "kafka_mirror_proxy_mirror_duplicates_answered_total",
+    "kafka_mirror_proxy_mirror_partitions_refused_total",
+];
+
+/// Before any event, with only a Metadata request through the proxy (so
+/// it knows broker node 1): every series the dashboard and the alerting
+/// rules use is in `/metrics`, and each event series is there at zero for
+/// link `x` and for both listeners (bootstrap, node-1).
+#[test]
+fn every_series_the_dashboard_and_alerts_use_is_there_at_zero_from_the_start() -> Result<()> {
+    let exprs = monitoring_expressions()?;
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    let source: kafka_mirror_proxy::mirror::pid::ClusterId = "MkU3OEVBNTcwNTJENDM2Qk".parse()?;
+    let proxy = ProxyProcess::with_link_x(&broker.bootstrap(), &source, "mirrored", &[])?;
+    proxy_wait_ready(&proxy)?;
+    // A link's state is shown once it is known: read from the state topic,
+    // shortly after the proxy is ready.
+    wait_for(&proxy, "the link's state shown", || {
+        let (_, metrics) = proxy.admin_get("/metrics")?;
+        Ok(metrics.contains("kafka_mirror_proxy_link_state{link=\"x\"} "))
+    })?;
+    let mut client = RawClient::connect(&proxy.bootstrap)?;
+    client.send(
+        ApiKey::Metadata,
+        12,
+        "probe",
+        &kafka_protocol::messages::MetadataRequest::default(),
+    )?;
+    ensure!(client.recv_frame()?.is_some(), "no Metadata answer");
+    drop(client);
+
+    let (status, metrics) = proxy.admin_get("/metrics")?;
+    ensure!(status.contains("200"), "{status}");
+    let samples: Vec<(String, BTreeMap<String, String>, String)> = metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (name, labels) = parse_sample(l)?;
+            let value = l.rsplit(' ').next()?.to_string();
+            Some((name, labels, value))
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for (at, expr) in &exprs {
+        for (name, labels) in selectors(expr) {
+            let sampled = samples
+                .iter()
+                .any(|(n, l, _)| *n == name && labels.iter().all(|(k, v)| l.get(k) == Some(v)));
+            if !sampled {
+                missing.push(format!("{at}: {name}{labels:?}"));
+            }
+        }
+    }
+    for name in EVENT_SERIES {
+        let family: Vec<_> = samples.iter().filter(|(n, ..)| *n == name).collect();
+        let label = family.iter().find_map(|(_, l, _)| {
+            ["link", "listener"]
+                .into_iter()
+                .find(|k| l.contains_key(*k))
+        });
+        let wanted: &[&str] = match label {
+            Some("link") => &["x"],
+            Some(_) => &["bootstrap", "node-1"],
+            None => &[],
+        };
+        if family.is_empty() {
+            missing.push(format!("{name}: no sample at all"));
+        }
+        for want in wanted {
+            let key = label.unwrap_or_default();
+            if !family
+                .iter()
+                .any(|(_, l, v)| l.get(key).map(String::as_str) == Some(*want) && v == "0")
+            {
+                missing.push(format!("{name}{{{key}=\"{want}\"}} not at 0"));
+            }
+        }
+        for (_, l, v) in &family {
+            if v != "0" {
+                missing.push(format!("{name}{l:?} is {v} before any event"));
+            }
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "at start:\n{}\n/metrics:\n{metrics}",
+        missing.join("\n")
+    );
+    Ok(())
+}
+
 /// `name{a="b",...} value` -> (name, labels).
 fn parse_sample(line: &str) -> Option<(String, BTreeMap<String, String>)> {
     let end = line.find(['{', ' '])?;

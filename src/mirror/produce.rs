@@ -143,6 +143,30 @@ impl From<RefusalKind> for Refusal {
 }
 
 impl Refusal {
+    /// Every refusal, so that each reason's series can be shown at zero
+    /// before it first happens (a new variant belongs here and in
+    /// [`label`](Self::label)).
+    pub const ALL: &[Refusal] = &[
+        Refusal::TopicNotMirrored,
+        Refusal::UnknownTopicId,
+        Refusal::MalformedBatch,
+        Refusal::CorruptBatch,
+        Refusal::NotAuthorized,
+        Refusal::StateNotLoaded,
+        Refusal::StateWriteFailed,
+        Refusal::InvalidProducerEpoch,
+        Refusal::OutOfOrderSequence,
+        Refusal::RetryInFlight,
+        Refusal::ReadOnly,
+        Refusal::ReadOnlyTopic,
+        Refusal::LinkFenced,
+        Refusal::StateNotRebuilt,
+        Refusal::ProducerStateFull,
+        Refusal::DuplicatePartition,
+        Refusal::StateTopic,
+        Refusal::OutcomeUnknown,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             Refusal::TopicNotMirrored => "topic_not_mirrored",

@@ -172,6 +172,10 @@ pub struct FrameReader<R> {
     /// its bound).
     waiting_since: Option<Instant>,
     overdraft: Option<OwnedMutexGuard<()>>,
+    /// Since when the caller has held the next frame back ([`pause`]).
+    ///
+    /// [`pause`]: FrameReader::pause
+    paused_since: Option<Instant>,
     /// Budget of the frame returned last, held until the caller asks for
     /// the next one (by then it has been forwarded).
     returned: usize,
@@ -195,6 +199,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             charged: 0,
             waiting_since: None,
             overdraft: None,
+            paused_since: None,
             returned: 0,
             returned_overdraft: None,
         }
@@ -223,37 +228,67 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.last_read
     }
 
+    /// The size of the next frame, once its size prefix has arrived, or
+    /// `None` on a clean close between frames. Nothing of the budget is
+    /// charged yet: the caller may hold the frame back (see
+    /// [`pause`](Self::pause)) before [`read_frame`](Self::read_frame)
+    /// takes it.
+    pub async fn next_size(&mut self) -> Result<Option<usize>, FrameError> {
+        self.release_returned();
+        while self.body.is_none() {
+            if self.head_len < 4 {
+                self.read_head().await?;
+                if self.head_len == 0 {
+                    return Ok(None);
+                }
+                continue;
+            }
+            let size = i32::from_be_bytes(self.head);
+            let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
+            if size > self.max {
+                return Err(FrameError::TooLarge {
+                    size,
+                    max: self.max,
+                });
+            }
+            if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
+                return Err(FrameError::OverBudget {
+                    size,
+                    budget: budget.total,
+                    setting: budget.setting,
+                });
+            }
+            self.size = size;
+            self.body = Some(Vec::new());
+        }
+        Ok(Some(self.size))
+    }
+
+    /// The caller holds the next frame back, waiting on something of its
+    /// own: until [`resume`](Self::resume) (or the next `read_frame`) that
+    /// time does not count against the frame timeout. Repeated calls keep
+    /// the first instant, so a wait cancelled and begun again counts whole.
+    pub fn pause(&mut self) {
+        self.paused_since.get_or_insert_with(Instant::now);
+    }
+
+    /// The hold of [`pause`](Self::pause) is over.
+    pub fn resume(&mut self) {
+        if let Some(since) = self.paused_since.take() {
+            if let Some(deadline) = self.deadline.as_mut() {
+                *deadline += since.elapsed();
+            }
+        }
+    }
+
     /// The next frame without its size prefix, or `None` on a clean close
     /// between frames.
     pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        self.release_returned();
+        if self.next_size().await?.is_none() {
+            return Ok(None);
+        }
+        self.resume();
         loop {
-            if self.body.is_none() {
-                if self.head_len < 4 {
-                    self.read_head().await?;
-                    if self.head_len == 0 {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                let size = i32::from_be_bytes(self.head);
-                let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
-                if size > self.max {
-                    return Err(FrameError::TooLarge {
-                        size,
-                        max: self.max,
-                    });
-                }
-                if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
-                    return Err(FrameError::OverBudget {
-                        size,
-                        budget: budget.total,
-                        setting: budget.setting,
-                    });
-                }
-                self.size = size;
-                self.body = Some(Vec::new());
-            }
             let len = self.body.as_ref().map_or(0, Vec::len);
             let remaining = self.size - len;
             if remaining == 0 {
@@ -944,6 +979,39 @@ mod tests {
             "{err:?}"
         );
         assert!(started.elapsed() >= Duration::from_millis(150));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_held_back_by_its_caller_charges_nothing_and_its_hold_is_not_timed() {
+        let budget = budget_of(1 << 20);
+        let (mut tx, rx) = tokio::io::duplex(1 << 20);
+        let mut r = FrameReader::new(rx, 1 << 20)
+            .with_budget(Arc::clone(&budget))
+            .with_frame_timeout(Duration::from_millis(200));
+        tx.write_all(&100_000u32.to_be_bytes())
+            .await
+            .expect("write");
+        assert_eq!(r.next_size().await.expect("size"), Some(100_000));
+        assert_eq!(budget.in_use(), 0, "only the size prefix was read");
+        assert!(r.mid_frame());
+        r.pause();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // A cancelled wait that begins again keeps its first instant.
+        r.pause();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The body comes 100 ms after the hold: within the frame timeout
+        // only if the hold did not count.
+        let body = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            tx.write_all(&[7; 100_000]).await.expect("write");
+            tx
+        });
+        let got = r.read_frame().await.expect("not timed out").expect("frame");
+        drop(body.await.expect("writer"));
+        assert_eq!(got.len(), 100_000);
+        assert_eq!(budget.in_use(), 100_000);
+        r.release();
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[tokio::test]

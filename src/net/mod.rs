@@ -4,9 +4,11 @@
 //! reachable (`health`),
 //! the backoff of every retry loop (`backoff`), the background tasks,
 //! owned and joined at shutdown (`tasks`), and the bound on writes that
-//! make no progress (`write_timeout`).
+//! make no progress (`write_timeout`); a client's socket shared with the
+//! watch for its reset (`client_socket`).
 
 pub mod backoff;
+pub mod client_socket;
 pub mod frame;
 pub mod health;
 pub mod tasks;

@@ -76,6 +76,17 @@ pub enum SniRefusal {
 }
 
 impl SniRefusal {
+    /// Every reason a connection to the SNI listener is refused for: the
+    /// labels of [`label`](Self::label) and the handshake's failures.
+    pub const LABELS: [&'static str; 6] = [
+        "sni_missing",
+        "sni_unknown_name",
+        "sni_unknown_node",
+        "broker_unreachable",
+        "tls_handshake",
+        "tls_handshake_timeout",
+    ];
+
     /// Metric label (`connections_refused_total{reason}`).
     pub fn label(&self) -> &'static str {
         match self {
@@ -200,6 +211,16 @@ fn own_port(config: &Config, port: u16) -> Option<&'static str> {
 }
 
 impl Shared {
+    /// The largest request a connection may read while the broker still
+    /// holds one of its requests (and so reads nothing more from it): its
+    /// share of `MAX_BUFFERED_BYTES` when every allowed connection is open.
+    /// However many connections wait on their broker, together they cannot
+    /// hold the whole budget; a larger frame waits, holding nothing, until
+    /// the broker has answered.
+    pub fn parked_share(&self) -> usize {
+        self.budget.total() / self.config.max_connections.max(1)
+    }
+
     /// The real address of broker `node`, once a response has named it.
     pub fn node_address(&self, node: i32) -> Option<String> {
         self.nodes
@@ -384,10 +405,13 @@ impl Shared {
         let Ok(mut nodes) = self.nodes.lock() else {
             return Ok(());
         };
-        let entry = nodes.entry(node).or_insert_with(|| NodeEntry {
-            address: address.clone(),
-            listening: false,
-            health: Health::new(),
+        let entry = nodes.entry(node).or_insert_with(|| {
+            self.ctx.metrics.listener_known(Target::Node(node).into());
+            NodeEntry {
+                address: address.clone(),
+                listening: false,
+                health: Health::new(),
+            }
         });
         if entry.address != address {
             tracing::info!(node, old = %entry.address, new = %address, "broker address changed");
@@ -621,7 +645,17 @@ impl Proxy {
             tasks,
         });
         shared.ctx.control.start();
+        shared.ctx.metrics.close_reasons(session::CLOSE_REASONS);
+        shared.ctx.metrics.partition_refusal_reasons(
+            crate::mirror::produce::Refusal::ALL
+                .iter()
+                .map(|r| r.label()),
+        );
         if let Some((names, port)) = &shared.ctx.advertised.sni {
+            shared
+                .ctx
+                .metrics
+                .refusal_reasons(crate::metrics::Listener::Bootstrap, SniRefusal::LABELS);
             tracing::info!(addr = %bootstrap_addr, bootstrap = names.bootstrap_host(), node0 = %names.node_host(0), advertised_port = port, "SNI routing: one TLS listener for the bootstrap and every broker node");
             spawn_sni_accept_loop(Arc::clone(&shared), listener);
         } else {

@@ -3,6 +3,12 @@
 //! At most a fixed number wait (the request loop stops reading until there
 //! is room: backpressure on a client that pipelines more than that).
 //!
+//! The queue also counts the requests that are at the broker and not yet
+//! answered, so the request loop can wait until the broker has answered
+//! them all: a broker reads nothing more from a connection while it holds
+//! one of its requests (a Fetch long poll), so a large frame read meanwhile
+//! would hold shared memory until the broker lets go.
+//!
 //! Unlike a tokio channel, which allocates a block of 32 slots when it is
 //! created, the queue holds no memory while it has never been used, and
 //! only what the connection's own pipelining needed after: an idle
@@ -28,6 +34,10 @@ struct Inner<T> {
     popper: Option<Waker>,
     /// The pusher, while it waits for room.
     pusher: Option<Waker>,
+    /// Requests written to the broker whose answer has not arrived.
+    at_broker: usize,
+    /// The request loop, while it waits for `at_broker` to be 0.
+    quiet: Option<Waker>,
 }
 
 impl<T> Queue<T> {
@@ -39,6 +49,8 @@ impl<T> Queue<T> {
                 closed: false,
                 popper: None,
                 pusher: None,
+                at_broker: 0,
+                quiet: None,
             }),
             max,
         }
@@ -49,8 +61,10 @@ impl<T> Queue<T> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Append `item` once there is room.
-    pub async fn push(&self, item: T) {
+    /// Append `item` once there is room; `at_broker`: its request was
+    /// written to the broker, which owes an answer (see
+    /// [`broker_answered`](Self::broker_answered)).
+    pub async fn push(&self, item: T, at_broker: bool) {
         let mut item = Some(item);
         poll_fn(|cx| {
             let mut q = self.lock();
@@ -60,6 +74,7 @@ impl<T> Queue<T> {
             }
             if let Some(item) = item.take() {
                 q.items.push_back(item);
+                q.at_broker += usize::from(at_broker);
             }
             let popper = q.popper.take();
             drop(q);
@@ -106,6 +121,39 @@ impl<T> Queue<T> {
         }
     }
 
+    /// The broker answered the oldest request it held.
+    pub fn broker_answered(&self) {
+        let mut q = self.lock();
+        q.at_broker = q.at_broker.saturating_sub(1);
+        let quiet = if q.at_broker == 0 {
+            q.quiet.take()
+        } else {
+            None
+        };
+        drop(q);
+        if let Some(w) = quiet {
+            w.wake();
+        }
+    }
+
+    /// Requests at the broker, not answered yet.
+    pub fn at_broker(&self) -> usize {
+        self.lock().at_broker
+    }
+
+    /// Resolves once the broker has answered every request it was sent.
+    pub async fn broker_quiet(&self) {
+        poll_fn(|cx| {
+            let mut q = self.lock();
+            if q.at_broker == 0 {
+                return Poll::Ready(());
+            }
+            wait_on(&mut q.quiet, cx);
+            Poll::Pending
+        })
+        .await
+    }
+
     /// Entries waiting.
     pub fn len(&self) -> usize {
         self.lock().items.len()
@@ -142,16 +190,41 @@ mod tests {
     #[tokio::test]
     async fn entries_come_out_in_order_then_none_after_close() {
         let q = Queue::new(4);
-        q.push(1).await;
-        q.push(2).await;
+        q.push(1, false).await;
+        q.push(2, false).await;
         assert_eq!(q.len(), 2);
         assert_eq!(q.pop().await, Some(1));
-        q.push(3).await;
+        q.push(3, false).await;
         q.close();
         assert_eq!(q.pop().await, Some(2));
         assert_eq!(q.pop().await, Some(3));
         assert_eq!(q.pop().await, None);
         assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_broker_is_quiet_once_it_answered_every_request_it_was_sent() {
+        let q = Arc::new(Queue::new(8));
+        q.push(1, true).await;
+        q.push(2, false).await;
+        q.push(3, true).await;
+        assert_eq!(q.at_broker(), 2);
+        let waiter = {
+            let q = Arc::clone(&q);
+            tokio::spawn(async move { q.broker_quiet().await })
+        };
+        assert_eq!(q.pop().await, Some(1));
+        q.broker_answered();
+        assert_eq!(q.pop().await, Some(2));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished(), "request 3 is still at the broker");
+        assert_eq!(q.pop().await, Some(3));
+        q.broker_answered();
+        tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .expect("woken by the last answer")
+            .expect("task");
+        assert_eq!(q.at_broker(), 0);
     }
 
     #[tokio::test]
@@ -163,11 +236,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_makes_the_pusher_wait_for_room() {
         let q = Arc::new(Queue::new(2));
-        q.push(1).await;
-        q.push(2).await;
+        q.push(1, false).await;
+        q.push(2, false).await;
         let pusher = {
             let q = Arc::clone(&q);
-            tokio::spawn(async move { q.push(3).await })
+            tokio::spawn(async move { q.push(3, false).await })
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!pusher.is_finished(), "no room: the third push waits");
@@ -188,7 +261,7 @@ mod tests {
         let q = Queue::new(2);
         let given_up = tokio::time::timeout(Duration::from_millis(10), q.pop()).await;
         assert!(given_up.is_err(), "nothing to pop yet");
-        q.push(5).await;
+        q.push(5, false).await;
         assert_eq!(q.len(), 1);
         assert_eq!(q.pop().await, Some(5));
     }
@@ -202,7 +275,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!popper.is_finished());
-        q.push(7).await;
+        q.push(7, false).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!popper.is_finished(), "the second pop waits");
         drop(CloseOnDrop(&*q));

@@ -15,6 +15,12 @@
 //! `CONNECTIONS_MAX_IDLE_MS` with nothing in flight and nothing received,
 //! and at shutdown, when it stops reading and lets the response loop
 //! deliver what is owed before the connection closes.
+//!
+//! What a connection holds while it waits on its broker is bounded: while
+//! the broker holds one of its requests the request loop reads no frame
+//! larger than the connection's share of the request budget
+//! (`next_frame`), and a client that resets its connection meanwhile ends
+//! the session at once (`unless_reset`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use kafka_protocol::messages::ApiKey;
 use tokio::io::{split, AsyncWrite, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
@@ -36,6 +43,7 @@ use crate::filter::guard::GuardError;
 use crate::filter::{self, FilterError, Outcome, Pending, Request, Service, Step};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::produce::ProduceError;
+use crate::net::client_socket::{ClientSocket, ResetWatch};
 use crate::net::frame::{write_frame, FrameError, FrameReader};
 use crate::net::upstream::{BoxStream, ConnectError};
 use crate::net::write_timeout::{is_stalled, WriteTimeout};
@@ -101,6 +109,35 @@ impl From<FilterError> for SessionError {
         }
     }
 }
+
+/// Every reason a connection is closed for (`connections_closed_total`):
+/// the labels of [`SessionError::label`] and of the ends without an error.
+pub const CLOSE_REASONS: [&str; 24] = [
+    "client_closed",
+    "shutdown",
+    "link_fenced",
+    "tls_handshake",
+    "tls_handshake_timeout",
+    "idle_timeout",
+    "upstream_unreachable",
+    "frame_too_large",
+    "request_timeout",
+    "buffer_wait_timeout",
+    "bad_client_frame",
+    "malformed_header",
+    "malformed_produce",
+    "bad_response",
+    "malformed_request",
+    "unsupported_version",
+    "upstream_closed",
+    "bad_upstream_frame",
+    "upstream_protocol",
+    "listener",
+    "upstream_write_timeout",
+    "upstream_write",
+    "client_write_timeout",
+    "client_write",
+];
 
 impl SessionError {
     /// Metric label for why the connection ended.
@@ -192,7 +229,10 @@ enum ClientIo {
     /// TCP, to be TLS-accepted if the client listener has TLS.
     Tcp(TcpStream),
     /// TLS, already accepted (routed by its ClientHello).
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(
+        Box<tokio_rustls::server::TlsStream<ClientSocket>>,
+        ResetWatch,
+    ),
 }
 
 /// Serve one connection of the SNI listener: route it by its ClientHello,
@@ -206,9 +246,10 @@ pub async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
         return;
     };
     let ms = shared.config.tls_handshake_timeout_ms;
+    let (socket, reset) = ClientSocket::new(tcp);
     let handshake = tokio::time::timeout(
         Duration::from_millis(ms),
-        tls.accept_routed(tcp, |name| shared.sni_target(name)),
+        tls.accept_routed(socket, |name| shared.sni_target(name)),
     );
     let routed = tokio::select! {
         r = handshake => r,
@@ -222,7 +263,7 @@ pub async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
     };
     match routed {
         Ok(Ok((stream, target))) => {
-            serve_io(shared, ClientIo::Tls(Box::new(stream)), peer, target).await
+            serve_io(shared, ClientIo::Tls(Box::new(stream), reset), peer, target).await
         }
         Ok(Err(SniFailure::Refused(why))) => {
             tracing::warn!(%peer, listener = "sni", reason = %why, "refused client connection: sent TLS alert access_denied");
@@ -315,7 +356,7 @@ async fn run(
         c = Box::pin(connect(shared, tcp, peer, target)) => c?,
         _ = shared.shutting_down() => return Ok(End::Shutdown),
     };
-    let (client, subject, upstream) = connected;
+    let (client, subject, reset, upstream) = connected;
     let max = shared.config.max_frame_bytes;
     let (client_r, client_w) = split(client);
     let (up_r, up_w) = split(upstream);
@@ -336,7 +377,10 @@ async fn run(
     let requests = requests(
         shared,
         subject.as_ref(),
-        client_r,
+        ClientIn {
+            frames: client_r,
+            reset: reset.clone(),
+        },
         stack,
         &owed,
         &activity,
@@ -354,7 +398,7 @@ async fn run(
         // The client finished sending, or shutdown stopped reading: deliver
         // what is still owed.
         r = &mut requests => match r {
-            Ok(end) => responses.await.map(|()| end),
+            Ok(end) => unless_reset(&reset, responses).await?.map(|()| end),
             Err(e) => Err(e),
         },
         r = &mut responses => r.map(|()| End::ClientClosed),
@@ -368,30 +412,35 @@ async fn connect(
     client: ClientIo,
     peer: SocketAddr,
     target: Target,
-) -> Result<(BoxStream, Option<CertSubject>, BoxStream), SessionError> {
-    let subject_of = |tls: &tokio_rustls::server::TlsStream<TcpStream>| {
+) -> Result<(BoxStream, Option<CertSubject>, ResetWatch, BoxStream), SessionError> {
+    let subject_of = |tls: &tokio_rustls::server::TlsStream<ClientSocket>| {
         tls.get_ref()
             .1
             .peer_certificates()
             .and_then(|certs| certs.first())
             .and_then(crate::net::tls::subject)
     };
-    let (client, subject): (BoxStream, Option<CertSubject>) = match (client, &shared.acceptor) {
-        (ClientIo::Tls(tls), _) => {
-            let subject = subject_of(&tls);
-            (tls, subject)
-        }
-        (ClientIo::Tcp(tcp), None) => (Box::new(tcp), None),
-        (ClientIo::Tcp(tcp), Some(acceptor)) => {
-            let ms = shared.config.tls_handshake_timeout_ms;
-            let tls = tokio::time::timeout(Duration::from_millis(ms), acceptor.accept(tcp))
-                .await
-                .map_err(|_| SessionError::TlsHandshakeTimeout { ms })?
-                .map_err(SessionError::TlsHandshake)?;
-            let subject = subject_of(&tls);
-            (Box::new(tls), subject)
-        }
-    };
+    let (client, subject, reset): (BoxStream, Option<CertSubject>, ResetWatch) =
+        match (client, &shared.acceptor) {
+            (ClientIo::Tls(tls, reset), _) => {
+                let subject = subject_of(&tls);
+                (tls, subject, reset)
+            }
+            (ClientIo::Tcp(tcp), None) => {
+                let (socket, reset) = ClientSocket::new(tcp);
+                (Box::new(socket), None, reset)
+            }
+            (ClientIo::Tcp(tcp), Some(acceptor)) => {
+                let (socket, reset) = ClientSocket::new(tcp);
+                let ms = shared.config.tls_handshake_timeout_ms;
+                let tls = tokio::time::timeout(Duration::from_millis(ms), acceptor.accept(socket))
+                    .await
+                    .map_err(|_| SessionError::TlsHandshakeTimeout { ms })?
+                    .map_err(SessionError::TlsHandshake)?;
+                let subject = subject_of(&tls);
+                (Box::new(tls), subject, reset)
+            }
+        };
     let dial = async {
         match target {
             Target::Bootstrap => Ok(shared
@@ -431,7 +480,14 @@ async fn connect(
         .metrics
         .upstream_connected(target.into(), &broker);
     tracing::debug!(%peer, %broker, "connected upstream");
-    Ok((client, subject, upstream))
+    Ok((client, subject, reset, upstream))
+}
+
+/// What the request loop reads from: the client's frames, and the watch
+/// for its reset while the loop waits on the broker instead.
+struct ClientIn {
+    frames: FrameReader<ReadHalf<BoxStream>>,
+    reset: ResetWatch,
 }
 
 /// A connection's link, once a request spoke as it, and its place among
@@ -444,7 +500,7 @@ type LinkSessionSlot = Option<(
 async fn requests<S: Service>(
     shared: &Arc<Shared>,
     subject: Option<&CertSubject>,
-    mut client: FrameReader<ReadHalf<BoxStream>>,
+    client: ClientIn,
     mut stack: S,
     owed: &Queue<S::Pending>,
     activity: &Activity,
@@ -453,8 +509,14 @@ async fn requests<S: Service>(
     // However this loop ends, the response loop delivers what is queued
     // and then ends too.
     let _close = CloseOnDrop(owed);
+    let ClientIn {
+        frames: mut client,
+        reset,
+    } = client;
+    let reset = &reset;
     let idle_ms = shared.config.connections_max_idle_ms;
     let idle = Duration::from_millis(idle_ms);
+    let share = shared.parked_share();
     // Set once a request speaks as a link: the connection counts as the
     // link's (for draining) and closes when the link is fenced. The slot
     // outlives this loop: a link's forwarded request is at the broker
@@ -492,7 +554,7 @@ async fn requests<S: Service>(
                 }
                 continue;
             }
-            f = client.read_frame() => f.map_err(SessionError::ClientFrame)?,
+            f = next_frame(&mut client, owed, share, reset) => f.map_err(SessionError::ClientFrame)?,
             _ = &mut idle_timer => {
                 let now = Instant::now();
                 match activity.idle_since(&client, owed) {
@@ -531,23 +593,77 @@ async fn requests<S: Service>(
             Step::Ready(outcome) => outcome?,
             Step::Wait(decided) => decided.await?,
         };
-        stack.flush().await?;
+        // A broker holding an earlier request of this connection takes no
+        // more of it: the write may wait as long as that.
+        unless_reset(reset, stack.flush()).await??;
         // Written on: its memory must not wait for room in the queue.
         client.release();
         match outcome {
-            Outcome::Owed(pending) => owed.push(pending).await,
+            Outcome::Owed(pending) => {
+                let at_broker = pending.awaits_broker().is_some();
+                unless_reset(reset, owed.push(pending, at_broker)).await?;
+            }
             Outcome::NotOwed => {}
             Outcome::Fenced {
                 owed: fenced_owed,
                 link,
             } => {
                 if let Some(pending) = fenced_owed {
-                    owed.push(pending).await;
+                    let at_broker = pending.awaits_broker().is_some();
+                    unless_reset(reset, owed.push(pending, at_broker)).await?;
                 }
                 return Ok(End::Fenced(link));
             }
         }
     }
+}
+
+/// The client's next frame. One larger than `share` waits, before any of
+/// it is read or charged, until the broker has answered every request
+/// this connection sent it: a broker reads nothing more from a connection
+/// while it holds one of its requests (a Fetch long poll, a Produce
+/// waiting for acks), so the frame could not be written and would hold
+/// shared memory for as long as the broker holds the request. Cancel-safe:
+/// what was read stays in the reader, and a wait begun again counts from
+/// its first start.
+async fn next_frame<P>(
+    client: &mut FrameReader<ReadHalf<BoxStream>>,
+    owed: &Queue<P>,
+    share: usize,
+    reset: &ResetWatch,
+) -> Result<Option<BytesMut>, FrameError> {
+    let Some(size) = client.next_size().await? else {
+        return Ok(None);
+    };
+    if size > share && owed.at_broker() > 0 {
+        client.pause();
+        tokio::select! {
+            biased;
+            () = owed.broker_quiet() => {}
+            () = reset.reset() => return Err(FrameError::Io(reset_error())),
+        }
+    }
+    client.read_frame().await
+}
+
+/// `wait`, unless the client resets its connection first. A session that
+/// waits on its broker reads nothing from its client and would not see it
+/// go; what it holds (a frame's memory, the broker connection and the
+/// request the broker holds there) would then wait for no one.
+async fn unless_reset<F: Future>(reset: &ResetWatch, wait: F) -> Result<F::Output, SessionError> {
+    // Biased: a wait that is over at once never starts the watch.
+    tokio::select! {
+        biased;
+        out = wait => Ok(out),
+        () = reset.reset() => Err(SessionError::ClientFrame(FrameError::Io(reset_error()))),
+    }
+}
+
+fn reset_error() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "the client reset the connection",
+    )
 }
 
 /// The next change of the link states, with the receiver to watch on
@@ -614,6 +730,7 @@ async fn responses<P: Pending>(
                         got,
                     });
                 }
+                owed.broker_answered();
                 Some(frame)
             }
         };

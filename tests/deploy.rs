@@ -894,47 +894,14 @@ fn the_chart_probes_pass_against_the_proxy_started_with_its_environment() -> Res
 // ---------------------------------------------------------------------------
 // The replicator's Deployment (`replicator.enabled`).
 
-/// The replicator's flags, from its contract (`kafka-mirror-proxy
-/// replicate`, issue 42): each is also `MIRROR_REPLICATOR_<FLAG>`. Written
-/// out here because the chart is built beside the subcommand; once
-/// `src/` has the subcommand's own list, take the names from there as the
-/// proxy's checks take `config::VARIABLES`.
-const REPLICATOR_FLAGS: &[&str] = &[
-    "SOURCE_BOOTSTRAP_SERVERS",
-    "DESTINATION_BOOTSTRAP_SERVERS",
-    "LINK",
-    "CLIENT_ID",
-    "TOPICS",
-    "GROUP_ID",
-    "ADMIN_LISTEN",
-    "DISCOVERY_INTERVAL_MS",
-    "START_OFFSET",
-    "ISOLATION_LEVEL",
-    "FETCH_MAX_BYTES",
-    "PARTITION_FETCH_MAX_BYTES",
-    "MAX_BUFFERED_BYTES",
-    "MAX_IN_FLIGHT_REQUESTS",
-    "CREATE_TOPICS",
-    "REPLICATION_FACTOR",
-    "UNTIL_CAUGHT_UP",
-    "LOG_FORMAT",
-    "SOURCE_TLS",
-    "SOURCE_TLS_CA",
-    "SOURCE_TLS_CERT",
-    "SOURCE_TLS_KEY",
-    "SOURCE_TLS_SERVER_NAME",
-    "SOURCE_SASL_MECHANISM",
-    "SOURCE_SASL_USERNAME",
-    "SOURCE_SASL_PASSWORD",
-    "DESTINATION_TLS",
-    "DESTINATION_TLS_CA",
-    "DESTINATION_TLS_CERT",
-    "DESTINATION_TLS_KEY",
-    "DESTINATION_TLS_SERVER_NAME",
-    "DESTINATION_SASL_MECHANISM",
-    "DESTINATION_SASL_USERNAME",
-    "DESTINATION_SASL_PASSWORD",
-];
+/// The replicator's flags: its own table (`config::replicator::VARIABLES`),
+/// each also `MIRROR_REPLICATOR_<FLAG>`.
+fn replicator_flags() -> Vec<&'static str> {
+    kafka_mirror_proxy::config::replicator::VARIABLES
+        .iter()
+        .map(|(name, _, _)| *name)
+        .collect()
+}
 
 const REPLICATOR_PREFIX: &str = "MIRROR_REPLICATOR_";
 
@@ -1087,7 +1054,8 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
     let helm = helm()?;
     let mut config = serde_json::Map::new();
     let mut expected: BTreeMap<String, Value> = BTreeMap::new();
-    for (i, flag) in REPLICATOR_FLAGS.iter().enumerate() {
+    let flags = replicator_flags();
+    for (i, flag) in flags.iter().enumerate() {
         if !REPLICATOR_CHART_MANAGED.contains(flag) {
             let value = format!("{}", 80_001 + i);
             config.insert(flag.to_string(), json!(value));
@@ -1178,7 +1146,7 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
         .keys()
         .filter(|k| {
             k.strip_prefix(REPLICATOR_PREFIX)
-                .is_none_or(|flag| !REPLICATOR_FLAGS.contains(&flag))
+                .is_none_or(|flag| !replicator_flags().contains(&flag))
         })
         .collect();
     ensure!(unknown.is_empty(), "not flags of the contract: {unknown:?}");
@@ -1198,11 +1166,11 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
     let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
     ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
     ensure!(
-        expected.len() == REPLICATOR_FLAGS.len() - 1
+        expected.len() == flags.len() - 1
             && !env.contains_key(&format!("{REPLICATOR_PREFIX}UNTIL_CAUGHT_UP")),
         "{} of {} flags expected",
         expected.len(),
-        REPLICATOR_FLAGS.len()
+        flags.len()
     );
     println!(
         "{} replicator variables rendered into its container",
@@ -1907,7 +1875,7 @@ fn selectors_are_read_from_promql() {
 
 /// The replicator's metrics and their labels, from its contract (issue
 /// 42): every one labelled `link`. Written out for the same reason as
-/// `REPLICATOR_FLAGS`; once the subcommand runs in these tests, check the
+/// `replicator_flags`; once the subcommand runs in these tests, check the
 /// rules against its `/metrics` as the proxy's are.
 const REPLICATOR_METRICS: &[(&str, &[&str])] = &[
     (

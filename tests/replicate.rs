@@ -1,5 +1,5 @@
 //! `kafka-mirror-proxy replicate` as an operator runs it: the binary,
-//! between a real source broker (SASL, SCRAM-SHA-256, as a cluster in
+//! between a real source broker (SASL PLAIN, as a cluster in
 //! another region would require) and a proxy in front of a real
 //! destination broker, configured by flags and `MIRROR_REPLICATOR_*`
 //! variables.
@@ -86,7 +86,7 @@ impl Replicator {
         let child = replicator_command()
             // Flags and variables mix: a flag wins over its variable.
             .env("MIRROR_REPLICATOR_SOURCE_BOOTSTRAP_SERVERS", source)
-            .env("MIRROR_REPLICATOR_SOURCE_SASL_MECHANISM", "SCRAM-SHA-256")
+            .env("MIRROR_REPLICATOR_SOURCE_SASL_MECHANISM", "PLAIN")
             .env("MIRROR_REPLICATOR_SOURCE_SASL_USERNAME", USER)
             .env("MIRROR_REPLICATOR_SOURCE_SASL_PASSWORD", PASSWORD)
             .env("MIRROR_REPLICATOR_LINK", "not-this-one")

@@ -1,6 +1,5 @@
 //! `kafka-mirror-proxy replicate` as an operator runs it: the binary,
-//! between a real source broker (SASL PLAIN, as a cluster in
-//! another region would require) and a proxy in front of a real
+//! between a real source broker and a proxy in front of a real
 //! destination broker, configured by flags and `MIRROR_REPLICATOR_*`
 //! variables.
 //!
@@ -43,8 +42,6 @@ use support::tools;
 
 const WAIT: Duration = Duration::from_secs(90);
 const GROUP: &str = "replicator.mirror-a";
-const USER: &str = "mirror";
-const PASSWORD: &str = "mirror-secret";
 
 /// GET `path` of an HTTP endpoint: (status code, body).
 fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
@@ -86,9 +83,6 @@ impl Replicator {
         let child = replicator_command()
             // Flags and variables mix: a flag wins over its variable.
             .env("MIRROR_REPLICATOR_SOURCE_BOOTSTRAP_SERVERS", source)
-            .env("MIRROR_REPLICATOR_SOURCE_SASL_MECHANISM", "PLAIN")
-            .env("MIRROR_REPLICATOR_SOURCE_SASL_USERNAME", USER)
-            .env("MIRROR_REPLICATOR_SOURCE_SASL_PASSWORD", PASSWORD)
             .env("MIRROR_REPLICATOR_LINK", "not-this-one")
             .args(["--destination-bootstrap-servers", proxy])
             .args(["--link", "a"])
@@ -153,31 +147,7 @@ fn producer(source: &KafkaCluster) -> Result<BaseProducer> {
     c.set("bootstrap.servers", source.bootstrap())
         .set("enable.idempotence", "true")
         .set("linger.ms", "5");
-    for (k, v) in source.client_properties() {
-        if k != "sasl.jaas.config" {
-            c.set(k, v);
-        }
-    }
-    c.set("sasl.username", USER).set("sasl.password", PASSWORD);
     Ok(c.create()?)
-}
-
-/// The crate's client for the source, with its SASL credentials.
-fn source_client(bootstrap: &str) -> Client {
-    let mut c = kafka_mirror_proxy::client::ClientConfig::new(
-        vec![bootstrap.to_string()],
-        kafka_mirror_proxy::net::upstream::Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    );
-    c.sasl = Some(kafka_mirror_proxy::wire::sasl::Credentials {
-        mechanism: kafka_mirror_proxy::wire::sasl::Mechanism::Plain,
-        username: USER.into(),
-        password: PASSWORD.into(),
-    });
-    Client::new(c)
 }
 
 /// `n` records to each listed partition of `topic`.

@@ -172,6 +172,51 @@ impl Watched {
     }
 }
 
+/// A topic's end offsets, through a `Watched` opened on first use and
+/// opened again after any error (a topic just created may answer
+/// NOT_LEADER_OR_FOLLOWER or LEADER_NOT_AVAILABLE for a while, more so with
+/// 1,000 partitions), until `deadline`.
+struct Offsets {
+    bootstrap: String,
+    topic: String,
+    watched: Option<Watched>,
+    deadline: Instant,
+}
+
+impl Offsets {
+    fn new(bootstrap: &str, topic: &str, deadline: Instant) -> Offsets {
+        Offsets {
+            bootstrap: bootstrap.to_string(),
+            topic: topic.to_string(),
+            watched: None,
+            deadline,
+        }
+    }
+
+    async fn end_offsets(&mut self) -> Result<BTreeMap<i32, i64>> {
+        loop {
+            let attempt = async {
+                if self.watched.is_none() {
+                    self.watched = Some(Watched::open(&self.bootstrap, &self.topic).await?);
+                }
+                match &mut self.watched {
+                    Some(w) => w.end_offsets().await,
+                    None => unreachable!(),
+                }
+            };
+            match attempt.await {
+                Ok(offsets) => return Ok(offsets),
+                Err(e) if Instant::now() < self.deadline => {
+                    eprintln!("copy_watch: {e:#}; retrying");
+                    self.watched = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 /// utime + stime of `pid` in seconds.
 fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -204,11 +249,11 @@ fn pids_of_file(path: &Option<String>) -> Result<Vec<u32>> {
 async fn watch(a: Args) -> Result<()> {
     let deadline = Instant::now() + a.timeout;
     let target: BTreeMap<i32, i64> = match &a.source {
-        Some(source) => Watched::open(source, &a.topic).await?.end_offsets().await?,
+        Some(source) => Offsets::new(source, &a.topic, deadline).end_offsets().await?,
         None => BTreeMap::new(),
     };
     let records: i64 = a.records.unwrap_or_else(|| target.values().sum());
-    let mut destination = Watched::open(&a.destination, &a.topic).await?;
+    let mut destination = Offsets::new(&a.destination, &a.topic, deadline);
     let done = |offsets: &BTreeMap<i32, i64>| match a.source {
         Some(_) => target
             .iter()

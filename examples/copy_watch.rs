@@ -38,7 +38,8 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
-const USAGE: &str = "usage: copy_watch --destination HOST:PORT --topic T (--source HOST:PORT | --records N) \
+const USAGE: &str =
+    "usage: copy_watch --destination HOST:PORT --topic T (--source HOST:PORT | --records N) \
 [--pids PID,...] [--pid-file FILE] [--poll-ms 50] [--timeout-s 600]";
 
 struct Args {
@@ -66,7 +67,10 @@ fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let number = |v: &str| v.parse::<u64>().map_err(|_| format!("{flag}: not a number: {v}"));
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: not a number: {v}"))
+        };
         match flag.as_str() {
             "--destination" => a.destination = value,
             "--topic" => a.topic = value,
@@ -118,7 +122,10 @@ impl Watched {
                 .iter()
                 .find(|b| b.node_id == p.leader)
                 .ok_or_else(|| anyhow!("{topic}-{}: no leader", p.partition))?;
-            by_leader.entry(leader.address()).or_default().push(p.partition);
+            by_leader
+                .entry(leader.address())
+                .or_default()
+                .push(p.partition);
         }
         let mut leaders = Vec::new();
         for (address, partitions) in by_leader {
@@ -162,7 +169,11 @@ impl Watched {
             for t in &response.topics {
                 for p in &t.partitions {
                     if p.error_code != 0 {
-                        bail!("end offset of {topic}-{}: error {}", p.partition_index, p.error_code);
+                        bail!(
+                            "end offset of {topic}-{}: error {}",
+                            p.partition_index,
+                            p.error_code
+                        );
                     }
                     out.insert(p.partition_index, p.offset);
                 }
@@ -242,14 +253,21 @@ fn pids_of_file(path: &Option<String>) -> Result<Vec<u32>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("pid file {path}: the copier should have been started"))?;
     text.split_whitespace()
-        .map(|p| p.parse::<u32>().with_context(|| format!("pid file {path}: {p}")))
+        .map(|p| {
+            p.parse::<u32>()
+                .with_context(|| format!("pid file {path}: {p}"))
+        })
         .collect()
 }
 
 async fn watch(a: Args) -> Result<()> {
     let deadline = Instant::now() + a.timeout;
     let target: BTreeMap<i32, i64> = match &a.source {
-        Some(source) => Offsets::new(source, &a.topic, deadline).end_offsets().await?,
+        Some(source) => {
+            Offsets::new(source, &a.topic, deadline)
+                .end_offsets()
+                .await?
+        }
         None => BTreeMap::new(),
     };
     let records: i64 = a.records.unwrap_or_else(|| target.values().sum());
@@ -264,7 +282,10 @@ async fn watch(a: Args) -> Result<()> {
     if first.values().any(|&o| o > 0) {
         bail!("{} already holds records on the destination", a.topic);
     }
-    eprintln!("ready: waiting for {records} records in {} on {}", a.topic, a.destination);
+    eprintln!(
+        "ready: waiting for {records} records in {} on {}",
+        a.topic, a.destination
+    );
 
     let mut started: Option<(Instant, f64, Vec<u32>)> = None;
     let mut last_report = Instant::now();
@@ -272,7 +293,10 @@ async fn watch(a: Args) -> Result<()> {
         let now = Instant::now();
         if now > deadline {
             let held: i64 = destination.end_offsets().await?.values().sum();
-            bail!("timed out after {:?}: {held} of {records} records on the destination", a.timeout);
+            bail!(
+                "timed out after {:?}: {held} of {records} records on the destination",
+                a.timeout
+            );
         }
         let offsets = destination.end_offsets().await?;
         let held: i64 = offsets.values().sum();

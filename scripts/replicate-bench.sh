@@ -35,16 +35,17 @@
 #   scripts/replicate-bench.sh                      # every path, 8 partitions, 200,000 x 1 KiB
 #   PATHS="replicator mm2 perf" ROUNDS=3 scripts/replicate-bench.sh
 #   PARTITIONS=1000 PATHS="replicator replicator-relay" scripts/replicate-bench.sh
-#   REPLICATOR=example scripts/replicate-bench.sh   # examples/replicator.rs instead
+#   BASE_REPLICATOR=/path/to/7939d1f/examples/replicator PATHS="replicator example mm2 perf" scripts/replicate-bench.sh
 #
 # PARTITIONS=1000 (or any count, or a list) also runs the same paths at 8
 # partitions, the reference of the scale goal (1,000 partitions at least
 # 0.8x the 8-partition rate in bytes). RECORDS counts the records of one
 # copy at every partition count.
 #
-# REPLICATOR=subcommand (default) runs `REPLICATOR_BIN replicate` (the
-# release binary) with the flags of its contract; REPLICATOR=example runs
-# examples/replicator.rs (--mode follow). Either runs until this script
+# The replicator runs `REPLICATOR_BIN replicate` (the release binary); the
+# paths `example` and `example-relay` run the previous build's replicator,
+# `BASE_REPLICATOR` (the example of 7939d1f: one partition at a time, one
+# batch per request, --mode follow). Each runs until this script
 # stops it with SIGTERM once D holds every record. MM2's jars are fetched
 # once into their own cache folder (`scripts/kafka-jars.sh connect-mirror`).
 # COPY_TIMEOUT (600 s) bounds each copy; KMP_KEEP=1 keeps the work folder
@@ -61,7 +62,7 @@ PARTITIONS=${PARTITIONS:-8}
 ROUNDS=${ROUNDS:-1}
 PATHS=${PATHS:-replicator replicator-relay mm2 mm2-relay perf}
 DELAY_MS=${DELAY_MS:-25}
-REPLICATOR=${REPLICATOR:-subcommand}
+BASE_REPLICATOR=${BASE_REPLICATOR:-}
 COPY_TIMEOUT=${COPY_TIMEOUT:-600}
 
 for v in RECORDS RECORD_SIZE ROUNDS DELAY_MS COPY_TIMEOUT; do
@@ -74,19 +75,18 @@ done
 case " $PARTITIONS " in *" 8 "*) ;; *) PARTITIONS="8 $PARTITIONS" ;; esac
 for path in $PATHS; do
     case $path in
-        replicator | replicator-relay | mm2 | mm2-relay | perf) ;;
-        *) echo "unknown path $path (replicator replicator-relay mm2 mm2-relay perf)" >&2; exit 2 ;;
+        replicator | replicator-relay | example | example-relay | mm2 | mm2-relay | perf) ;;
+        *) echo "unknown path $path (replicator replicator-relay example example-relay mm2 mm2-relay perf)" >&2; exit 2 ;;
     esac
 done
-case $REPLICATOR in
-    subcommand | example) ;;
-    *) echo "REPLICATOR: subcommand or example, got $REPLICATOR" >&2; exit 2 ;;
-esac
 wants() { case " $PATHS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 wants_any() { local p; for p in "$@"; do wants "$p" && return 0; done; return 1; }
+if wants_any example example-relay && [ ! -x "$BASE_REPLICATOR" ]; then
+    echo "the example paths need BASE_REPLICATOR: the previous build's examples/replicator" >&2
+    exit 2
+fi
 
 examples=(--example delay_relay --example copy_watch)
-[ "$REPLICATOR" = example ] && examples+=(--example replicator)
 (cd "$KMP_ROOT" && cargo build --release --quiet --bin kafka-mirror-proxy "${examples[@]}")
 REPLICATOR_BIN=${REPLICATOR_BIN:-$KMP_RELEASE/kafka-mirror-proxy}
 
@@ -147,15 +147,15 @@ SOURCE=127.0.0.1:$S_PORT
 DEST=127.0.0.1:$D_PORT
 FAR_SOURCE=127.0.0.1:$RELAY_PORT
 
-if wants_any replicator-relay mm2-relay; then
+if wants_any replicator-relay example-relay mm2-relay; then
     "$KMP_RELEASE/examples/delay_relay" "$FAR_SOURCE" "127.0.0.1:$S_RELAY_TARGETS" "$DELAY_MS" 2>"$KMP_WORK/relay.log" &
     KMP_PIDS+=($!)
     for _ in $(seq 1 100); do grep -q "delay relay ready" "$KMP_WORK/relay.log" && break; sleep 0.1; done
     grep -q "delay relay ready" "$KMP_WORK/relay.log" || { cat "$KMP_WORK/relay.log" >&2; exit 1; }
 fi
-if wants_any replicator replicator-relay; then
+if wants_any replicator replicator-relay example example-relay; then
     # Link `perf` (client id mirror-perf) covers the replicator paths' topics.
-    kmp_start_perf_proxy P "$D_PORT" 'rb-.*-replicator.*'
+    kmp_start_perf_proxy P "$D_PORT" 'rb-.*-(replicator|example).*'
 fi
 
 create_topic() { # BOOTSTRAP TOPIC PARTITIONS
@@ -177,14 +177,14 @@ start_copier() {
     case $path in *-relay) from=$FAR_SOURCE ;; esac
     case $path in
         replicator*)
-            if [ "$REPLICATOR" = example ]; then
-                "$KMP_RELEASE/examples/replicator" --source "$from" --destination "127.0.0.1:$P_PORT" \
-                    --topics "$topic" --client-id mirror-perf --mode follow > "$log" 2>&1 &
-            else
-                "$REPLICATOR_BIN" replicate --source-bootstrap-servers "$from" \
-                    --destination-bootstrap-servers "127.0.0.1:$P_PORT" --link perf \
-                    --topics "$topic" --admin-listen "127.0.0.1:$(kmp_free_port)" > "$log" 2>&1 &
-            fi
+            "$REPLICATOR_BIN" replicate --source-bootstrap-servers "$from" \
+                --destination-bootstrap-servers "127.0.0.1:$P_PORT" --link perf \
+                --topics "$topic" --admin-listen "127.0.0.1:$(kmp_free_port)" > "$log" 2>&1 &
+            ;;
+        example*)
+            # The previous build: the example replicator of 7939d1f.
+            "$BASE_REPLICATOR" --source "$from" --destination "127.0.0.1:$P_PORT" \
+                --topics "$topic" --client-id mirror-perf --mode follow > "$log" 2>&1 &
             ;;
         mm2*)
             # A source alias per copy: MM2 names its internal topics (configs,
@@ -241,7 +241,7 @@ run_path() {
     # timed only; its producer is not a copier.
     local target=(--source "$SOURCE" --pid-file "$watch.pid")
     case $path in
-        replicator*) pids=(--pids "$P_PID") ;;
+        replicator* | example*) pids=(--pids "$P_PID") ;;
         perf) target=(--records "$RECORDS") ;;
     esac
     "$KMP_RELEASE/examples/copy_watch" --destination "$DEST" --topic "$topic" "${target[@]}" \
@@ -323,7 +323,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 
-if [ "$REPLICATOR" = example ]; then replicator="examples/replicator.rs"; else replicator="$REPLICATOR_BIN replicate"; fi
+replicator="$REPLICATOR_BIN replicate"
 echo
 echo "One topic copied from S to D: $RECORDS records of $RECORD_SIZE bytes ($(awk -v b=$((RECORDS * RECORD_SIZE)) 'BEGIN { printf "%.1f", b / 1e6 }') MB) written"
 echo "by an idempotent producer; -relay: S across a $((2 * DELAY_MS)) ms round trip; median of $ROUNDS round(s)."

@@ -42,7 +42,7 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, broker: i32) {
         let changed = shared.changed.notified();
         tokio::pin!(changed);
         changed.as_mut().enable();
-        let (parts, reservation) =
+        let (parts, max_bytes, reservation) =
             shared
                 .table()
                 .to_fetch(broker, shared.config.fetch_max_bytes, Instant::now());
@@ -55,6 +55,7 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, broker: i32) {
             }
             continue;
         }
+        let spec = FetchSpec { max_bytes, ..spec };
         let answer = fetch(&shared, &source, &mut conn, broker, &parts, &spec).await;
         shared.table().fetched(reservation);
         match answer {

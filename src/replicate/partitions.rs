@@ -292,6 +292,8 @@ pub struct Table {
     /// Where each partition's turn starts, per destination node: every
     /// ready partition gets into a request in turn.
     cursors: HashMap<i32, usize>,
+    /// Where each source broker's Fetch starts its list of partitions.
+    fetch_cursors: HashMap<i32, usize>,
 }
 
 /// One Produce being filled by [`Table::to_send`].
@@ -379,36 +381,43 @@ impl Table {
         self.buffered
     }
 
-    /// Partitions of source broker `leader` to fetch now, each with its
-    /// share, as many as the memory bound leaves room for (at least a
-    /// whole share each), and the reservation that holds that room.
+    /// Partitions of source broker `leader` to fetch now, the bound on
+    /// the whole answer (`max_bytes` of the Fetch: what the memory bound
+    /// leaves room for, at most `max_request`), and the reservation that
+    /// holds that room until the answer is in. Every partition with room
+    /// in its own share is asked for, starting one further each time, as
+    /// Kafka's fetcher rotates them: the broker fills the answer in the
+    /// order asked.
     pub fn to_fetch(
         &mut self,
         leader: i32,
         max_request: i32,
         now: Instant,
-    ) -> (Vec<ToFetch>, Reservation) {
-        let mut room = self
+    ) -> (Vec<ToFetch>, i32, Reservation) {
+        let room = self
             .max_buffered
             .saturating_sub(self.buffered + self.reserved)
             .min(usize::try_from(max_request).unwrap_or(usize::MAX));
+        let count = self.parts.len();
+        let start = self.fetch_cursors.get(&leader).copied().unwrap_or(0) % count.max(1);
         let mut out = Vec::new();
-        let mut reserved = 0;
-        for (tp, p) in &self.parts {
+        let mut smallest_share = usize::MAX;
+        let ordered = self
+            .parts
+            .iter()
+            .skip(start)
+            .chain(self.parts.iter().take(start));
+        for (tp, p) in ordered {
             if p.source.leader != leader || p.paused(now) || p.done() {
                 continue;
             }
             // A partition holding a share already waits for the sender:
             // fetching more would only grow the queue.
-            if p.queued_bytes >= usize::try_from(p.fetch_max_bytes).unwrap_or(0) {
+            let share = usize::try_from(p.fetch_max_bytes).unwrap_or(0);
+            if p.queued_bytes >= share {
                 continue;
             }
-            let share = usize::try_from(p.fetch_max_bytes).unwrap_or(0);
-            if share > room {
-                break;
-            }
-            room -= share;
-            reserved += share;
+            smallest_share = smallest_share.min(share);
             out.push(ToFetch {
                 tp: tp.clone(),
                 placement: p.source,
@@ -416,8 +425,18 @@ impl Table {
                 max_bytes: p.fetch_max_bytes,
             });
         }
-        self.reserved += reserved;
-        (out, Reservation(reserved))
+        // Less room than a share: the senders drain first (a broker
+        // answers at least one whole batch, whatever the bound).
+        if out.is_empty() || room < smallest_share {
+            return (Vec::new(), 0, Reservation(0));
+        }
+        self.fetch_cursors.insert(leader, start + 1);
+        self.reserved += room;
+        (
+            out,
+            i32::try_from(room).unwrap_or(i32::MAX),
+            Reservation(room),
+        )
     }
 
     /// A Fetch is answered (or failed): its reservation ends.
@@ -760,25 +779,32 @@ mod tests {
     }
 
     #[test]
-    fn fetches_stay_within_the_memory_bound() {
+    fn fetches_stay_within_the_memory_bound_and_take_every_partition_in_turn() {
         let now = Instant::now();
         let mut t = table(3, now);
         t.max_buffered = 2500;
-        let (parts, r1) = t.to_fetch(1, 1 << 20, now);
-        assert_eq!(parts.len(), 2, "two shares of 1000 fit in 2500");
-        let (more, r2) = t.to_fetch(1, 1 << 20, now);
+        let (parts, max_bytes, r1) = t.to_fetch(1, 1 << 20, now);
+        assert_eq!(parts.len(), 3, "every partition is asked for");
+        assert_eq!(max_bytes, 2500, "the answer is bounded by the room left");
+        let (more, _, r2) = t.to_fetch(1, 1 << 20, now);
         assert!(more.is_empty(), "the reservation holds the room");
         t.fetched(r1);
         t.fetched(r2);
-        t.push(&tp(0), 0, vec![Item::Data(batch(0, 0, 1000))], 1, now);
-        let (parts, r3) = t.to_fetch(1, 1 << 20, now);
-        let fetched: Vec<i32> = parts.iter().map(|p| p.tp.partition).collect();
-        assert_eq!(
-            fetched,
-            [1],
-            "partition 0 holds a full share; room for one more"
-        );
+        let (parts, max_bytes, r3) = t.to_fetch(1, 1000, now);
+        assert_eq!(max_bytes, 1000, "at most the request's bound");
+        assert_eq!(parts[0].tp, tp(1), "the next Fetch starts one further");
         t.fetched(r3);
+        t.push(&tp(0), 0, vec![Item::Data(batch(0, 0, 1000))], 1, now);
+        let (parts, max_bytes, r4) = t.to_fetch(1, 1 << 20, now);
+        let fetched: Vec<i32> = parts.iter().map(|p| p.tp.partition).collect();
+        assert_eq!(fetched, [2, 1], "partition 0 holds a full share");
+        assert_eq!(max_bytes, 1500);
+        t.fetched(r4);
+        t.max_buffered = 1500;
+        assert!(
+            t.to_fetch(1, 1 << 20, now).0.is_empty(),
+            "less room than a share: the senders drain first"
+        );
         // An answer for a position left behind is dropped.
         assert!(!t.push(&tp(1), 5, vec![Item::Data(batch(5, 5, 10))], 6, now));
     }

@@ -20,6 +20,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
+use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
     ConsumerProtocolSubscription, DescribeGroupsRequest, DescribeGroupsResponse,
     FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
@@ -168,6 +169,8 @@ pub fn find_coordinator_result(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinSpec {
     pub group: String,
+    /// The one protocol offered (for consumers: the assignor's name).
+    pub protocol: String,
     pub session_timeout_ms: i32,
     pub rebalance_timeout_ms: i32,
     /// [`subscription_metadata`].
@@ -182,7 +185,7 @@ pub fn join_group_request(spec: &JoinSpec, member_id: &str) -> JoinGroupRequest 
         .with_member_id(s(member_id))
         .with_protocol_type(s(PROTOCOL_TYPE))
         .with_protocols(vec![JoinGroupRequestProtocol::default()
-            .with_name(s(PROTOCOL_NAME))
+            .with_name(s(&spec.protocol))
             .with_metadata(spec.metadata.clone())])
 }
 
@@ -194,6 +197,9 @@ pub enum JoinOutcome {
         generation: i32,
         member_id: String,
         leader: bool,
+        /// The leader's view: every member's id and metadata (empty for
+        /// the others).
+        members: Vec<(String, Bytes)>,
     },
     /// First contact (JoinGroup v4+): join again with this member id.
     MemberIdRequired(String),
@@ -205,6 +211,11 @@ pub fn join_group_result(r: &JoinGroupResponse, group: &str) -> Result<JoinOutco
             generation: r.generation_id,
             member_id: r.member_id.as_str().to_string(),
             leader: r.leader.as_str() == r.member_id.as_str(),
+            members: r
+                .members
+                .iter()
+                .map(|m| (m.member_id.as_str().to_string(), m.metadata.clone()))
+                .collect(),
         }),
         codes::MEMBER_ID_REQUIRED if !r.member_id.is_empty() => Ok(JoinOutcome::MemberIdRequired(
             r.member_id.as_str().to_string(),
@@ -213,21 +224,39 @@ pub fn join_group_result(r: &JoinGroupResponse, group: &str) -> Result<JoinOutco
     }
 }
 
-/// SyncGroup with no assignments: every member gets an empty assignment
-/// (the coordinator fills in those the leader leaves out); membership is
-/// all the proxy wants from the group.
-pub fn sync_group_request(group: &str, generation: i32, member_id: &str) -> SyncGroupRequest {
+/// SyncGroup: the leader hands out `assignments` (member id, bytes); the
+/// others send none. With none at all every member gets an empty
+/// assignment (the coordinator fills in those the leader leaves out):
+/// membership is all the proxy wants from its group.
+pub fn sync_group_request(
+    group: &str,
+    generation: i32,
+    member_id: &str,
+    protocol: &str,
+    assignments: &[(String, Bytes)],
+) -> SyncGroupRequest {
     SyncGroupRequest::default()
         .with_group_id(group_id(group))
         .with_generation_id(generation)
         .with_member_id(s(member_id))
         .with_protocol_type(Some(s(PROTOCOL_TYPE)))
-        .with_protocol_name(Some(s(PROTOCOL_NAME)))
+        .with_protocol_name(Some(s(protocol)))
+        .with_assignments(
+            assignments
+                .iter()
+                .map(|(member, bytes)| {
+                    SyncGroupRequestAssignment::default()
+                        .with_member_id(s(member))
+                        .with_assignment(bytes.clone())
+                })
+                .collect(),
+        )
 }
 
-pub fn sync_group_result(r: &SyncGroupResponse, group: &str) -> Result<(), ClientError> {
+/// This member's assignment.
+pub fn sync_group_result(r: &SyncGroupResponse, group: &str) -> Result<Bytes, ClientError> {
     match r.error_code {
-        0 => Ok(()),
+        0 => Ok(r.assignment.clone()),
         code => Err(kafka_error(format!("sync group {group}"), code, None)),
     }
 }
@@ -438,6 +467,7 @@ mod tests {
     fn join_request_offers_the_consumer_protocol() {
         let spec = JoinSpec {
             group: "st.instances".into(),
+            protocol: PROTOCOL_NAME.into(),
             session_timeout_ms: 10_000,
             rebalance_timeout_ms: 10_000,
             metadata: subscription_metadata("st", "i1").expect("encodes"),
@@ -469,7 +499,8 @@ mod tests {
             JoinOutcome::Joined {
                 generation: 3,
                 member_id: "m-1".into(),
-                leader: true
+                leader: true,
+                members: vec![],
             }
         );
         let rebalancing = JoinGroupResponse::default().with_error_code(27);
@@ -496,6 +527,37 @@ mod tests {
         assert_eq!(
             find_coordinator_result(&v4, 4, "g").map_err(|e| e.code()),
             Err(Some(15))
+        );
+    }
+
+    #[test]
+    fn the_leader_hands_out_assignments_and_each_member_reads_its_own() {
+        let r = sync_group_request(
+            "g",
+            4,
+            "m-1",
+            "slots",
+            &[
+                ("m-1".to_string(), Bytes::from_static(b"a")),
+                ("m-2".to_string(), Bytes::from_static(b"b")),
+            ],
+        );
+        assert_eq!(r.protocol_name.as_ref().map(|p| p.as_str()), Some("slots"));
+        let given: Vec<(&str, &[u8])> = r
+            .assignments
+            .iter()
+            .map(|a| (a.member_id.as_str(), a.assignment.as_ref()))
+            .collect();
+        assert_eq!(given, [("m-1", &b"a"[..]), ("m-2", &b"b"[..])]);
+        assert!(sync_group_request("g", 4, "m-2", "slots", &[])
+            .assignments
+            .is_empty());
+        let mine = SyncGroupResponse::default().with_assignment(Bytes::from_static(b"b"));
+        assert_eq!(sync_group_result(&mine, "g").expect("ok").as_ref(), b"b");
+        let late = SyncGroupResponse::default().with_error_code(27);
+        assert_eq!(
+            sync_group_result(&late, "g").map_err(|e| e.code()),
+            Err(Some(27))
         );
     }
 

@@ -440,23 +440,25 @@ impl Client {
         group::join_group_result(&r, &spec.group)
     }
 
-    /// One SyncGroup (no assignments) to `coordinator`.
+    /// One SyncGroup to `coordinator`: this member's assignment (the
+    /// leader sends everyone's, see `client::group`).
     pub async fn sync_group(
         &self,
         coordinator: &str,
         group_id: &str,
         generation: i32,
         member_id: &str,
-    ) -> Result<(), ClientError> {
+        protocol: &str,
+        assignments: &[(String, Bytes)],
+    ) -> Result<Bytes, ClientError> {
         self.to_coordinator(
             coordinator,
-            group::sync_group_request(group_id, generation, member_id),
+            group::sync_group_request(group_id, generation, member_id, protocol, assignments),
             |r| group::sync_group_result(r, group_id),
         )
         .await
     }
 
-    /// One Heartbeat to `coordinator`.
     pub async fn heartbeat(
         &self,
         coordinator: &str,

@@ -57,16 +57,31 @@ fn kafka_error(context: String, code: i16) -> ClientError {
     }
 }
 
+/// Committed offsets with the metadata string committed beside them.
+pub type Marked = BTreeMap<(String, i32), (i64, String)>;
+
 /// A standalone commit of `offsets` to `group`.
 pub fn offset_commit_request(group: &str, offsets: &Offsets) -> OffsetCommitRequest {
+    offset_commit_request_marked(group, offsets, "")
+}
+
+/// [`offset_commit_request`] with `metadata` beside every offset (empty:
+/// none sent).
+pub fn offset_commit_request_marked(
+    group: &str,
+    offsets: &Offsets,
+    metadata: &str,
+) -> OffsetCommitRequest {
     let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
     for ((topic, partition), offset) in offsets {
-        topics.entry(topic).or_default().push(
-            OffsetCommitRequestPartition::default()
-                .with_partition_index(*partition)
-                .with_committed_offset(*offset)
-                .with_committed_leader_epoch(-1),
-        );
+        let mut p = OffsetCommitRequestPartition::default()
+            .with_partition_index(*partition)
+            .with_committed_offset(*offset)
+            .with_committed_leader_epoch(-1);
+        if !metadata.is_empty() {
+            p.committed_metadata = Some(s(metadata));
+        }
+        topics.entry(topic).or_default().push(p);
     }
     OffsetCommitRequest::default()
         .with_group_id(GroupId(s(group)))
@@ -141,6 +156,18 @@ pub fn offset_fetch_result(
     group: &str,
     partitions: &[(String, i32)],
 ) -> Result<Offsets, ClientError> {
+    Ok(offset_fetch_marked(r, group, partitions)?
+        .into_iter()
+        .map(|(k, (offset, _))| (k, offset))
+        .collect())
+}
+
+/// [`offset_fetch_result`] with each offset's metadata string.
+pub fn offset_fetch_marked(
+    r: &OffsetFetchResponse,
+    group: &str,
+    partitions: &[(String, i32)],
+) -> Result<Marked, ClientError> {
     let g = r
         .groups
         .iter()
@@ -152,7 +179,7 @@ pub fn offset_fetch_result(
             g.error_code,
         ));
     }
-    let mut out = Offsets::new();
+    let mut out = Marked::new();
     for (topic, partition) in partitions {
         let Some(p) = g
             .topics
@@ -170,7 +197,12 @@ pub fn offset_fetch_result(
             ));
         }
         if p.committed_offset >= 0 {
-            out.insert((topic.clone(), *partition), p.committed_offset);
+            let metadata = p
+                .metadata
+                .as_ref()
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default();
+            out.insert((topic.clone(), *partition), (p.committed_offset, metadata));
         }
     }
     Ok(out)
@@ -180,6 +212,17 @@ impl Client {
     /// Commit `offsets` to `group` (retried while the coordinator moves or
     /// loads, until the operation timeout).
     pub async fn commit_offsets(&self, group: &str, offsets: &Offsets) -> Result<(), ClientError> {
+        self.commit_offsets_marked(group, offsets, "").await
+    }
+
+    /// [`commit_offsets`](Self::commit_offsets) with `metadata` beside
+    /// every offset.
+    pub async fn commit_offsets_marked(
+        &self,
+        group: &str,
+        offsets: &Offsets,
+        metadata: &str,
+    ) -> Result<(), ClientError> {
         if offsets.is_empty() {
             return Ok(());
         }
@@ -187,7 +230,7 @@ impl Client {
             let coordinator = self.group_coordinator(group).await?;
             let (_, r) = self
                 .call(&coordinator, Duration::ZERO, |_| {
-                    Ok(offset_commit_request(group, offsets))
+                    Ok(offset_commit_request_marked(group, offsets, metadata))
                 })
                 .await?;
             offset_commit_result(&r, group, offsets)
@@ -202,6 +245,21 @@ impl Client {
         group: &str,
         partitions: &[(String, i32)],
     ) -> Result<Offsets, ClientError> {
+        Ok(self
+            .committed_marked(group, partitions)
+            .await?
+            .into_iter()
+            .map(|(k, (offset, _))| (k, offset))
+            .collect())
+    }
+
+    /// [`committed_offsets`](Self::committed_offsets) with each offset's
+    /// metadata string.
+    pub async fn committed_marked(
+        &self,
+        group: &str,
+        partitions: &[(String, i32)],
+    ) -> Result<Marked, ClientError> {
         self.retrying(
             &format!("committed offsets of group {group}"),
             || async move {
@@ -211,7 +269,7 @@ impl Client {
                         Ok(offset_fetch_request(group, partitions))
                     })
                     .await?;
-                offset_fetch_result(&r, group, partitions)
+                offset_fetch_marked(&r, group, partitions)
             },
         )
         .await
@@ -252,6 +310,39 @@ mod tests {
             .map(|p| (p.partition_index, p.committed_offset))
             .collect();
         assert_eq!(t, [(0, 10), (1, 20)]);
+        assert!(r.topics[0].partitions[0]
+            .committed_metadata
+            .as_ref()
+            .is_none_or(|m| m.is_empty()));
+        let marked = offset_commit_request_marked("g", &offsets(), "released");
+        assert!(marked
+            .topics
+            .iter()
+            .flat_map(|t| t.partitions.iter())
+            .all(|p| p.committed_metadata.as_ref().map(|m| m.as_str()) == Some("released")));
+    }
+
+    #[test]
+    fn fetched_offsets_keep_their_metadata() {
+        let asked = vec![("t".to_string(), 0), ("t".to_string(), 1)];
+        let r =
+            OffsetFetchResponse::default().with_groups(vec![OffsetFetchResponseGroup::default()
+                .with_group_id(GroupId(s("g")))
+                .with_topics(vec![OffsetFetchResponseTopics::default()
+                    .with_name(TopicName(s("t")))
+                    .with_partitions(vec![
+                        OffsetFetchResponsePartitions::default()
+                            .with_partition_index(0)
+                            .with_committed_offset(7)
+                            .with_metadata(Some(s("released"))),
+                        OffsetFetchResponsePartitions::default()
+                            .with_partition_index(1)
+                            .with_committed_offset(9)
+                            .with_metadata(None),
+                    ])])]);
+        let got = offset_fetch_marked(&r, "g", &asked).expect("answered");
+        assert_eq!(got[&("t".to_string(), 0)], (7, "released".to_string()));
+        assert_eq!(got[&("t".to_string(), 1)], (9, String::new()));
     }
 
     fn commit_answer(codes: &[(&str, i32, i16)]) -> OffsetCommitResponse {

@@ -222,6 +222,7 @@ impl Membership {
         };
         let spec = JoinSpec {
             group: self.group.clone(),
+            protocol: group::PROTOCOL_NAME.to_string(),
             session_timeout_ms: session_ms,
             rebalance_timeout_ms: session_ms,
             metadata,
@@ -318,6 +319,7 @@ impl Membership {
                 generation,
                 member_id: id,
                 leader,
+                ..
             }) => {
                 *member_id = id;
                 (generation, leader)
@@ -326,11 +328,11 @@ impl Membership {
             Err(e) => return Ended::Failed(e),
         };
         let synced = tokio::select! {
-            r = self.client.sync_group(&addr, &self.group, generation, member_id) => r,
+            r = self.client.sync_group(&addr, &self.group, generation, member_id, group::PROTOCOL_NAME, &[]) => r,
             _ = self.stopped.changed() => return Ended::Stop,
         };
         match synced {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(e)
                 if matches!(
                     e.code(),

@@ -27,6 +27,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TOPICS", "(required)", "Comma-separated topic names or regular expressions, each matched against the whole name (the proxy's LINK_<NAME>_TOPICS syntax)."),
     ("TRANSACTIONAL_ID", "<client id>", "Sent on Produce requests that carry a transactional batch (brokers require one)."),
     ("GROUP_ID", "replicator.<client id>", "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions)."),
+    ("MEMBERSHIP", "true", "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone."),
+    ("SESSION_TIMEOUT_MS", "10000", "Membership: an instance that stops heartbeating for this long loses its partitions to the others (the source brokers' group.min/max.session.timeout.ms bound it)."),
     ("ADMIN_LISTEN", "127.0.0.1:9191", "HTTP listener for /metrics, /healthz and /readyz."),
     ("DISCOVERY_INTERVAL_MS", "30000", "How often the source's topics, partitions and configs are read again."),
     ("START_OFFSET", "earliest", "Where a partition without progress starts: `earliest`, `latest` or an offset."),
@@ -104,6 +106,9 @@ pub struct ReplicatorConfig {
     /// Anchored at both ends.
     pub topics: Vec<Regex>,
     pub group_id: String,
+    /// Share partitions through `<group_id>.instances` on the source.
+    pub membership: bool,
+    pub session_timeout: Duration,
     pub admin_listen: Option<SocketAddr>,
     pub discovery_interval: Duration,
     pub start_offset: StartOffset,
@@ -142,6 +147,7 @@ impl std::fmt::Debug for ReplicatorConfig {
                 &self.topics.iter().map(Regex::as_str).collect::<Vec<_>>(),
             )
             .field("group_id", &self.group_id)
+            .field("membership", &self.membership)
             .finish_non_exhaustive()
     }
 }
@@ -231,6 +237,7 @@ impl ReplicatorConfig {
         let retry_backoff = ms("RETRY_BACKOFF_MS", 100);
         let retry_backoff_max = ms("RETRY_BACKOFF_MAX_MS", 5_000);
         let unknown_outcome_wait = ms("UNKNOWN_OUTCOME_WAIT_MS", 10_000);
+        let session_timeout = ms("SESSION_TIMEOUT_MS", 10_000);
         let start_offset = env
             .parse(
                 "START_OFFSET",
@@ -292,6 +299,9 @@ impl ReplicatorConfig {
         let until_caught_up = env
             .parse("UNTIL_CAUGHT_UP", "`true` or `false`", parse_bool)
             .unwrap_or(false);
+        let membership = env
+            .parse("MEMBERSHIP", "`true` or `false`", parse_bool)
+            .unwrap_or(true);
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
                 "text" => Some(LogFormat::Text),
@@ -320,6 +330,8 @@ impl ReplicatorConfig {
             transactional_id,
             topics,
             group_id,
+            membership,
+            session_timeout,
             admin_listen: Some(admin_listen),
             discovery_interval,
             start_offset,
@@ -344,6 +356,12 @@ impl ReplicatorConfig {
     }
 
     /// Whether `topic` is one of the link's topics.
+    /// The group on the source through which the link's instances share
+    /// its partitions.
+    pub fn instances_group(&self) -> String {
+        format!("{}.instances", self.group_id)
+    }
+
     pub fn copies_topic(&self, topic: &str) -> bool {
         self.topics.iter().any(|re| re.is_match(topic))
     }

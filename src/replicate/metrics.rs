@@ -54,16 +54,19 @@ pub enum ErrorKind {
     Topics,
     /// A source offset no longer in the log (the copy resumes elsewhere).
     OffsetOutOfRange,
+    /// The instances' group on the source (join, sync, heartbeat).
+    Membership,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 7] = [
         ErrorKind::Fetch,
         ErrorKind::Produce,
         ErrorKind::Metadata,
         ErrorKind::Commit,
         ErrorKind::Topics,
         ErrorKind::OffsetOutOfRange,
+        ErrorKind::Membership,
     ];
 
     fn label(self) -> &'static str {
@@ -74,6 +77,7 @@ impl ErrorKind {
             ErrorKind::Commit => "commit",
             ErrorKind::Topics => "topics",
             ErrorKind::OffsetOutOfRange => "offset_out_of_range",
+            ErrorKind::Membership => "membership",
         }
     }
 }
@@ -96,6 +100,8 @@ pub struct Metrics {
     partitions: Family<LinkLabels, Gauge>,
     buffered_bytes: Family<LinkLabels, Gauge>,
     commits: Family<LinkLabels, Counter>,
+    rebalances: Family<LinkLabels, Counter>,
+    member: Family<LinkLabels, Gauge>,
 }
 
 impl Metrics {
@@ -118,6 +124,8 @@ impl Metrics {
             partitions: Family::default(),
             buffered_bytes: Family::default(),
             commits: Family::default(),
+            rebalances: Family::default(),
+            member: Family::default(),
         };
         registry.register(
             "records_copied",
@@ -185,6 +193,16 @@ impl Metrics {
             m.buffered_bytes.clone(),
         );
         registry.register("commits", "Progress commits", m.commits.clone());
+        registry.register(
+            "rebalances",
+            "Times this instance gave its partitions back to a rebalance of the link's instances",
+            m.rebalances.clone(),
+        );
+        registry.register(
+            "member",
+            "1 while this instance holds a slot in the link's instances group (or copies alone)",
+            m.member.clone(),
+        );
         let l = m.link_labels();
         for family in [
             &m.duplicates,
@@ -192,10 +210,12 @@ impl Metrics {
             &m.partitions_added,
             &m.configs_altered,
             &m.commits,
+            &m.rebalances,
         ] {
             let _ = family.get_or_create(&l);
         }
         let _ = m.fenced.get_or_create(&l);
+        let _ = m.member.get_or_create(&l);
         let _ = m.partitions.get_or_create(&l);
         let _ = m.buffered_bytes.get_or_create(&l);
         for kind in ErrorKind::ALL {
@@ -241,6 +261,24 @@ impl Metrics {
         let p = self.partition_labels(topic, partition);
         let _ = self.lag_records.get_or_create(&p);
         let _ = self.lag_seconds.get_or_create(&p);
+    }
+
+    /// A partition moved to another instance: its lag is theirs to say.
+    pub fn partition_removed(&self, topic: &str, partition: i32) {
+        let p = self.partition_labels(topic, partition);
+        self.lag_records.remove(&p);
+        self.lag_seconds.remove(&p);
+    }
+
+    pub fn rebalanced(&self) {
+        let _ = self.rebalances.get_or_create(&self.link_labels()).inc();
+    }
+
+    pub fn set_member(&self, member: bool) {
+        let _ = self
+            .member
+            .get_or_create(&self.link_labels())
+            .set(i64::from(member));
     }
 
     pub fn copied(&self, topic: &str, records: u64, bytes: u64) {
@@ -322,6 +360,9 @@ mod tests {
             "kafka_mirror_replicator_fenced{link=\"east\"} 0",
             "kafka_mirror_replicator_duplicates_answered_total{link=\"east\"} 0",
             "kafka_mirror_replicator_topics_created_total{link=\"east\"} 0",
+            "kafka_mirror_replicator_rebalances_total{link=\"east\"} 0",
+            "kafka_mirror_replicator_member{link=\"east\"} 0",
+            "kafka_mirror_replicator_errors_total{link=\"east\",kind=\"membership\"} 0",
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");
         }
@@ -335,5 +376,7 @@ mod tests {
         assert!(text.contains(
             "kafka_mirror_replicator_partition_lag_seconds{link=\"east\",topic=\"t\",partition=\"3\"} 1.5"
         ));
+        m.partition_removed("t", 3);
+        assert!(!m.render().contains("partition=\"3\""));
     }
 }

@@ -18,6 +18,8 @@
 //!   created, grown and reconfigured to follow (never deleted).
 //! - `progress`: acknowledged resume points committed to a consumer group
 //!   on the destination, and read back at start.
+//! - `members`: the link's instances share its partitions through a
+//!   consumer group on the source (a slot each, eager hand-over).
 //! - `batches`: fetched records cut into batches, control batches and
 //!   aborted transactions passed over (pure).
 //! - `metrics`, `admin`: Prometheus metrics, `/healthz`, `/readyz`.
@@ -29,6 +31,7 @@
 mod admin;
 mod batches;
 mod fetcher;
+pub mod members;
 pub mod metrics;
 pub mod partitions;
 mod progress;
@@ -49,6 +52,7 @@ use crate::config::replicator::{ReplicatorConfig, Side};
 use crate::net::tls::{TlsSetupError, UpstreamConnector};
 use crate::net::upstream::Upstream;
 pub use batches::SplitError;
+use members::{Assigned, Slot};
 use metrics::Metrics;
 pub use partitions::PartitionReport;
 use partitions::{Table, Tp};
@@ -238,9 +242,15 @@ struct Shared {
     stop: Mutex<Option<Stop>>,
     stopped: Notify,
     commits: std::sync::atomic::AtomicU64,
-    /// When this run started: a partition resumed from a commit sends
-    /// nothing before `started + unknown_outcome_wait` (see `topics`).
-    started: Instant,
+    /// What this instance copies: a slot of the link's partitions, none
+    /// while the instances' group rebalances (see `members`).
+    assigned: Mutex<Option<Assigned>>,
+    /// The assignment changed: discovery takes partitions on at once.
+    assignment_changed: Notify,
+    /// This instance in the instances' group: (coordinator, member id).
+    member: Mutex<Option<(String, String)>>,
+    /// The member's name in logs and in the group's metadata.
+    instance_id: String,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -270,6 +280,37 @@ impl Shared {
     fn fail(&self, e: ReplicateError) {
         tracing::error!(error = %e, "replicator stopping");
         self.finish(Stop::Failed(e));
+    }
+
+    fn assigned(&self) -> Option<Assigned> {
+        *lock(&self.assigned)
+    }
+
+    /// A new slot: discovery takes its partitions on.
+    fn assign(&self, a: Assigned) {
+        *lock(&self.assigned) = Some(a);
+        self.metrics.set_member(true);
+        self.assignment_changed.notify_one();
+    }
+
+    /// No slot (a rebalance): what was taken on for the old one is not
+    /// kept. Returns what was held.
+    fn unassign(&self) -> Option<Assigned> {
+        self.metrics.set_member(false);
+        lock(&self.assigned).take()
+    }
+
+    /// Still the assignment of `generation`?
+    fn holds(&self, generation: i32) -> bool {
+        self.assigned().is_some_and(|a| a.generation == generation)
+    }
+
+    fn member(&self) -> Option<(String, String)> {
+        lock(&self.member).clone()
+    }
+
+    fn set_member(&self, m: Option<(String, String)>) {
+        *lock(&self.member) = m;
     }
 
     /// A backoff for retries of this run's settings.
@@ -331,9 +372,19 @@ pub async fn run(
         stop: Mutex::new(None),
         stopped: Notify::new(),
         commits: std::sync::atomic::AtomicU64::new(0),
-        started: Instant::now(),
+        assigned: Mutex::new(None),
+        assignment_changed: Notify::new(),
+        member: Mutex::new(None),
+        instance_id: crate::control::members::random_instance_id(),
         config,
     });
+    if !shared.config.membership {
+        shared.assign(Assigned {
+            generation: 0,
+            slot: Slot::ALONE,
+            at: Instant::now(),
+        });
+    }
     let mut tasks = JoinSet::new();
     if let Some(addr) = shared.config.admin_listen {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -346,9 +397,18 @@ pub async fn run(
         link = %shared.config.link,
         client_id = %shared.config.client_id,
         group = %shared.config.group_id,
+        instance = %shared.instance_id,
+        membership = shared.config.membership,
         topics = ?shared.config.topics.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
         "replicator starting"
     );
+    if shared.config.membership {
+        tasks.spawn(members::run(
+            Arc::clone(&shared),
+            source.clone(),
+            destination.clone(),
+        ));
+    }
     tasks.spawn(topics::discover(
         Arc::clone(&shared),
         source.clone(),
@@ -395,10 +455,16 @@ pub async fn run(
     }
     // A fenced link's group requests are refused too: nothing to commit.
     if !matches!(&why, Stop::Failed(ReplicateError::Fenced { .. })) {
-        if let Err(e) = progress::commit(&shared, &destination).await {
+        // Marked as given back cleanly when nothing is left in flight: the
+        // next owner (another instance, or this one started again) need
+        // not wait for an answer that may still come.
+        let clean = !shared.table().in_flight();
+        let marked = if clean { members::RELEASED } else { "" };
+        if let Err(e) = progress::commit_all(&shared, &destination, marked).await {
             tracing::warn!(error = %e, "last progress commit failed; the next start re-sends what it covered");
         }
     }
+    members::leave(&shared, &source).await;
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     let report = report(&shared, matches!(why, Stop::Shutdown));
@@ -491,7 +557,13 @@ async fn placement(shared: Arc<Shared>, source: Client, destination: Client) {
             });
         }
         shared.changed.notify_waiters();
-        let wait = if ok {
+        // A destination topic another instance is creating has no leader
+        // yet: look again soon rather than in half a minute.
+        let unplaced = shared
+            .table()
+            .iter()
+            .any(|(_, p)| p.source.leader < 0 || p.destination.leader < 0);
+        let wait = if ok && !unplaced {
             Duration::from_secs(30)
         } else {
             backoff.next_delay()

@@ -294,6 +294,9 @@ pub struct Table {
     cursors: HashMap<i32, usize>,
     /// Where each source broker's Fetch starts its list of partitions.
     fetch_cursors: HashMap<i32, usize>,
+    /// Nothing new is fetched or sent: the partitions are being given
+    /// back (a rebalance) once what is in flight is answered.
+    halted: bool,
 }
 
 /// One Produce being filled by [`Table::to_send`].
@@ -353,6 +356,10 @@ impl Table {
         self.parts.insert(tp, partition);
     }
 
+    pub fn contains(&self, tp: &Tp) -> bool {
+        self.parts.contains_key(tp)
+    }
+
     pub fn get(&self, tp: &Tp) -> Option<&Partition> {
         self.parts.get(tp)
     }
@@ -394,6 +401,9 @@ impl Table {
         max_request: i32,
         now: Instant,
     ) -> (Vec<ToFetch>, i32, Reservation) {
+        if self.halted {
+            return (Vec::new(), 0, Reservation(0));
+        }
         let room = self
             .max_buffered
             .saturating_sub(self.buffered + self.reserved)
@@ -523,7 +533,7 @@ impl Table {
     /// node stopped. They are in flight from now on.
     pub fn to_send(&mut self, node: i32, max_bytes: usize, now: Instant) -> Vec<ToSend> {
         let count = self.parts.len();
-        if count == 0 {
+        if count == 0 || self.halted {
             return Vec::new();
         }
         let start = self.cursors.get(&node).copied().unwrap_or(0) % count;
@@ -622,6 +632,34 @@ impl Table {
     /// Whether anything is in flight to the destination.
     pub fn in_flight(&self) -> bool {
         self.parts.values().any(|p| p.in_flight > 0)
+    }
+
+    /// Fetch and send nothing more (what is in flight still settles):
+    /// the partitions are about to be given back.
+    pub fn halt(&mut self) {
+        self.halted = true;
+    }
+
+    /// Every partition's resume point (for the commit that gives them
+    /// back).
+    pub fn resume_points(&self) -> Vec<(Tp, i64, u64)> {
+        self.parts
+            .iter()
+            .map(|(tp, p)| (tp.clone(), p.acked, p.acked_batches))
+            .collect()
+    }
+
+    /// Gives every partition back: the table is empty, and takes
+    /// partitions on again. Answers still on their way find nothing to
+    /// settle; Fetches in flight give their reservations back as usual.
+    pub fn clear(&mut self) -> Vec<Tp> {
+        let gone: Vec<Tp> = self.parts.keys().cloned().collect();
+        self.parts.clear();
+        self.buffered = 0;
+        self.cursors.clear();
+        self.fetch_cursors.clear();
+        self.halted = false;
+        gone
     }
 }
 
@@ -842,5 +880,50 @@ mod tests {
         );
         assert_eq!(again, Settled::Acked { duplicate: true });
         assert_eq!(t.get(&tp(0)).map(|p| p.acked), Some(4));
+    }
+
+    #[test]
+    fn a_halted_table_sends_nothing_new_and_gives_everything_back_once_settled() {
+        let now = Instant::now();
+        let mut t = table(2, now);
+        t.push(
+            &tp(0),
+            0,
+            vec![Item::Data(batch(0, 2, 10)), Item::Data(batch(3, 3, 10))],
+            4,
+            now,
+        );
+        let sent = t.to_send(2, 10, now);
+        assert_eq!(sent.len(), 1, "one batch in flight");
+        t.halt();
+        assert!(t.to_send(2, 1 << 20, now).is_empty(), "nothing new sent");
+        assert!(t.to_fetch(1, 1 << 20, now).0.is_empty(), "nothing fetched");
+        assert!(t.in_flight());
+        // What was in flight still settles, and moves the resume point.
+        let settled = t.settle(
+            &tp(0),
+            &sent[0].batch,
+            Outcome::Acked {
+                base_offset: Some(0),
+            },
+            now,
+        );
+        assert_eq!(settled, Settled::Acked { duplicate: false });
+        assert!(!t.in_flight());
+        let points: Vec<(i32, i64)> = t
+            .resume_points()
+            .iter()
+            .map(|(tp, offset, _)| (tp.partition, *offset))
+            .collect();
+        assert_eq!(points, [(0, 3), (1, 0)]);
+        let gone: Vec<i32> = t.clear().iter().map(|tp| tp.partition).collect();
+        assert_eq!(gone, [0, 1]);
+        assert!(t.is_empty());
+        assert_eq!(t.buffered(), 0);
+        // Taken on again, the table works as new.
+        let mut again = Partition::new(&tp(0), 3, 4, 1000, now);
+        again.source.leader = 1;
+        t.insert(tp(0), again);
+        assert_eq!(t.to_fetch(1, 1 << 20, now).0.len(), 1);
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::offsets::Offsets;
+use crate::client::offsets::{Marked, Offsets};
 use crate::client::{Client, ClientError};
 
 use super::metrics::ErrorKind;
@@ -71,17 +71,40 @@ pub(super) async fn commit(shared: &Shared, destination: &Client) -> Result<(), 
     Ok(())
 }
 
-/// What the group holds for `partitions`, retried until it answers (a
+/// Commits the resume point of every partition, moved or not, with
+/// `metadata` beside it (see `members`: the commit that gives partitions
+/// back).
+pub(super) async fn commit_all(
+    shared: &Shared,
+    destination: &Client,
+    metadata: &str,
+) -> Result<(), ClientError> {
+    let all = shared.table().resume_points();
+    let offsets: Offsets = all
+        .iter()
+        .map(|(tp, offset, _)| ((tp.topic.to_string(), tp.partition), *offset))
+        .collect();
+    destination
+        .commit_offsets_marked(&shared.config.group_id, &offsets, metadata)
+        .await?;
+    shared.table().committed(&all);
+    shared.commits.fetch_add(1, Ordering::Relaxed);
+    shared.metrics.committed();
+    Ok(())
+}
+
+/// What the group holds for `partitions`, with each commit's metadata,
+/// retried until it answers (a
 /// coordinator still loading, a proxy restarting).
 pub(super) async fn committed(
     shared: &Shared,
     destination: &Client,
     partitions: &[(String, i32)],
-) -> Offsets {
+) -> Marked {
     let mut backoff = shared.backoff();
     loop {
         match destination
-            .committed_offsets(&shared.config.group_id, partitions)
+            .committed_marked(&shared.config.group_id, partitions)
             .await
         {
             Ok(offsets) => return offsets,

@@ -23,6 +23,7 @@ use crate::client::topics::ConfigChange;
 use crate::client::{Client, ClientError};
 use crate::config::replicator::StartOffset;
 
+use super::members::{Assigned, RELEASED};
 use super::metrics::ErrorKind;
 use super::partitions::{Partition, Tp};
 use super::{progress, ReplicateError, Shared};
@@ -87,7 +88,12 @@ pub(super) async fn discover(shared: Arc<Shared>, source: Client, destination: C
     let mut known: HashMap<String, usize> = HashMap::new();
     let mut backoff = shared.backoff();
     loop {
-        match round(&shared, &source, &destination, &mut known).await {
+        let Some(assigned) = shared.assigned() else {
+            // A rebalance: nothing to take on until a slot is given.
+            shared.assignment_changed.notified().await;
+            continue;
+        };
+        match round(&shared, &source, &destination, &mut known, &assigned).await {
             Ok(()) => {
                 if !shared.ready.swap(true, Ordering::AcqRel) {
                     tracing::info!(
@@ -96,7 +102,10 @@ pub(super) async fn discover(shared: Arc<Shared>, source: Client, destination: C
                     );
                 }
                 backoff.reset();
-                tokio::time::sleep(shared.config.discovery_interval).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(shared.config.discovery_interval) => {}
+                    _ = shared.assignment_changed.notified() => {}
+                }
             }
             Err(e) => {
                 let stop = match &e {
@@ -116,12 +125,15 @@ pub(super) async fn discover(shared: Arc<Shared>, source: Client, destination: C
     }
 }
 
-/// One discovery round.
+/// One discovery round: the source's matching topics; the destination
+/// follows them (slot 0 only); the slot's partitions not yet copied are
+/// taken on.
 async fn round(
     shared: &Shared,
     source: &Client,
     destination: &Client,
     known: &mut HashMap<String, usize>,
+    assigned: &Assigned,
 ) -> Result<(), ReplicateError> {
     let info = source
         .metadata(None)
@@ -139,7 +151,9 @@ async fn round(
         let count = t.partitions.len();
         let had = known.get(&t.name).copied().unwrap_or(0);
         if shared.config.create_topics {
-            follow(shared, source, destination, &t.name, count).await?;
+            if assigned.slot.follows_topics() {
+                follow(shared, source, destination, &t.name, count).await?;
+            }
         } else if had < count {
             let dst = destination
                 .topic(&t.name)
@@ -153,9 +167,22 @@ async fn round(
                 });
             }
         }
-        if had < count {
-            take_on(shared, source, destination, &t.name, had, count).await?;
-            known.insert(t.name.clone(), count);
+        known.insert(t.name.clone(), count);
+        let wanted: Vec<i32> = {
+            let table = shared.table();
+            (0..count)
+                .filter_map(|p| i32::try_from(p).ok())
+                .filter(|p| assigned.slot.owns(&t.name, *p))
+                .filter(|p| {
+                    !table.contains(&Tp {
+                        topic: Arc::from(t.name.as_str()),
+                        partition: *p,
+                    })
+                })
+                .collect()
+        };
+        if !wanted.is_empty() {
+            take_on(shared, source, destination, &t.name, &wanted, assigned).await?;
         }
     }
     Ok(())
@@ -237,20 +264,18 @@ async fn follow(
     Ok(())
 }
 
-/// Takes partitions `from..to` of `topic` on: where the progress group
-/// says, else at the start offset, never below the source log start.
+/// Takes `partitions` of `topic` on: where the progress group says, else
+/// at the start offset, never below the source log start. Dropped if the
+/// assignment changed meanwhile.
 async fn take_on(
     shared: &Shared,
     source: &Client,
     destination: &Client,
     topic: &str,
-    from: usize,
-    to: usize,
+    partitions: &[i32],
+    assigned: &Assigned,
 ) -> Result<(), ReplicateError> {
-    let keys: Vec<(String, i32)> = (from..to)
-        .filter_map(|p| i32::try_from(p).ok())
-        .map(|p| (topic.to_string(), p))
-        .collect();
+    let keys: Vec<(String, i32)> = partitions.iter().map(|p| (topic.to_string(), *p)).collect();
     let committed = progress::committed(shared, destination, &keys).await;
     let (earliest, latest) = tokio::join!(
         source.list_offsets(&keys, OffsetSpec::Earliest),
@@ -265,7 +290,10 @@ async fn take_on(
     for key in &keys {
         let start = earliest.get(key).copied().unwrap_or(0);
         let end = latest.get(key).copied().unwrap_or(start);
-        let resumed = committed.get(key).copied();
+        let (resumed, released) = match committed.get(key) {
+            Some((offset, metadata)) => (Some(*offset), metadata == RELEASED),
+            None => (None, false),
+        };
         if let Some(offset) = resumed.filter(|o| *o > end) {
             return Err(ReplicateError::ResumeBeyondEnd {
                 group: config.group_id.clone(),
@@ -299,12 +327,13 @@ async fn take_on(
         let mut p = Partition::new(&tp, position, end, config.partition_fetch_max_bytes, now);
         p.committed = resumed.unwrap_or(-1);
         p.report.resumed_from = resumed;
-        // A previous run of the link may have died with requests still at
-        // a proxy instance; re-sent through another instance before they
-        // land, they would be appended twice. The proxy waits as long for
-        // an answer that never came.
-        let hold = shared.started + config.unknown_outcome_wait;
-        if resumed.is_some() && hold > now {
+        // Its last owner (a previous run, another instance) may have died
+        // with requests still at a proxy instance; re-sent through another
+        // instance before they land, they would be appended twice. The
+        // proxy waits as long for an answer that never came. An owner that
+        // gave it back cleanly left nothing in flight (see `members`).
+        let hold = assigned.at + config.unknown_outcome_wait;
+        if resumed.is_some() && !released && hold > now {
             p.paused_until = Some(hold);
         }
         if config.until_caught_up {
@@ -313,8 +342,16 @@ async fn take_on(
         taken.push((tp, p));
     }
     let resumed = taken.iter().filter(|(_, p)| p.committed >= 0).count();
+    let held = taken
+        .iter()
+        .filter(|(_, p)| p.paused_until.is_some())
+        .count();
     {
         let mut table = shared.table();
+        // Given back meanwhile: the next slot takes them on afresh.
+        if !shared.holds(assigned.generation) {
+            return Ok(());
+        }
         for (tp, p) in taken {
             shared.metrics.partition_added(&tp.topic, tp.partition);
             table.insert(tp, p);
@@ -322,9 +359,9 @@ async fn take_on(
     }
     tracing::info!(
         topic,
-        partitions = to - from,
-        first = from,
+        partitions = ?partitions,
         resumed,
+        held,
         "partitions taken on"
     );
     shared.metadata_stale.notify_one();

@@ -19,8 +19,8 @@
 //! What a connection holds while it waits on its broker is bounded: while
 //! the broker holds one of its requests the request loop reads no frame
 //! larger than the connection's share of the request budget
-//! (`next_frame`), a client that resets its connection meanwhile ends the
-//! session at once (`unless_reset`), and a broker
+//! (`next_frame`), a client that resets its connection meanwhile, or while
+//! a filter waits, ends the session at once (`unless_reset`), and a broker
 //! response must arrive whole within `RESPONSE_READ_TIMEOUT_MS` of its
 //! first byte.
 
@@ -598,9 +598,16 @@ async fn requests<S: Service>(
         };
         // Matched here rather than `Step::decided`, which would move a ready
         // outcome into a future of its own on every request.
+        // A filter's wait (a producer state rebuild, a batch in flight on
+        // another request, a new origin persisted: each bounded, together
+        // tens of seconds) holds the request's frame; a client that resets
+        // meanwhile must not keep it. Dropping the wait is safe: nothing
+        // of the request has been written to the broker yet, so it is
+        // never forwarded (batches it had begun end as not sent, a rebuild
+        // it had claimed passes to the partition's next request).
         let outcome = match stack.call(request) {
             Step::Ready(outcome) => outcome?,
-            Step::Wait(decided) => decided.await?,
+            Step::Wait(decided) => unless_reset(reset, decided).await??,
         };
         // A broker holding an earlier request of this connection takes no
         // more of it: the write may wait as long as that.

@@ -142,6 +142,9 @@ pub struct Config {
     pub worker_threads: Option<usize>,
     pub connections_max_idle_ms: u64,
     pub request_read_timeout_ms: u64,
+    /// Once a broker's response frame has begun, how long it may take to
+    /// arrive whole before the broker connection is closed.
+    pub response_read_timeout_ms: u64,
     pub tls_handshake_timeout_ms: u64,
     pub shutdown_timeout_ms: u64,
     pub connect_timeout_ms: u64,
@@ -222,6 +225,7 @@ impl fmt::Debug for Config {
             .field("worker_threads", &self.worker_threads)
             .field("connections_max_idle_ms", &self.connections_max_idle_ms)
             .field("request_read_timeout_ms", &self.request_read_timeout_ms)
+            .field("response_read_timeout_ms", &self.response_read_timeout_ms)
             .field("tls_handshake_timeout_ms", &self.tls_handshake_timeout_ms)
             .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
             .field("client_tls", &self.client_tls.is_some())
@@ -272,6 +276,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("MAX_CONNECTIONS", "4096", "Client connections open at once; a connection over it is accepted and closed at once (WARN, at most one line per 10 s; counted). Each client connection also holds one broker connection, so the process needs about twice as many file descriptors."),
     ("CONNECTIONS_MAX_IDLE_MS", "600000", "A client connection with no request in flight that sends nothing for this long is closed (like the broker's connections.max.idle.ms)."),
     ("REQUEST_READ_TIMEOUT_MS", "30000", "Once the first byte of a request frame has arrived, the whole frame must arrive within this time, or the connection is closed."),
+    ("RESPONSE_READ_TIMEOUT_MS", "30000", "Once the first byte of a broker's response frame has arrived, the whole frame must arrive within this time (time it waits for memory under MAX_BUFFERED_RESPONSE_BYTES does not count), or the broker connection and its client's connection are closed (WARN; counted as `upstream_read_timeout`), giving back the memory the frame holds. A broker that stalls or trickles in the middle of a response would otherwise hold that memory for as long as it liked. Kafka clients give up on a response after their own request.timeout.ms (30 s by default), counted from before its first byte, so a response slower than this is one they no longer wait for; raise it with theirs."),
     ("TLS_HANDSHAKE_TIMEOUT_MS", "10000", "Time a client has to complete the TLS handshake (with TLS_CERT set)."),
     ("SHUTDOWN_TIMEOUT_MS", "30000", "On SIGTERM or SIGINT, how long requests in flight may take to be answered before the remaining connections are closed."),
     ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
@@ -649,6 +654,7 @@ impl Config {
         let connect_timeout_ms = ms("CONNECT_TIMEOUT_MS", 10_000);
         let connections_max_idle_ms = ms("CONNECTIONS_MAX_IDLE_MS", 600_000);
         let request_read_timeout_ms = ms("REQUEST_READ_TIMEOUT_MS", 30_000);
+        let response_read_timeout_ms = ms("RESPONSE_READ_TIMEOUT_MS", 30_000);
         let buffer_wait_timeout_ms = ms("BUFFER_WAIT_TIMEOUT_MS", 60_000);
         let write_timeout_ms = ms("WRITE_TIMEOUT_MS", 30_000);
         let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
@@ -762,6 +768,7 @@ impl Config {
                 worker_threads,
                 connections_max_idle_ms,
                 request_read_timeout_ms,
+                response_read_timeout_ms,
                 tls_handshake_timeout_ms,
                 shutdown_timeout_ms,
                 connect_timeout_ms,
@@ -1209,6 +1216,7 @@ mod tests {
         assert_eq!(c.connections_max_idle_ms, 600_000);
         assert_eq!(c.worker_threads, None);
         assert_eq!(c.request_read_timeout_ms, 30_000);
+        assert_eq!(c.response_read_timeout_ms, 30_000);
         assert_eq!(c.tls_handshake_timeout_ms, 10_000);
         assert_eq!(c.shutdown_timeout_ms, 30_000);
         assert_eq!(c.log_format, LogFormat::Text);
@@ -1411,6 +1419,7 @@ mod tests {
             ("WORKER_THREADS", "0"),
             ("CONNECTIONS_MAX_IDLE_MS", "soon"),
             ("REQUEST_READ_TIMEOUT_MS", "-1"),
+            ("RESPONSE_READ_TIMEOUT_MS", "0"),
             ("TLS_HANDSHAKE_TIMEOUT_MS", "0"),
             ("SHUTDOWN_TIMEOUT_MS", "1.5"),
         ]);
@@ -1423,6 +1432,7 @@ mod tests {
                 "MIRROR_PROXY_MAX_BUFFERED_BYTES",
                 "MIRROR_PROXY_MAX_CONNECTIONS",
                 "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
+                "MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS",
                 "MIRROR_PROXY_SHUTDOWN_TIMEOUT_MS",
                 "MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS",
                 "MIRROR_PROXY_WORKER_THREADS",

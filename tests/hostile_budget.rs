@@ -1,8 +1,9 @@
 //! The proxy's memory budgets tried as a hostile or careless client would
 //! try them, against a real broker, through the proxy binary: connections
 //! whose frames cannot be written (a broker sitting on a long poll, a
-//! client that never reads) must not freeze the others, nor grow the
-//! proxy's memory past its bounds, and closing them gives the memory back.
+//! client that never reads, a broker that trickles a response) must not
+//! freeze the others, nor grow the proxy's memory past its bounds, and
+//! closing them gives the memory back.
 
 mod support;
 
@@ -24,6 +25,7 @@ use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
+use support::relay::Relay;
 use support::wire::{partition_result, record_batch, RawClient};
 
 const MIB: usize = 1024 * 1024;
@@ -662,5 +664,127 @@ fn clients_that_never_read_their_fetches_do_not_grow_the_proxy_past_the_response
         0,
         Duration::from_secs(60),
     )?;
+    Ok(())
+}
+
+/// A broker that stalls or trickles in the middle of a response (the relay
+/// stands in for it: the answers come from a real broker, passed on whole
+/// until armed, then the first 40 KiB of a 1 MiB Fetch answer at once and
+/// the rest a byte every 200 ms; a real broker cannot be made to do this on
+/// demand). The response frame holds the response budget while it is read;
+/// `RESPONSE_READ_TIMEOUT_MS` (3 s here) bounds that: the broker connection
+/// and the client's are closed, counted as `upstream_read_timeout`, logged,
+/// and the budget is all back. A timeout on progress alone would never
+/// fire: a byte comes every 200 ms. Before the bound the proxy read the
+/// trickle for as long as it lasted, holding the frame's memory.
+#[test]
+fn a_broker_that_trickles_a_response_does_not_keep_its_memory() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    topic_ready(&broker.bootstrap(), "big")?;
+    let value = "v".repeat(900_000);
+    let mut writer = RawClient::connect(&broker.bootstrap())?;
+    let r = writer.produce("writer", "big", 0, record_batch(-1, &[&value]))?;
+    ensure!(partition_result(&r).0 == 0, "{:?}", partition_result(&r));
+    let relay = Relay::start()?;
+    relay.set_target(([127, 0, 0, 1], broker.port()).into());
+    let mut p = ProxyProcess::start(
+        &relay.address(),
+        &[
+            ("RESPONSE_READ_TIMEOUT_MS", "3000"),
+            // Longer than the test: only the read timeout may close it.
+            ("WRITE_TIMEOUT_MS", "300000"),
+            ("BUFFER_WAIT_TIMEOUT_MS", "300000"),
+            ("CONNECTIONS_MAX_IDLE_MS", "300000"),
+        ],
+    )?;
+    let timeouts = "kafka_mirror_proxy_connections_closed_total{reason=\"upstream_read_timeout\"}";
+    let gauge = "kafka_mirror_proxy_buffered_response_bytes";
+    ensure!(p.metric(timeouts)? == 0, "the series is there at zero");
+
+    // An ordinary client: ApiVersions and Metadata answered whole.
+    let mut c = TcpStream::connect(&p.bootstrap)?;
+    let bound = Duration::from_secs(30);
+    c.write_all(&framed(
+        ApiKey::ApiVersions,
+        3,
+        1,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("t"))
+            .with_client_software_version(StrBytes::from_static_str("1")),
+    )?)?;
+    let versions = recv_by(&mut c, Instant::now() + bound)?;
+    ensure!(correlation_of(versions, ApiKey::ApiVersions, 3)? == 1);
+    c.write_all(&framed(
+        ApiKey::Metadata,
+        12,
+        2,
+        &MetadataRequest::default(),
+    )?)?;
+    let metadata = recv_by(&mut c, Instant::now() + bound)?;
+    ensure!(correlation_of(metadata, ApiKey::Metadata, 12)? == 2);
+
+    // Its Fetch's answer is trickled.
+    relay.trickle_next_answer(40 * 1024, Duration::from_millis(200));
+    c.write_all(&framed(ApiKey::Fetch, 12, 3, &fetch("big", 0, MIB as i32))?)?;
+    let started = Instant::now();
+    // The frame holds memory while it trickles in.
+    let deadline = started + Duration::from_secs(30);
+    let mut held = 0;
+    while held == 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "the trickled answer never held memory"
+        );
+        held = p.metric(gauge)?;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The client's connection is closed within a bound (the 3 s timeout,
+    // with room for a loaded machine); without one it would stay open
+    // while the trickle lasts (about 2 days for 1 MiB).
+    c.set_read_timeout(Some(Duration::from_secs(60)))?;
+    let mut rest = Vec::new();
+    let closed = c.read_to_end(&mut rest);
+    let after = started.elapsed();
+    ensure!(
+        after < Duration::from_secs(60),
+        "the client's connection was not closed within 60 s of a trickled answer ({closed:?}); response budget held: {:?}",
+        p.metric(gauge)
+    );
+    ensure!(
+        rest.is_empty(),
+        "the client got {} bytes of the trickled answer",
+        rest.len()
+    );
+    wait_for_metric(&p, timeouts, 1, Duration::from_secs(10))?;
+    wait_for_metric(&p, gauge, 0, Duration::from_secs(10))?;
+    p.wait_for_log(
+        "MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS",
+        Duration::from_secs(10),
+    )?;
+    let lines = p
+        .logs()
+        .lines()
+        .filter(|l| l.contains("MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS"))
+        .count();
+    ensure!(lines == 1, "logged {lines} times:\n{}", p.logs());
+    // The broker connection was closed too: the relay's next byte finds
+    // its client (the proxy) gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cut = loop {
+        if let Some(cut) = relay.trickle_cut() {
+            break cut;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the proxy's broker connection is still open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!(
+        "trickled answer: {held} bytes of the response budget held; client closed {after:?} after its Fetch; the relay found the broker connection closed {:?} after it",
+        cut.saturating_duration_since(started)
+    );
+    // A new client is served as before.
+    ordinary_client_answered(&p, "after the trickling broker connection was closed")?;
     Ok(())
 }

@@ -20,9 +20,15 @@
 //! the fix the bound evicted producer 7 for producer 8, the retry found no
 //! trace of the batch in flight and was appended, and the held attempt was
 //! appended again when the throttle ended.
+//!
+//! The same held batch makes a retry wait in the Produce filter, to show
+//! that such a wait ends, and gives its memory back, when its client resets
+//! (issue 44), and that the dropped request is never forwarded.
 
 mod support;
 
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -37,8 +43,9 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, StrBytes};
 
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::mirror::pid::ClusterId;
-use support::crate_client::create_topics;
+use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
@@ -251,5 +258,157 @@ fn a_producer_with_a_batch_held_at_the_broker_is_not_evicted() -> Result<()> {
         .filter(|l| l.contains("mirrored producer state full"))
         .count();
     assert_eq!(full_lines, 1, "logged once\n{}", logs());
+    Ok(())
+}
+
+/// Close `s` with a reset (SO_LINGER 0), as a killed client would; every
+/// other handle on the socket must be closed already.
+fn reset(s: TcpStream) -> Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a correctly sized option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    drop(s);
+    Ok(())
+}
+
+/// A link Produce that waits in the proxy's Produce filter (a retry of a
+/// batch still in flight on another connection waits up to 10 s for that
+/// attempt's outcome, holding its frame) gives its memory back at once when
+/// its client resets the connection, and nothing of it is forwarded after:
+/// the proxy appends nothing its client is no longer there to hear about.
+///
+/// Producer 7's batch is held at the broker as above (throttled link
+/// connection, about 15 s). Another connection of the link sends one
+/// request with producer 7's retry of that batch (partition 0) and a new
+/// batch of producer 9 (partition 1): nothing of it may begin while the
+/// retry is in flight, so it waits, its frame charged to the request
+/// budget. Its client resets 1 s in. Before the fix the wait went on: the
+/// budget was held until the wait ended, and then the request was forwarded
+/// to the broker over the dead client's session and producer 9's batch
+/// appended.
+#[test]
+fn a_produce_waiting_in_the_filter_ends_when_its_client_resets() -> Result<()> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    create_topics(&broker.bootstrap(), &[(TOPIC, 2)])?;
+    let source = ClusterId::from_bytes(*b"inflight-source!");
+    let proxy = ProxyProcess::with_link_x(&broker.bootstrap(), &source, TOPIC, &[])?;
+    let logs = || tools::tail_str(&proxy.logs(), 40);
+    let gauge = "kafka_mirror_proxy_buffered_request_bytes";
+    set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
+
+    let mut link = RawClient::connect(&proxy.bootstrap)?;
+    let big = "x".repeat(THROTTLING_BYTES);
+    let c = link_produce(&mut link, record_batch_at(7, 0, &[&big]))?;
+    let (code, _, message) = produce_result(&mut link, c)?;
+    ensure!(
+        code == NONE,
+        "the large batch: {code} {message}\n{}",
+        logs()
+    );
+    let held = link_produce(&mut link, record_batch_at(7, 1, &["held"]))?;
+    let deadline = Instant::now() + WAIT;
+    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
+        ensure!(
+            Instant::now() < deadline,
+            "the held batch never reached the proxy"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    ensure!(proxy.metric(gauge)? == 0, "the held batch was written on");
+
+    // The retry of the held batch, with a new batch of another producer.
+    let (mut retry, socket) = RawClient::connect_with_socket(&proxy.bootstrap)?;
+    let request = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str(TOPIC)))
+            .with_partition_data(vec![
+                PartitionProduceData::default()
+                    .with_index(0)
+                    .with_records(Some(record_batch_at(7, 1, &["held"]))),
+                PartitionProduceData::default()
+                    .with_index(1)
+                    .with_records(Some(record_batch_at(9, 0, &["dropped"]))),
+            ])]);
+    retry.send(ApiKey::Produce, PRODUCE_VERSION, LINK_CLIENT, &request)?;
+    let sent = Instant::now();
+    let deadline = sent + WAIT;
+    let mut waiting = 0;
+    while waiting == 0 {
+        ensure!(
+            Instant::now() < deadline,
+            "the retry never held its frame\n{}",
+            logs()
+        );
+        waiting = proxy.metric(gauge)?;
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Well into the wait (the filter rebuilds the partitions for this new
+    // connection first, then waits for the attempt in flight).
+    thread::sleep(Duration::from_secs(1));
+    ensure!(
+        proxy.metric(gauge)? > 0,
+        "the retry was answered before its client reset (the held batch settled too soon?)\n{}",
+        logs()
+    );
+    drop(retry);
+    let reset_at = Instant::now();
+    reset(socket)?;
+    // Back well before the wait's own end (10 s after it began).
+    let bound = Duration::from_secs(4);
+    while proxy.metric(gauge)? != 0 {
+        ensure!(
+            reset_at.elapsed() < bound,
+            "{} bytes of the request budget still held {bound:?} after the client reset while its Produce waited in the filter\n{}",
+            proxy.metric(gauge)?,
+            logs()
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    let freed = reset_at.elapsed();
+    let bootstrap = "kafka_mirror_proxy_client_connections_active{listener=\"bootstrap\"}";
+    while proxy.metric(bootstrap)? != 1 {
+        ensure!(
+            reset_at.elapsed() < bound,
+            "the reset client's connection is still open"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    // The held batch is appended once its throttle ends; the dropped
+    // request's wait would have ended by then too (10 s), and it would
+    // have been forwarded.
+    let held = produce_result(&mut link, held)?;
+    ensure!(held.0 == NONE, "the held batch: {held:?}\n{}", logs());
+    let past_wait = sent + Duration::from_secs(15);
+    thread::sleep(past_wait.saturating_duration_since(Instant::now()));
+    let end = runtime()?.block_on(client(&broker.bootstrap()).list_offset(
+        TOPIC,
+        1,
+        OffsetSpec::Latest,
+    ))?;
+    ensure!(
+        end.offset == 0,
+        "partition 1 ends at {}: the reset client's request was forwarded\n{}",
+        end.offset,
+        logs()
+    );
+    eprintln!(
+        "{waiting} bytes held while the retry waited in the filter; back to 0 {freed:?} after its client reset; partition 1 empty {:?} after the request was sent",
+        sent.elapsed()
+    );
     Ok(())
 }

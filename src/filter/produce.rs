@@ -212,14 +212,18 @@ impl<'a> ProduceFilter<'a> {
                         break tracked;
                     }
                     duplicates_checked = true;
+                    // Held as not sent while the log is read: the session
+                    // drops this wait when its client resets.
+                    let unsent = Unsent(tracked);
                     let lost = Box::pin(lost_duplicates(
                         ctx,
                         state,
                         link.name(),
                         &mut plan,
-                        &tracked,
+                        &unsent.0,
                     ))
                     .await;
+                    let tracked = unsent.sent();
                     if lost.is_empty() {
                         break tracked;
                     }
@@ -1026,6 +1030,27 @@ async fn learn_topic_ids(ctx: &Context) {
             timeout_ms = TOPIC_IDS_TIMEOUT.as_millis() as u64,
             "could not learn topic ids from the broker in time"
         ),
+    }
+}
+
+/// A request's begun batches while its request half still waits, before
+/// anything of it is written to the broker. The session drops that wait
+/// when its client resets: the batches' flight then ends unrecorded, as
+/// with `acks=0` (nothing was sent, so their outcome is known: not
+/// appended), not as an unknown outcome, which would hold the producer's
+/// next batches back and have the partition read again for nothing.
+struct Unsent(Tracked);
+
+impl Unsent {
+    /// The wait is over: the batches go on with the request.
+    fn sent(mut self) -> Tracked {
+        std::mem::replace(&mut self.0, Tracked::none())
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        std::mem::replace(&mut self.0, Tracked::none()).unanswered();
     }
 }
 

@@ -71,8 +71,12 @@ pub enum FrameError {
     NegativeSize(i32),
     #[error("connection closed in the middle of a frame ({buffered} bytes read)")]
     Truncated { buffered: usize },
-    #[error("frame not complete {ms} ms after its first byte ({buffered} bytes read; MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS)")]
-    Timeout { ms: u128, buffered: usize },
+    #[error("frame not complete {ms} ms after its first byte ({buffered} bytes read; {setting})")]
+    Timeout {
+        ms: u128,
+        buffered: usize,
+        setting: &'static str,
+    },
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -96,7 +100,8 @@ pub enum FrameError {
 /// bounded by `wait`: a frame still without memory then fails with
 /// [`FrameError::BudgetWait`] and its connection closes. What makes the
 /// memory come back is that every holder is bounded in time too: reading a
-/// frame by the request read timeout, handing it on by the write timeout.
+/// frame by its read timeout (a request's or a response's), handing it on
+/// by the write timeout.
 pub struct Budget {
     total: usize,
     free: Semaphore,
@@ -150,6 +155,8 @@ pub struct FrameReader<R> {
     max: usize,
     budget: Option<Arc<Budget>>,
     frame_timeout: Option<Duration>,
+    /// The variable that sets `frame_timeout`, for messages.
+    timeout_setting: &'static str,
     /// The size prefix of the next frame, as far as it has arrived.
     head: [u8; 4],
     head_len: usize,
@@ -189,6 +196,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             max,
             budget: None,
             frame_timeout: None,
+            timeout_setting: "",
             head: [0; 4],
             head_len: 0,
             buffered: Buffered::new(),
@@ -212,9 +220,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Once a frame's first byte has arrived, the rest must arrive within
-    /// `timeout` (time paused on the budget does not count).
-    pub fn with_frame_timeout(mut self, timeout: Duration) -> Self {
+    /// `timeout`, set by the variable `setting` (time paused on the budget,
+    /// or held back by the caller, does not count). Whole-frame, not
+    /// progress: a peer that trickles a byte now and then would otherwise
+    /// keep the frame's memory for as long as it liked.
+    pub fn with_frame_timeout(mut self, timeout: Duration, setting: &'static str) -> Self {
         self.frame_timeout = Some(timeout);
+        self.timeout_setting = setting;
         self
     }
 
@@ -370,6 +382,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             ReadError::Timeout => FrameError::Timeout {
                 ms: self.frame_timeout.unwrap_or_default().as_millis(),
                 buffered: self.head_len + self.body.as_ref().map_or(0, Vec::len),
+                setting: self.timeout_setting,
             },
         }
     }
@@ -955,7 +968,10 @@ mod tests {
     #[tokio::test]
     async fn a_stalled_frame_times_out_but_an_idle_reader_does_not() {
         let (mut tx, rx) = tokio::io::duplex(1024);
-        let mut r = FrameReader::new(rx, 1024).with_frame_timeout(Duration::from_millis(200));
+        let mut r = FrameReader::new(rx, 1024).with_frame_timeout(
+            Duration::from_millis(200),
+            "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
+        );
         // Idle: waiting longer than the frame timeout is fine.
         assert!(
             tokio::time::timeout(Duration::from_millis(400), r.read_frame())
@@ -973,12 +989,50 @@ mod tests {
                 err,
                 Err(FrameError::Timeout {
                     ms: 200,
-                    buffered: 6
+                    buffered: 6,
+                    setting: "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
                 })
             ),
             "{err:?}"
         );
         assert!(started.elapsed() >= Duration::from_millis(150));
+    }
+
+    /// The whole frame is timed, not progress: a peer (a broker sending a
+    /// response) that trickles a byte now and then, each well within the
+    /// timeout, still cannot keep a frame for longer than it.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_frame_times_out_though_each_byte_comes_in_time() {
+        let (mut tx, rx) = tokio::io::duplex(1024);
+        let mut r = FrameReader::new(rx, 1024).with_frame_timeout(
+            Duration::from_millis(1_000),
+            "MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS",
+        );
+        let trickle = tokio::spawn(async move {
+            tx.write_all(&[0, 0, 0, 100]).await.expect("write");
+            for _ in 0..100 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if tx.write_all(&[7]).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let started = Instant::now();
+        let err = r.read_frame().await;
+        assert!(
+            matches!(
+                err,
+                Err(FrameError::Timeout {
+                    ms: 1_000,
+                    setting: "MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS",
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
+        assert!(started.elapsed() <= Duration::from_millis(1_100));
+        drop(r);
+        trickle.await.expect("trickler");
     }
 
     #[tokio::test(start_paused = true)]
@@ -987,7 +1041,10 @@ mod tests {
         let (mut tx, rx) = tokio::io::duplex(1 << 20);
         let mut r = FrameReader::new(rx, 1 << 20)
             .with_budget(Arc::clone(&budget))
-            .with_frame_timeout(Duration::from_millis(200));
+            .with_frame_timeout(
+                Duration::from_millis(200),
+                "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
+            );
         tx.write_all(&100_000u32.to_be_bytes())
             .await
             .expect("write");

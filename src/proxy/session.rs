@@ -19,8 +19,10 @@
 //! What a connection holds while it waits on its broker is bounded: while
 //! the broker holds one of its requests the request loop reads no frame
 //! larger than the connection's share of the request budget
-//! (`next_frame`), and a client that resets its connection meanwhile ends
-//! the session at once (`unless_reset`).
+//! (`next_frame`), a client that resets its connection meanwhile, or while
+//! a filter waits, ends the session at once (`unless_reset`), and a broker
+//! response must arrive whole within `RESPONSE_READ_TIMEOUT_MS` of its
+//! first byte.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -82,7 +84,7 @@ pub enum SessionError {
     UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("broker closed the connection with {in_flight} request(s) in flight")]
     UpstreamClosed { in_flight: usize },
-    #[error("bad frame from broker: {0}")]
+    #[error("reading a frame from the broker: {0}")]
     UpstreamFrame(FrameError),
     #[error("broker sent a response with correlation id {got} while {expected} was expected")]
     CorrelationMismatch { expected: i32, got: i32 },
@@ -112,7 +114,7 @@ impl From<FilterError> for SessionError {
 
 /// Every reason a connection is closed for (`connections_closed_total`):
 /// the labels of [`SessionError::label`] and of the ends without an error.
-pub const CLOSE_REASONS: [&str; 24] = [
+pub const CLOSE_REASONS: [&str; 25] = [
     "client_closed",
     "shutdown",
     "link_fenced",
@@ -130,6 +132,7 @@ pub const CLOSE_REASONS: [&str; 24] = [
     "malformed_request",
     "unsupported_version",
     "upstream_closed",
+    "upstream_read_timeout",
     "bad_upstream_frame",
     "upstream_protocol",
     "listener",
@@ -162,6 +165,7 @@ impl SessionError {
             SessionError::Guard(GuardError::Encode { .. }) => "bad_response",
             SessionError::UnsupportedVersion(_) => "unsupported_version",
             SessionError::UpstreamClosed { .. } => "upstream_closed",
+            SessionError::UpstreamFrame(FrameError::Timeout { .. }) => "upstream_read_timeout",
             SessionError::UpstreamFrame(_) => "bad_upstream_frame",
             SessionError::CorrelationMismatch { .. } | SessionError::UnexpectedResponse => {
                 "upstream_protocol"
@@ -368,7 +372,18 @@ async fn run(
     let owed = Queue::new(MAX_IN_FLIGHT);
     let client_r = FrameReader::new(client_r, max)
         .with_budget(Arc::clone(&shared.budget))
-        .with_frame_timeout(Duration::from_millis(shared.config.request_read_timeout_ms));
+        .with_frame_timeout(
+            Duration::from_millis(shared.config.request_read_timeout_ms),
+            "MIRROR_PROXY_REQUEST_READ_TIMEOUT_MS",
+        );
+    // A response frame holds the response budget while it is read: a
+    // broker that stalls or trickles in the middle of one may not keep it.
+    let up_r = FrameReader::new(up_r, max)
+        .with_budget(Arc::clone(&shared.response_budget))
+        .with_frame_timeout(
+            Duration::from_millis(shared.config.response_read_timeout_ms),
+            "MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS",
+        );
     let activity = Activity::new();
     // Declared before the loops, so dropped after both: the connection
     // counts as its link's until every response it owes is in.
@@ -386,13 +401,7 @@ async fn run(
         &activity,
         &mut link_session,
     );
-    let responses = responses(
-        shared,
-        FrameReader::new(up_r, max).with_budget(Arc::clone(&shared.response_budget)),
-        client_w,
-        &owed,
-        &activity,
-    );
+    let responses = responses(shared, up_r, client_w, &owed, &activity);
     tokio::pin!(requests, responses);
     tokio::select! {
         // The client finished sending, or shutdown stopped reading: deliver
@@ -589,9 +598,16 @@ async fn requests<S: Service>(
         };
         // Matched here rather than `Step::decided`, which would move a ready
         // outcome into a future of its own on every request.
+        // A filter's wait (a producer state rebuild, a batch in flight on
+        // another request, a new origin persisted: each bounded, together
+        // tens of seconds) holds the request's frame; a client that resets
+        // meanwhile must not keep it. Dropping the wait is safe: nothing
+        // of the request has been written to the broker yet, so it is
+        // never forwarded (batches it had begun end as not sent, a rebuild
+        // it had claimed passes to the partition's next request).
         let outcome = match stack.call(request) {
             Step::Ready(outcome) => outcome?,
-            Step::Wait(decided) => decided.await?,
+            Step::Wait(decided) => unless_reset(reset, decided).await??,
         };
         // A broker holding an earlier request of this connection takes no
         // more of it: the write may wait as long as that.

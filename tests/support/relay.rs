@@ -9,14 +9,30 @@
 //! A fault a real broker cannot be made to show on demand: a connection lost
 //! after the broker read (and acted on) a request but before its answer
 //! arrived.
+//!
+//! Armed with [`Relay::trickle_next_answer`], it instead passes on the
+//! start of the target's next answer and then the rest a byte at a time,
+//! slowly: a broker that stalls or trickles in the middle of a response
+//! (a GC pause, a sick disk, a congested path), which a real broker cannot
+//! be made to do on demand either.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
+
+/// How the next answer is trickled ([`Relay::trickle_next_answer`]).
+#[derive(Clone, Copy)]
+struct Trickle {
+    /// Bytes passed on at once.
+    first: usize,
+    /// Then one byte per this long.
+    interval: Duration,
+}
 
 #[derive(Default)]
 struct Shared {
@@ -26,6 +42,11 @@ struct Shared {
     cut_every: AtomicU64,
     chunks: AtomicU64,
     cuts: AtomicU64,
+    /// Armed: the next answer, on whichever connection, is trickled.
+    trickle: Mutex<Option<Trickle>>,
+    /// When the connection trickling its answer could no longer write to
+    /// the relay's client (it was closed).
+    trickle_cut: Mutex<Option<Instant>>,
     stop: AtomicBool,
 }
 
@@ -80,6 +101,21 @@ impl Relay {
     /// Connections cut so far.
     pub fn cuts(&self) -> u64 {
         self.shared.cuts.load(Ordering::SeqCst)
+    }
+
+    /// The target's next answer (its next chunk, on whichever connection)
+    /// is passed on `first` bytes at once, then one byte per `interval`,
+    /// until the relay's client closes the connection (or the relay is
+    /// dropped).
+    pub fn trickle_next_answer(&self, first: usize, interval: Duration) {
+        if let Ok(mut t) = self.shared.trickle.lock() {
+            *t = Some(Trickle { first, interval });
+        }
+    }
+
+    /// When the connection trickling an answer found its client gone.
+    pub fn trickle_cut(&self) -> Option<Instant> {
+        self.shared.trickle_cut.lock().ok().and_then(|t| *t)
     }
 }
 
@@ -137,6 +173,11 @@ fn relay(client: TcpStream, s: &Arc<Shared>) {
                     s.cuts.fetch_add(1, Ordering::SeqCst);
                     break;
                 }
+                let trickle = s.trickle.lock().ok().and_then(|mut t| t.take());
+                if let Some(t) = trickle {
+                    trickle_answer(&mut s_read, &mut c_write, &buf[..n], t, s);
+                    break;
+                }
                 if c_write.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -145,4 +186,40 @@ fn relay(client: TcpStream, s: &Arc<Shared>) {
     }
     let _ = s_read.shutdown(Shutdown::Both);
     let _ = c_write.shutdown(Shutdown::Both);
+}
+
+/// Pass on `t.first` bytes of the answer that began with `chunk`, then the
+/// rest a byte per `t.interval` (reading more of it from `from` as needed),
+/// until `to` is closed or the relay stops.
+fn trickle_answer(from: &mut TcpStream, to: &mut TcpStream, chunk: &[u8], t: Trickle, s: &Shared) {
+    let mut pending = chunk.to_vec();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut passed = 0;
+    loop {
+        if s.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if pending.is_empty() {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => pending.extend_from_slice(&buf[..n]),
+            }
+        }
+        let n = if passed < t.first {
+            (t.first - passed).min(pending.len())
+        } else {
+            1
+        };
+        if to.write_all(&pending[..n]).is_err() {
+            if let Ok(mut cut) = s.trickle_cut.lock() {
+                cut.get_or_insert_with(Instant::now);
+            }
+            return;
+        }
+        pending.drain(..n);
+        passed += n;
+        if passed > t.first {
+            thread::sleep(t.interval);
+        }
+    }
 }

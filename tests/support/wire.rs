@@ -33,6 +33,21 @@ impl RawClient {
         })
     }
 
+    /// [`RawClient::connect`], with a second handle on the same socket, for
+    /// a test to reset the connection (SO_LINGER 0, then close both).
+    pub fn connect_with_socket(addr: &str) -> Result<(RawClient, TcpStream)> {
+        let s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let handle = s.try_clone()?;
+        Ok((
+            RawClient {
+                io: Box::new(s),
+                correlation: 0,
+            },
+            handle,
+        ))
+    }
+
     /// Connect with TLS, trusting `ca_pem`, optionally presenting a client
     /// certificate.
     pub fn connect_tls(

@@ -13,7 +13,7 @@ use crate::mirror::state_records::{RecordError, StateRecord};
 use crate::wire::batch::{build, BuildError, NewBatch, NewRecord};
 use crate::wire::batch::{BatchHeader, Batches, HEADER_LEN};
 use crate::wire::compression::{self, DecompressError};
-use crate::wire::records::Records;
+use crate::wire::records::{Record, Records};
 
 /// The most a state batch's records may decompress to. The proxy writes
 /// batches of a few records, which a broker recompresses as they are (log
@@ -81,6 +81,39 @@ pub fn read_batches(
     auth: Option<&StateAuth>,
     mut on: impl FnMut(i64, Result<StateRecord, SkipReason>),
 ) -> i64 {
+    for_each_record(records, from, |offset, record| {
+        let r = match record {
+            Ok(r) => r,
+            Err(e) => return on(offset, Err(e)),
+        };
+        if let Some(auth) = auth {
+            let mac = r
+                .headers
+                .into_iter()
+                .find(|(k, _)| *k == MAC_HEADER.as_bytes())
+                .map(|(_, v)| v.unwrap_or_default());
+            let key = r.key.unwrap_or_default();
+            if let Err(e) = auth.verify(offset, key, r.value, mac) {
+                return on(offset, Err(e.into()));
+            }
+        }
+        on(
+            offset,
+            StateRecord::decode(r.key, r.value).map_err(SkipReason::from),
+        );
+    })
+}
+
+/// Every data record of the batches of a fetch answer at or past `from`,
+/// decompressed, with its offset (or why it, or its whole batch, is
+/// skipped); control batches are passed over. Returns the offset to fetch
+/// next, as [`read_batches`] does. The walk under every compacted topic
+/// the crate reads (the state topic, the replicator's offsets topic).
+pub fn for_each_record(
+    records: &[u8],
+    from: i64,
+    mut on: impl FnMut(i64, Result<Record<'_>, SkipReason>),
+) -> i64 {
     let mut next = from;
     for batch in Batches::new(records) {
         let Ok(batch) = batch else {
@@ -113,51 +146,23 @@ pub fn read_batches(
                 }
             },
         };
-        read_records(&section, base, header.record_count(), next, auth, &mut on);
+        for (i, record) in (0i64..).zip(Records::new(&section, header.record_count())) {
+            match record {
+                Ok(r) => {
+                    let offset = base + i64::from(r.offset_delta);
+                    if offset >= next {
+                        on(offset, Ok(r));
+                    }
+                }
+                // A malformed record is reported at its place in the batch
+                // (`base` + its index, its offset delta being unreadable),
+                // or at `next` if that is later.
+                Err(e) => on((base + i).max(next), Err(SkipReason::Malformed(e.field()))),
+            }
+        }
         next = last + 1;
     }
     next
-}
-
-/// The records of one batch (`section`, its records uncompressed) at or
-/// past `from`. A malformed record is reported at its place in the batch
-/// (`base` + its index, its offset delta being unreadable), or at `from`
-/// if that is later.
-fn read_records(
-    section: &[u8],
-    base: i64,
-    count: i32,
-    from: i64,
-    auth: Option<&StateAuth>,
-    on: &mut impl FnMut(i64, Result<StateRecord, SkipReason>),
-) {
-    for (i, record) in (0i64..).zip(Records::new(section, count)) {
-        match record {
-            Ok(r) => {
-                let offset = base + i64::from(r.offset_delta);
-                if offset < from {
-                    continue;
-                }
-                if let Some(auth) = auth {
-                    let mac = r
-                        .headers
-                        .into_iter()
-                        .find(|(k, _)| *k == MAC_HEADER.as_bytes())
-                        .map(|(_, v)| v.unwrap_or_default());
-                    let key = r.key.unwrap_or_default();
-                    if let Err(e) = auth.verify(offset, key, r.value, mac) {
-                        on(offset, Err(e.into()));
-                        continue;
-                    }
-                }
-                on(
-                    offset,
-                    StateRecord::decode(r.key, r.value).map_err(SkipReason::from),
-                );
-            }
-            Err(e) => on((base + i).max(from), Err(SkipReason::Malformed(e.field()))),
-        }
-    }
 }
 
 #[cfg(test)]

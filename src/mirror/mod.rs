@@ -4,8 +4,9 @@
 //! (`state_records`) and the origins view built from them (`origins`), the
 //! plan of a Produce request (`produce`), the reading of the broker's
 //! answer (`produce_response`), mirrored producer state (`producer_state`,
-//! shared by every connection through `dedupe`) and the barrier's bytes
-//! (`barrier`). Nothing here does I/O: `filter` runs these rules on a
+//! shared by every connection through `dedupe`), the barrier's bytes
+//! (`barrier`) and the offset translation map and its records
+//! (`translation`). Nothing here does I/O: `filter` runs these rules on a
 //! connection's requests, `state` and `control` persist their outcomes.
 
 pub mod barrier;
@@ -20,3 +21,4 @@ pub mod produce;
 pub mod produce_response;
 pub mod producer_state;
 pub mod state_records;
+pub mod translation;

@@ -103,6 +103,38 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Translate source offsets to destination offsets: the replicator's
+    /// offset translation, read from its offsets topic on the destination.
+    /// Either one offset (--topic, --partition, --offset) or a source
+    /// consumer group's committed offsets (--group,
+    /// --source-bootstrap-server). Plain TCP.
+    Offsets {
+        /// Destination brokers (or the proxy), host:port,...
+        #[arg(long)]
+        bootstrap_server: String,
+        /// The link whose translation to read.
+        #[arg(long)]
+        link: String,
+        /// The replicator's OFFSETS_TOPIC.
+        #[arg(long, default_value = "__mirror_offsets")]
+        offsets_topic: String,
+        /// The replicator's GROUP_ID (default replicator.mirror-<link>):
+        /// its progress says how far the copy went.
+        #[arg(long)]
+        progress_group: Option<String>,
+        #[arg(long)]
+        topic: Option<String>,
+        #[arg(long)]
+        partition: Option<i32>,
+        #[arg(long)]
+        offset: Option<i64>,
+        /// A consumer group on the source: translate its committed offsets.
+        #[arg(long)]
+        group: Option<String>,
+        /// Source brokers, host:port,... (with --group).
+        #[arg(long)]
+        source_bootstrap_server: Option<String>,
+    },
     /// Start mirroring a stopped link again.
     Start {
         name: String,
@@ -151,6 +183,24 @@ fn main() -> ExitCode {
             })
         }
         Command::Run => run(),
+        Command::Offsets {
+            bootstrap_server,
+            link,
+            offsets_topic,
+            progress_group,
+            topic,
+            partition,
+            offset,
+            group,
+            source_bootstrap_server,
+        } => offsets(OffsetsArgs {
+            bootstrap_server,
+            progress_group: progress_group.unwrap_or_else(|| format!("replicator.mirror-{link}")),
+            link,
+            offsets_topic,
+            one: topic.zip(partition).zip(offset),
+            group: group.zip(source_bootstrap_server),
+        }),
         Command::Replicate { args } => return replicate(args),
         Command::Map {
             source_cluster_id,
@@ -234,6 +284,83 @@ fn unmap(pid: i64) -> anyhow::Result<()> {
             "link     none of the configured links ({})",
             links.names().join(", ")
         ),
+    }
+    Ok(())
+}
+
+struct OffsetsArgs {
+    bootstrap_server: String,
+    link: String,
+    offsets_topic: String,
+    progress_group: String,
+    /// ((topic, partition), offset)
+    one: Option<((String, i32), i64)>,
+    /// (group, source bootstrap)
+    group: Option<(String, String)>,
+}
+
+/// A plain-TCP client of `bootstrap` (host:port,...).
+fn plain_client(bootstrap: &str) -> Client {
+    use kafka_mirror_proxy::net::upstream::Upstream;
+    let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
+    Client::new(ClientConfig::new(
+        bootstrap,
+        Upstream {
+            tls: None,
+            server_name: None,
+            timeout: Duration::from_secs(10),
+        },
+    ))
+}
+
+/// `kafka-mirror-proxy offsets`: one line per partition, `topic partition
+/// source-offset destination-offset` (and why, when it is not exact).
+fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
+    use kafka_mirror_proxy::mirror::translation::Translation;
+    use kafka_mirror_proxy::replicate::translation;
+    let destination = plain_client(&args.bootstrap_server);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let wanted: Vec<((String, i32), i64)> = match (&args.one, &args.group) {
+        (Some(one), None) => vec![one.clone()],
+        (None, Some((group, source))) => {
+            let source = plain_client(source);
+            runtime.block_on(async {
+                let (segments, _) =
+                    translation::load(&destination, &args.offsets_topic, &args.link, 1).await?;
+                let keys: Vec<(String, i32)> = segments.into_keys().collect();
+                let committed = source
+                    .committed_offsets(group, &keys)
+                    .await
+                    .with_context(|| format!("committed offsets of {group} on the source"))?;
+                anyhow::Ok(committed.into_iter().collect())
+            })?
+        }
+        _ => anyhow::bail!(
+            "give either --topic, --partition and --offset, or --group and --source-bootstrap-server"
+        ),
+    };
+    let translated = runtime
+        .block_on(translation::translate(
+            &destination,
+            &args.offsets_topic,
+            &args.link,
+            &args.progress_group,
+            &wanted,
+        ))
+        .with_context(|| format!("reading {}", args.offsets_topic))?;
+    for t in translated {
+        let (offset, note) = match t.destination {
+            Translation::Exact(o) => (o.to_string(), ""),
+            Translation::Before(o) => (
+                o.to_string(),
+                " (older than the translation kept: re-reads)",
+            ),
+            Translation::NotYet => ("-".to_string(), " (not copied yet)"),
+        };
+        println!("{} {} {} {offset}{note}", t.topic, t.partition, t.source);
     }
     Ok(())
 }

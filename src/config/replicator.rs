@@ -27,6 +27,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TOPICS", "(required)", "Comma-separated topic names or regular expressions, each matched against the whole name (the proxy's LINK_<NAME>_TOPICS syntax)."),
     ("TRANSACTIONAL_ID", "<client id>", "Sent on Produce requests that carry a transactional batch (brokers require one)."),
     ("GROUP_ID", "replicator.<client id>", "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions)."),
+    ("OFFSETS_TOPIC", "__mirror_offsets", "Compacted topic on the destination cluster (written through the proxy) holding the offset translation: where each partition's source and destination offsets stop moving together. Saved before every progress commit; read by `kafka-mirror-proxy offsets`."),
     ("MEMBERSHIP", "true", "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone."),
     ("SESSION_TIMEOUT_MS", "10000", "Membership: an instance that stops heartbeating for this long loses its partitions to the others (the source brokers' group.min/max.session.timeout.ms bound it)."),
     ("ADMIN_LISTEN", "127.0.0.1:9191", "HTTP listener for /metrics, /healthz and /readyz."),
@@ -106,6 +107,8 @@ pub struct ReplicatorConfig {
     /// Anchored at both ends.
     pub topics: Vec<Regex>,
     pub group_id: String,
+    /// The offset translation's topic on the destination.
+    pub offsets_topic: String,
     /// Share partitions through `<group_id>.instances` on the source.
     pub membership: bool,
     pub session_timeout: Duration,
@@ -302,6 +305,9 @@ impl ReplicatorConfig {
         let membership = env
             .parse("MEMBERSHIP", "`true` or `false`", parse_bool)
             .unwrap_or(true);
+        let offsets_topic = env
+            .raw("OFFSETS_TOPIC")
+            .unwrap_or_else(|| "__mirror_offsets".to_string());
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
                 "text" => Some(LogFormat::Text),
@@ -330,6 +336,7 @@ impl ReplicatorConfig {
             transactional_id,
             topics,
             group_id,
+            offsets_topic,
             membership,
             session_timeout,
             admin_listen: Some(admin_listen),

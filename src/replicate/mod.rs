@@ -20,6 +20,9 @@
 //!   on the destination, and read back at start.
 //! - `members`: the link's instances share its partitions through a
 //!   consumer group on the source (a slot each, eager hand-over).
+//! - `translation`: where source and destination offsets stop moving
+//!   together, saved to a compacted topic on the destination before each
+//!   commit.
 //! - `batches`: fetched records cut into batches, control batches and
 //!   aborted transactions passed over (pure).
 //! - `metrics`, `admin`: Prometheus metrics, `/healthz`, `/readyz`.
@@ -37,6 +40,7 @@ pub mod partitions;
 mod progress;
 mod sender;
 mod topics;
+pub mod translation;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -251,6 +255,9 @@ struct Shared {
     member: Mutex<Option<(String, String)>>,
     /// The member's name in logs and in the group's metadata.
     instance_id: String,
+    /// Writes the offset translation (see `translation`).
+    offsets: Client,
+    offsets_topic_ready: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -376,6 +383,8 @@ pub async fn run(
         assignment_changed: Notify::new(),
         member: Mutex::new(None),
         instance_id: crate::control::members::random_instance_id(),
+        offsets: translation::client(&destination),
+        offsets_topic_ready: AtomicBool::new(false),
         config,
     });
     if !shared.config.membership {

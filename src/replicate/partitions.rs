@@ -31,11 +31,17 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use uuid::Uuid;
 
+use crate::mirror::translation::{Segment, Segments};
+
 pub use crate::mirror::producer_state::RETAINED_BATCHES;
 
 /// Batches of one partition in flight to the destination at once (see the
 /// module doc).
 pub const IN_FLIGHT_PER_PARTITION: usize = 1;
+
+/// Offset translation segments a partition keeps in memory (the offsets
+/// topic keeps them all): 24 bytes each, a transaction's marker begins one.
+pub const MAX_SEGMENTS: usize = 1024;
 
 /// A source partition, named as on both clusters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -160,6 +166,11 @@ pub struct Partition {
     /// No fetch or send before this (after an error).
     pub paused_until: Option<Instant>,
     pub report: PartitionReport,
+    /// Where source and destination offsets stop moving together.
+    pub segments: Segments,
+    /// The first segment changed since the offsets topic last had them
+    /// (its source start).
+    unsaved_from: Option<i64>,
 }
 
 impl Partition {
@@ -188,6 +199,8 @@ impl Partition {
             caught_up_at: now,
             target: None,
             paused_until: None,
+            segments: Segments::new(MAX_SEGMENTS),
+            unsaved_from: None,
             report: PartitionReport {
                 topic: tp.topic.to_string(),
                 partition: tp.partition,
@@ -575,6 +588,17 @@ impl Table {
                         false
                     }
                 };
+                if let Some(base) = base_offset {
+                    let before = p.segments.last().copied();
+                    p.segments
+                        .record(q.batch.base_offset, q.batch.last_offset, base);
+                    if let Some(now) = p.segments.last().filter(|l| Some(**l) != before) {
+                        let from = p
+                            .unsaved_from
+                            .map_or(now.source_start, |f| f.min(now.source_start));
+                        p.unsaved_from = Some(from);
+                    }
+                }
                 p.in_flight -= 1;
                 p.queued_bytes -= q.batch.bytes.len();
                 self.buffered -= q.batch.bytes.len();
@@ -632,6 +656,35 @@ impl Table {
     /// Whether anything is in flight to the destination.
     pub fn in_flight(&self) -> bool {
         self.parts.values().any(|p| p.in_flight > 0)
+    }
+
+    /// The segments changed since they were last saved, taken: they are
+    /// saved now ([`unsave`](Self::unsave) if that fails).
+    pub fn take_unsaved(&mut self) -> Vec<(Tp, Segment)> {
+        let mut out = Vec::new();
+        for (tp, p) in &mut self.parts {
+            if let Some(from) = p.unsaved_from.take() {
+                out.extend(
+                    p.segments
+                        .iter()
+                        .filter(|s| s.source_start >= from)
+                        .map(|s| (tp.clone(), *s)),
+                );
+            }
+        }
+        out
+    }
+
+    /// Those segments were not saved: they are due again.
+    pub fn unsave(&mut self, segments: &[(Tp, Segment)]) {
+        for (tp, s) in segments {
+            if let Some(p) = self.parts.get_mut(tp) {
+                let from = p
+                    .unsaved_from
+                    .map_or(s.source_start, |f| f.min(s.source_start));
+                p.unsaved_from = Some(from);
+            }
+        }
     }
 
     /// Fetch and send nothing more (what is in flight still settles):

@@ -20,6 +20,7 @@ use crate::client::offsets::{Marked, Offsets};
 use crate::client::{Client, ClientError};
 
 use super::metrics::ErrorKind;
+use super::translation::{self, TranslationError};
 use super::Shared;
 
 /// Commits every commit interval, and at once when a partition waits for
@@ -50,12 +51,51 @@ pub(super) async fn commit_loop(shared: Arc<Shared>, destination: Client) {
     }
 }
 
+/// Why a commit did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("saving the offset translation first: {0}")]
+    Translation(#[from] TranslationError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// Saves the translation segments that changed, before a commit covers
+/// them (see `translation`); on failure they are due again.
+async fn save_translation(shared: &Shared) -> Result<(), TranslationError> {
+    let unsaved = shared.table().take_unsaved();
+    if unsaved.is_empty() {
+        return Ok(());
+    }
+    let topic = &shared.config.offsets_topic;
+    let saved = async {
+        if !shared.offsets_topic_ready.load(Ordering::Acquire) {
+            translation::ensure_topic(&shared.offsets, topic).await?;
+            shared.offsets_topic_ready.store(true, Ordering::Release);
+        }
+        translation::save(
+            &shared.offsets,
+            topic,
+            &shared.config.link,
+            &unsaved,
+            crate::state::now_ms(),
+        )
+        .await
+    }
+    .await;
+    if saved.is_err() {
+        shared.table().unsave(&unsaved);
+    }
+    saved
+}
+
 /// One commit of every resume point that moved.
-pub(super) async fn commit(shared: &Shared, destination: &Client) -> Result<(), ClientError> {
+pub(super) async fn commit(shared: &Shared, destination: &Client) -> Result<(), CommitError> {
     let due = shared.table().to_commit();
     if due.is_empty() {
         return Ok(());
     }
+    save_translation(shared).await?;
     let offsets: Offsets = due
         .iter()
         .map(|(tp, offset, _)| ((tp.topic.to_string(), tp.partition), *offset))
@@ -78,7 +118,8 @@ pub(super) async fn commit_all(
     shared: &Shared,
     destination: &Client,
     metadata: &str,
-) -> Result<(), ClientError> {
+) -> Result<(), CommitError> {
+    save_translation(shared).await?;
     let all = shared.table().resume_points();
     let offsets: Offsets = all
         .iter()

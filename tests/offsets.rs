@@ -1,0 +1,308 @@
+//! Exact offset translation (issue 43, item 1): a source partition holding
+//! transactions (committed and aborted, each ending in a marker) with an
+//! idempotent producer writing in between is copied by the replicator
+//! through the proxy. The destination's offsets then drift from the
+//! source's (no markers, no aborted batches). For every source offset of
+//! every partition, `kafka-mirror-proxy offsets` must name the destination
+//! offset of the same next record (read with librdkafka on both sides), and
+//! a source consumer group's committed offsets (`--group`) translate the
+//! same way. The translation is saved compactly: one segment per run of
+//! offsets that move together, not one per batch.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use rdkafka::config::ClientConfig as RdConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use kafka_mirror_proxy::client::offsets::Offsets;
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
+use kafka_mirror_proxy::replicate::translation;
+use support::crate_client::{client, create_topic, runtime};
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+
+const TOPIC: &str = "tx";
+const PARTITIONS: i32 = 2;
+const TRANSACTIONS: usize = 9;
+const WAIT: Duration = Duration::from_secs(60);
+
+fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
+    let mut c = RdConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "0")
+        .set("enable.idempotence", "true");
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    Ok(c.create()?)
+}
+
+fn send(p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
+    for partition in 0..PARTITIONS {
+        for i in 0..n {
+            let v = format!("{tag}-p{partition}-{i}");
+            p.send(
+                BaseRecord::<(), _>::to(TOPIC)
+                    .partition(partition)
+                    .payload(&v),
+            )
+            .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
+        }
+    }
+    p.flush(WAIT)?;
+    Ok(())
+}
+
+/// (offset, value) of every record a read_committed consumer sees, per
+/// partition, up to `ends`.
+fn read(bootstrap: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<(i64, String)>>> {
+    let consumer: BaseConsumer = RdConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "offsets-verifier")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
+    let mut position = vec![0i64; ends.len()];
+    let deadline = Instant::now() + WAIT;
+    // A committed record's offset reaches at most end - 1; the last marker
+    // is never delivered, so "done" is the consumer's position.
+    loop {
+        let positions = consumer.position()?;
+        for e in positions.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                position[e.partition() as usize] = o;
+            }
+        }
+        if position.iter().zip(ends).all(|(p, e)| p >= e) {
+            return Ok(out);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "reading {bootstrap}: at {position:?} of {ends:?}"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            out.entry(m.partition()).or_default().push((m.offset(), v));
+        }
+    }
+}
+
+fn ends(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
+    let c = client(bootstrap);
+    (0..PARTITIONS)
+        .map(|p| {
+            Ok(rt
+                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
+                .offset)
+        })
+        .collect()
+}
+
+/// `kafka-mirror-proxy offsets ...`: (topic, partition, source) -> the
+/// printed destination offset.
+fn offsets_cli(args: &[&str]) -> Result<BTreeMap<(String, i32, i64), String>> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
+        .arg("offsets")
+        .args(args)
+        .output()
+        .context("running kafka-mirror-proxy offsets")?;
+    ensure!(
+        out.status.success(),
+        "offsets {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout)?;
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [t, p, s, d, ..] => Ok(((t.to_string(), p.parse()?, s.parse()?), d.to_string())),
+                _ => bail!("unexpected line {l:?}"),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
+    let rt = runtime()?;
+    let a = KafkaCluster::start(KafkaOptions::default())?;
+    let b = KafkaCluster::start(KafkaOptions::default())?;
+    let (ca, cb) = (client(&a.bootstrap()), client(&b.bootstrap()));
+    create_topic(&rt, &ca, TOPIC, PARTITIONS, &[])?;
+    let pb = ProxyProcess::start(
+        &b.bootstrap(),
+        &[
+            ("LINKS", "a"),
+            ("LINK_A_SOURCE_CLUSTER_ID", a.cluster_id()),
+            ("LINK_A_TOPICS", TOPIC),
+        ],
+    )?;
+
+    // Transactions (every third aborted) with plain records between them.
+    let plain = producer(&a.bootstrap(), &[])?;
+    let txn = producer(&a.bootstrap(), &[("transactional.id", "offsets-txn")])?;
+    txn.init_transactions(WAIT)?;
+    send(&plain, "first", 3)?;
+    for t in 0..TRANSACTIONS {
+        txn.begin_transaction()?;
+        send(&txn, &format!("txn{t}"), 4)?;
+        if t % 3 == 2 {
+            txn.abort_transaction(WAIT)?;
+        } else {
+            txn.commit_transaction(WAIT)?;
+        }
+        send(&plain, &format!("plain{t}"), 2)?;
+    }
+    let source_ends = ends(&rt, &a.bootstrap())?;
+    let source = read(&a.bootstrap(), &source_ends)?;
+
+    let config = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
+    let report = support::replicator::run(&rt, config)?;
+    ensure!(report.total_records > 0, "nothing copied: {report}");
+    let destination_ends = ends(&rt, &b.bootstrap())?;
+    let destination = read(&b.bootstrap(), &destination_ends)?;
+    ensure!(
+        destination_ends != source_ends,
+        "the offsets should drift (markers and aborted batches stay behind)"
+    );
+
+    // Every source offset, one at a time.
+    let bootstrap = b.bootstrap();
+    for p in 0..PARTITIONS {
+        let src = &source[&p];
+        let dst = &destination[&p];
+        for offset in 0..=source_ends[p as usize] {
+            let printed = offsets_cli(&[
+                "--bootstrap-server",
+                &bootstrap,
+                "--link",
+                "a",
+                "--topic",
+                TOPIC,
+                "--partition",
+                &p.to_string(),
+                "--offset",
+                &offset.to_string(),
+            ])?;
+            let got: i64 = printed
+                .get(&(TOPIC.to_string(), p, offset))
+                .context("no line for the offset asked")?
+                .parse()
+                .with_context(|| format!("{TOPIC}-{p} at {offset}: {printed:?}"))?;
+            match src.iter().find(|(o, _)| *o >= offset) {
+                Some((_, value)) => {
+                    let at = dst.iter().find(|(o, _)| *o == got);
+                    ensure!(
+                        at.map(|(_, v)| v) == Some(value),
+                        "{TOPIC}-{p}: source offset {offset} (next record {value}) translated to \
+                         {got}, where the destination holds {at:?}"
+                    );
+                }
+                None => ensure!(
+                    got == destination_ends[p as usize],
+                    "{TOPIC}-{p}: source offset {offset} is past every record: {got}, \
+                     the destination ends at {}",
+                    destination_ends[p as usize]
+                ),
+            }
+        }
+    }
+
+    // A source group's commits: one inside an aborted transaction, one on
+    // a marker.
+    let aborted_start = src_offset_of(&source[&0], "plain1-p0-1")? + 1;
+    let committed: Offsets = [
+        ((TOPIC.to_string(), 0), aborted_start + 2),
+        (
+            (TOPIC.to_string(), 1),
+            src_offset_of(&source[&1], "txn0-p1-3")? + 1,
+        ),
+    ]
+    .into_iter()
+    .collect();
+    rt.block_on(ca.commit_offsets("app", &committed))?;
+    let printed = offsets_cli(&[
+        "--bootstrap-server",
+        &bootstrap,
+        "--link",
+        "a",
+        "--group",
+        "app",
+        "--source-bootstrap-server",
+        &a.bootstrap(),
+    ])?;
+    let next_of = |p: i32, value: &str| -> Result<String> {
+        destination[&p]
+            .iter()
+            .find(|(_, v)| v == value)
+            .map(|(o, _)| o.to_string())
+            .with_context(|| format!("{value} on the destination"))
+    };
+    assert_eq!(
+        printed.get(&(TOPIC.to_string(), 0, aborted_start + 2)),
+        Some(&next_of(0, "plain2-p0-0")?),
+        "inside transaction 2 (aborted): the next record is plain2's first; {printed:?}"
+    );
+    assert_eq!(
+        printed.get(&(TOPIC.to_string(), 1, committed[&(TOPIC.to_string(), 1)])),
+        Some(&next_of(1, "plain0-p1-0")?),
+        "on transaction 0's marker: the next record is plain0's first; {printed:?}"
+    );
+
+    // Compact: a segment per run, not per batch.
+    let (segments, skipped) = rt.block_on(translation::load(
+        &client(&pb.bootstrap),
+        "__mirror_offsets",
+        "a",
+        usize::MAX,
+    ))?;
+    assert_eq!(skipped, 0);
+    for p in 0..PARTITIONS {
+        let n = segments.get(&(TOPIC.to_string(), p)).map_or(0, |s| s.len());
+        let batches = report.partition(TOPIC, p).map_or(0, |r| r.batches_copied);
+        // A run ends only where the offsets stop moving together: at a
+        // marker or an aborted batch (a marker may land after plain
+        // records written meanwhile, so a transaction ends at most two).
+        let runs: Vec<_> = segments
+            .get(&(TOPIC.to_string(), p))
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
+        for pair in runs.windows(2) {
+            assert!(
+                pair[1].source_start > pair[0].source_end
+                    || pair[1].destination_start != pair[0].destination_end(),
+                "{TOPIC}-{p}: two segments that move together: {pair:?}"
+            );
+        }
+        assert!(
+            (1..=2 * TRANSACTIONS + 1).contains(&n) && (n as u64) < batches,
+            "{TOPIC}-{p}: {n} segments for {batches} batches: {runs:?}"
+        );
+    }
+    let _ = cb;
+    Ok(())
+}
+
+fn src_offset_of(records: &[(i64, String)], value: &str) -> Result<i64> {
+    records
+        .iter()
+        .find(|(_, v)| v == value)
+        .map(|(o, _)| *o)
+        .with_context(|| format!("{value} on the source"))
+}

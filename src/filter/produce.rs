@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use kafka_protocol::messages::ApiKey;
 
 use std::future::Future;
@@ -23,8 +24,11 @@ use super::{
     pass, rebuild, Context, FilterError, Outcome, Pending, Request, ResponseHalf, Service, Step,
     Then,
 };
+use crate::client::ClientError;
 use crate::metrics::mirrored::LinkMirror;
-use crate::mirror::dedupe::{Begin, Dedupe, RebuildClaim, RebuildReason, Tracked, Writer};
+use crate::mirror::dedupe::{
+    Begin, Dedupe, DuplicateAnswer, RebuildClaim, RebuildReason, Tracked, Writer,
+};
 use crate::mirror::link::{CertSubject, Origin};
 use crate::mirror::origins::PartitionId;
 use crate::mirror::produce::{
@@ -938,10 +942,19 @@ const STABLE_READS: u32 = 3;
 /// (past the high watermark) before taking it as not held.
 const HOLDS_WAIT: Duration = Duration::from_secs(2);
 
+/// How many of one request's duplicate checks run at once. The proxy's
+/// client carries one request at a time per broker, so checks of
+/// partitions led by one broker queue there anyway, ahead of the state
+/// topic's own requests: a few at once lets partitions on different
+/// brokers overlap without one request queueing all its checks in front
+/// of everyone else's.
+const DUPLICATE_CHECKS_AT_ONCE: usize = 4;
+
 /// Checks that the log still holds each batch `tracked` answers as a
 /// duplicate. Returns the partitions whose log does not (truncated: they
-/// need a rebuild). One that cannot be checked (the broker unreachable
-/// within [`REBUILD_TIMEOUT`]) is answered retriable in `plan` instead.
+/// need a rebuild). One that cannot be checked (an error, or not done
+/// when the request's [`REBUILD_TIMEOUT`] is up) is answered retriable in
+/// `plan` instead.
 async fn lost_duplicates(
     ctx: &Context,
     state: &StateStore,
@@ -949,26 +962,89 @@ async fn lost_duplicates(
     plan: &mut ProducePlan,
     tracked: &Tracked,
 ) -> Vec<PartitionId> {
-    let mut lost = Vec::new();
-    for d in tracked.duplicates() {
-        let name = ctx
-            .topics
+    let client = state.client();
+    let name = |d: &DuplicateAnswer| {
+        ctx.topics
             .name(d.partition.topic_id)
-            .map_or_else(|| d.topic.name.0.to_string(), |n| n.to_string());
-        let check = rebuild::holds(
-            state.client(),
-            &name,
-            d.partition.partition,
-            d.base_offset,
-            &d.batch,
-            HOLDS_WAIT,
-        );
-        let error = match tokio::time::timeout(REBUILD_TIMEOUT, check).await {
-            Ok(Ok(rebuild::Held::Yes | rebuild::Held::BelowLogStart)) => continue,
-            Ok(Ok(rebuild::Held::No)) => {
+            .map_or_else(|| d.topic.name.0.to_string(), |n| n.to_string())
+    };
+    check_duplicates(link, &mut plan.local, tracked.duplicates(), &name, |d| {
+        let topic = name(d);
+        async move {
+            rebuild::holds(
+                client,
+                &topic,
+                d.partition.partition,
+                d.base_offset,
+                &d.batch,
+                HOLDS_WAIT,
+            )
+            .await
+        }
+    })
+    .await
+}
+
+/// [`lost_duplicates`] with the one check (`check`, a Fetch of the batch
+/// in the proxy; anything in the tests) and the topic's name (`name`) given.
+///
+/// One deadline, [`REBUILD_TIMEOUT`] from now, bounds all of a request's
+/// checks together: a check per partition, each with a bound of its own,
+/// would hold the request's frame (and its client's retry) for as many
+/// bounds as the request has duplicate partitions. A check not done by
+/// then is answered as one that timed out always was (retriable), while
+/// those done keep what they found. Cancel-safe: dropping this (the
+/// client reset) drops the checks in flight, whose client connections
+/// then close rather than carry a late answer.
+async fn check_duplicates<'d, C, F>(
+    link: &str,
+    local: &mut [LocalPartition],
+    duplicates: &'d [DuplicateAnswer],
+    name: &(dyn Fn(&DuplicateAnswer) -> String + Sync),
+    check: C,
+) -> Vec<PartitionId>
+where
+    C: Fn(&'d DuplicateAnswer) -> F,
+    F: Future<Output = Result<rebuild::Held, ClientError>>,
+{
+    let deadline = tokio::time::Instant::now() + REBUILD_TIMEOUT;
+    // By the duplicate's place, so the answers below follow the request's
+    // order whichever check ends first; `None`: not done in time.
+    let mut found: Vec<Option<Result<rebuild::Held, ClientError>>> =
+        std::iter::repeat_with(|| None)
+            .take(duplicates.len())
+            .collect();
+    let mut waiting = duplicates.iter().enumerate();
+    let mut running = FuturesUnordered::new();
+    let all = async {
+        loop {
+            // Topped up as checks end: at most a few at once, each begun
+            // once, so the cost stays linear in the request.
+            while running.len() < DUPLICATE_CHECKS_AT_ONCE {
+                let Some((at, d)) = waiting.next() else {
+                    break;
+                };
+                let check = check(d);
+                running.push(async move { (at, check.await) });
+            }
+            let Some((at, result)) = running.next().await else {
+                break;
+            };
+            if let Some(slot) = found.get_mut(at) {
+                *slot = Some(result);
+            }
+        }
+    };
+    // Timed out or not, `found` holds what ended by the deadline.
+    let _ = tokio::time::timeout_at(deadline, all).await;
+    let mut lost = Vec::new();
+    for (d, found) in duplicates.iter().zip(found) {
+        let error = match found {
+            Some(Ok(rebuild::Held::Yes | rebuild::Held::BelowLogStart)) => continue,
+            Some(Ok(rebuild::Held::No)) => {
                 tracing::warn!(
                     link,
-                    topic = name,
+                    topic = name(d),
                     partition = d.partition.partition,
                     offset = d.base_offset,
                     producer_id = d.batch.producer_id,
@@ -979,15 +1055,20 @@ async fn lost_duplicates(
                 lost.push(d.partition);
                 continue;
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => format!("not read within {} s", REBUILD_TIMEOUT.as_secs()),
+            Some(Err(e)) => e.to_string(),
+            None => format!(
+                "not read within {} s, the bound of all the request's checks",
+                REBUILD_TIMEOUT.as_secs()
+            ),
         };
         let message = format!(
-            "mirror link '{link}': {name}-{}: could not check that the log still holds the duplicate batch at offset {} ({error}); retry",
-            d.partition.partition, d.base_offset
+            "mirror link '{link}': {}-{}: could not check that the log still holds the duplicate batch at offset {} ({error}); retry",
+            name(d),
+            d.partition.partition,
+            d.base_offset
         );
         let message: Arc<str> = message.into();
-        for l in plan.local.iter_mut().filter(|l| {
+        for l in local.iter_mut().filter(|l| {
             l.partition == d.partition.partition
                 && Arc::ptr_eq(&l.topic, &d.topic)
                 && matches!(l.outcome, LocalOutcome::Duplicate { .. })
@@ -1176,4 +1257,239 @@ fn tracked_answers(
             found.get(at).copied().flatten()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use kafka_protocol::messages::TopicName;
+    use kafka_protocol::protocol::StrBytes;
+    use tokio::time::{sleep, Instant};
+    use uuid::Uuid;
+
+    use super::rebuild::Held;
+    use super::*;
+    use crate::mirror::producer_state::BatchId;
+
+    /// When each check's future ended (finished or dropped), by partition.
+    type Ends = Arc<Mutex<Vec<(i32, Instant)>>>;
+
+    /// Records, when dropped, that its check ended: a check cut off at
+    /// the deadline is dropped there, not left running.
+    struct Ended(Ends, i32);
+
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            if let Ok(mut ends) = self.0.lock() {
+                ends.push((self.1, Instant::now()));
+            }
+        }
+    }
+
+    fn topic() -> Arc<TopicRef> {
+        Arc::new(TopicRef {
+            name: TopicName(StrBytes::from_static_str("mirrored")),
+            topic_id: Uuid::from_u128(7),
+        })
+    }
+
+    fn duplicate(topic: &Arc<TopicRef>, partition: i32) -> DuplicateAnswer {
+        DuplicateAnswer {
+            topic: topic.clone(),
+            partition: PartitionId {
+                topic_id: topic.topic_id,
+                partition,
+            },
+            batch: BatchId {
+                producer_id: 1000,
+                epoch: 0,
+                first_seq: partition * 10,
+                last_seq: partition * 10 + 9,
+            },
+            base_offset: 100 + i64::from(partition),
+        }
+    }
+
+    fn answered_duplicate(topic: &Arc<TopicRef>, partition: i32) -> LocalPartition {
+        LocalPartition {
+            topic: topic.clone(),
+            partition,
+            entry: partition as u32,
+            outcome: LocalOutcome::Duplicate {
+                base_offset: 100 + i64::from(partition),
+                batches: 1,
+            },
+        }
+    }
+
+    fn name(d: &DuplicateAnswer) -> String {
+        d.topic.name.0.to_string()
+    }
+
+    /// How long the check of each partition takes and what it finds
+    /// (`None`: it never answers). Partitions 1, 3 and 5 are slower than
+    /// the bound; 4 fails, 2 finds the batch lost, 6 ends shortly before
+    /// the deadline (begun at 3 s, done at 13 s: four run at once).
+    fn scripted(partition: i32) -> (Duration, Option<Result<Held, ClientError>>) {
+        let s = Duration::from_secs;
+        match partition {
+            0 => (s(0), Some(Ok(Held::Yes))),
+            1 => (s(0), None),
+            2 => (s(1), Some(Ok(Held::No))),
+            3 => (s(40), Some(Ok(Held::Yes))),
+            4 => (
+                s(3),
+                Some(Err(ClientError::Closed {
+                    broker: "broker:9092".into(),
+                })),
+            ),
+            5 => (s(16), Some(Ok(Held::Yes))),
+            _ => (s(10), Some(Ok(Held::BelowLogStart))),
+        }
+    }
+
+    /// A check that follows [`scripted`], recording when it ends in `ends`.
+    fn check(
+        ends: &Ends,
+    ) -> impl Fn(
+        &DuplicateAnswer,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Held, ClientError>> + Send>>
+           + '_ {
+        move |d| {
+            let ended = Ended(ends.clone(), d.partition.partition);
+            let (after, answer) = scripted(d.partition.partition);
+            Box::pin(async move {
+                let _ended = ended;
+                sleep(after).await;
+                match answer {
+                    Some(answer) => answer,
+                    None => std::future::pending().await,
+                }
+            })
+        }
+    }
+
+    fn refused_message(l: &LocalPartition) -> Option<&str> {
+        match &l.outcome {
+            LocalOutcome::Refused {
+                refusal: Refusal::StateNotRebuilt,
+                message,
+            } => Some(message),
+            _ => None,
+        }
+    }
+
+    /// A request with many duplicate partitions whose checks are slow
+    /// waits one bound for all of them, not one per partition: the slow
+    /// ones are cut off together at the deadline and answered retriable as
+    /// a timed-out check is, and those done by then keep their answers.
+    #[tokio::test(start_paused = true)]
+    async fn duplicate_checks_share_one_deadline() {
+        let topic = topic();
+        let duplicates: Vec<_> = (0..7).map(|p| duplicate(&topic, p)).collect();
+        let mut local: Vec<_> = (0..7).map(|p| answered_duplicate(&topic, p)).collect();
+        // Not a duplicate: left alone.
+        local.push(LocalPartition {
+            topic: topic.clone(),
+            partition: 9,
+            entry: 9,
+            outcome: LocalOutcome::DroppedControl { batches: 1 },
+        });
+        let ends = Ends::default();
+        let start = Instant::now();
+
+        let lost = check_duplicates("link-a", &mut local, &duplicates, &name, check(&ends)).await;
+
+        assert_eq!(
+            Instant::now() - start,
+            REBUILD_TIMEOUT,
+            "three checks slower than the bound end at the one deadline, not after three bounds"
+        );
+        let mut ends = ends.lock().map(|e| e.clone()).unwrap_or_default();
+        ends.sort_by_key(|(partition, _)| *partition);
+        let ended = |p: i32| {
+            ends.iter()
+                .find(|(q, _)| *q == p)
+                .map(|(_, at)| *at - start)
+        };
+        let s = Duration::from_secs;
+        // Each check began once and ended (done, or cut off at the deadline).
+        assert_eq!(ends.len(), 7, "{ends:?}");
+        assert_eq!(ended(0), Some(s(0)));
+        assert_eq!(ended(2), Some(s(1)));
+        assert_eq!(ended(4), Some(s(3)));
+        // Begun once the check of partition 4 ended (four at once).
+        assert_eq!(ended(6), Some(s(13)));
+        for slow in [1, 3, 5] {
+            assert_eq!(ended(slow), Some(REBUILD_TIMEOUT), "partition {slow}");
+        }
+
+        // Not in the log: rebuilt, its duplicate answer left to the rebuild.
+        assert_eq!(
+            lost,
+            vec![PartitionId {
+                topic_id: topic.topic_id,
+                partition: 2
+            }]
+        );
+        for kept in [0, 2, 6] {
+            assert!(
+                matches!(local[kept].outcome, LocalOutcome::Duplicate { base_offset, batches: 1 } if base_offset == 100 + kept as i64),
+                "partition {kept}: {:?}",
+                local[kept].outcome
+            );
+        }
+        // The retriable answer of a check that could not be done.
+        let failed = refused_message(&local[4]).unwrap_or_default();
+        assert!(
+            failed.contains("broker:9092 closed the connection"),
+            "{failed}"
+        );
+        assert!(failed.ends_with("; retry"), "{failed}");
+        for slow in [1, 3, 5] {
+            let message = refused_message(&local[slow]).unwrap_or_default();
+            assert!(
+                message.contains(&format!(
+                    "mirrored-{slow}: could not check that the log still holds the duplicate batch at offset {}",
+                    100 + slow
+                )) && message.contains("not read within 15 s"),
+                "partition {slow}: {message}"
+            );
+        }
+        assert!(matches!(
+            local[7].outcome,
+            LocalOutcome::DroppedControl { batches: 1 }
+        ));
+    }
+
+    /// Cancel-safe: a request dropped while its checks run (its client
+    /// reset) drops every check in flight at once and begins no more.
+    #[tokio::test(start_paused = true)]
+    async fn dropped_duplicate_checks_end_at_once() {
+        let topic = topic();
+        let duplicates: Vec<_> = (0..7).map(|p| duplicate(&topic, p)).collect();
+        let mut local: Vec<_> = (0..7).map(|p| answered_duplicate(&topic, p)).collect();
+        let ends = Ends::default();
+        let start = Instant::now();
+        let checks = check_duplicates("link-a", &mut local, &duplicates, &name, check(&ends));
+        let reset = Duration::from_secs(2);
+        assert!(tokio::time::timeout(reset, checks).await.is_err());
+
+        let ends = ends.lock().map(|e| e.clone()).unwrap_or_default();
+        let at = |p: i32| {
+            ends.iter()
+                .find(|(q, _)| *q == p)
+                .map(|(_, at)| *at - start)
+        };
+        // Ended by 2 s: 0 and 2 done; 1, 3, 4 and 5 running, dropped then.
+        assert_eq!(ends.len(), 6, "{ends:?}");
+        for p in [1, 3, 4, 5] {
+            assert_eq!(at(p), Some(reset), "partition {p}");
+        }
+        assert_eq!(at(6), None, "not begun: four were running");
+        assert!(local
+            .iter()
+            .all(|l| matches!(l.outcome, LocalOutcome::Duplicate { .. })));
+    }
 }

@@ -354,10 +354,7 @@ fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
     for t in translated {
         let (offset, note) = match t.destination {
             Translation::Exact(o) => (o.to_string(), ""),
-            Translation::Before(o) => (
-                o.to_string(),
-                " (older than the translation kept: re-reads)",
-            ),
+            Translation::Unknown => ("-".to_string(), " (older than the translation holds)"),
             Translation::NotYet => ("-".to_string(), " (not copied yet)"),
         };
         println!("{} {} {} {offset}{note}", t.topic, t.partition, t.source);

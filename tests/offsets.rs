@@ -295,8 +295,151 @@ fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
             "{TOPIC}-{p}: {n} segments for {batches} batches: {runs:?}"
         );
     }
-    let _ = cb;
+
+    // The groups follow: `app` (no member on the destination) gets the
+    // translated offsets; `busy` (a member on the destination) is not
+    // touched. A second run of the replicator does it: its history before
+    // it started comes from the offsets topic.
+    rt.block_on(ca.commit_offsets("busy", &committed))?;
+    let busy = destination_member(&b.bootstrap(), "busy")?;
+    let mut config = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
+    config.until_caught_up = false;
+    config.groups = vec![regex::Regex::new("^(?:app|busy)$")?];
+    config.group_sync_interval = Duration::from_millis(300);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = {
+        let handle = rt.handle().clone();
+        std::thread::spawn(move || {
+            handle
+                .block_on(kafka_mirror_proxy::replicate::run(config, stop_rx))
+                .map_err(anyhow::Error::from)
+        })
+    };
+    let parts: Vec<(String, i32)> = (0..PARTITIONS).map(|p| (TOPIC.to_string(), p)).collect();
+    let expected: Offsets = [
+        (
+            (TOPIC.to_string(), 0),
+            next_of(0, "plain2-p0-0")?.parse::<i64>()?,
+        ),
+        (
+            (TOPIC.to_string(), 1),
+            next_of(1, "plain0-p1-0")?.parse::<i64>()?,
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let there = rt.block_on(cb.committed_offsets("app", &parts))?;
+        if there == expected {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline && !run.is_finished(),
+            "app's offsets on the destination: {there:?}, expected {expected:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Several more sync intervals: the active group is still untouched.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        rt.block_on(cb.committed_offsets("busy", &parts))?,
+        Offsets::new(),
+        "a group with a member on the destination is not touched"
+    );
+    drop(busy);
+    let _ = stop_tx.send(true);
+    let report = run
+        .join()
+        .map_err(|_| anyhow!("the replicator panicked"))??;
+    ensure!(report.cancelled, "stopped by the test: {report}");
+    // A consumer of `app` on the destination starts at the same next records.
+    let firsts = first_records(&b.bootstrap(), "app")?;
+    assert_eq!(
+        firsts,
+        [
+            (0, "plain2-p0-0".to_string()),
+            (1, "plain0-p1-0".to_string())
+        ]
+        .into_iter()
+        .collect::<BTreeMap<_, _>>(),
+        "where app resumes on the destination"
+    );
     Ok(())
+}
+
+/// A member of `group` on `bootstrap` that commits nothing, polling until
+/// dropped.
+struct Member {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn destination_member(bootstrap: &str, group: &str) -> Result<Member> {
+    let consumer: BaseConsumer = RdConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "latest")
+        .create()?;
+    consumer.subscribe(&[TOPIC])?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = consumer.poll(Duration::from_millis(100));
+        }
+    });
+    // Joined once the group has it as a member.
+    let c = client(bootstrap);
+    let rt = runtime()?;
+    let deadline = Instant::now() + WAIT;
+    while rt
+        .block_on(c.describe_group(group))
+        .map_or(true, |d| d.members.is_empty())
+    {
+        ensure!(Instant::now() < deadline, "{group} never got its member");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(Member {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// The first record each partition gives a consumer of `group`.
+fn first_records(bootstrap: &str, group: &str) -> Result<BTreeMap<i32, String>> {
+    let consumer: BaseConsumer = RdConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        // Without a committed offset it would fail, not start somewhere.
+        .set("auto.offset.reset", "error")
+        .create()?;
+    consumer.subscribe(&[TOPIC])?;
+    let mut out = BTreeMap::new();
+    let deadline = Instant::now() + WAIT;
+    while out.len() < PARTITIONS as usize {
+        ensure!(
+            Instant::now() < deadline,
+            "first records of {group}: {out:?}"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            out.entry(m.partition()).or_insert(v);
+        }
+    }
+    Ok(out)
 }
 
 fn src_offset_of(records: &[(i64, String)], value: &str) -> Result<i64> {

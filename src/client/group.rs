@@ -24,8 +24,8 @@ use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::{
     ConsumerProtocolSubscription, DescribeGroupsRequest, DescribeGroupsResponse,
     FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatRequest, HeartbeatResponse,
-    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, SyncGroupRequest,
-    SyncGroupResponse,
+    JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse, ListGroupsRequest,
+    ListGroupsResponse, SyncGroupRequest, SyncGroupResponse,
 };
 use kafka_protocol::protocol::{Encodable, StrBytes};
 
@@ -59,6 +59,11 @@ impl Rpc for LeaveGroupRequest {
     const NAME: &'static str = "LeaveGroup";
     const RESPONSE_SCHEMA: &'static str = "LeaveGroupResponse";
     const MIN: i16 = 3;
+}
+impl Rpc for ListGroupsRequest {
+    const NAME: &'static str = "ListGroups";
+    const RESPONSE_SCHEMA: &'static str = "ListGroupsResponse";
+    const MIN: i16 = 0;
 }
 impl Rpc for DescribeGroupsRequest {
     const NAME: &'static str = "DescribeGroups";
@@ -306,6 +311,17 @@ pub fn leave_group_result(
         None | Some(0) | Some(codes::UNKNOWN_MEMBER_ID) => Ok(()),
         Some(code) => Err(kafka_error(context(), code, None)),
     }
+}
+
+/// The groups one broker coordinates (every state, every type).
+pub fn list_groups_result(r: &ListGroupsResponse) -> Result<Vec<String>, ClientError> {
+    if r.error_code != 0 {
+        return Err(kafka_error("list groups".to_string(), r.error_code, None));
+    }
+    Ok(r.groups
+        .iter()
+        .map(|g| g.group_id.0.as_str().to_string())
+        .collect())
 }
 
 pub fn describe_groups_request(group: &str) -> DescribeGroupsRequest {

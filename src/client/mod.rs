@@ -506,6 +506,32 @@ impl Client {
 
     /// The group as its coordinator describes it (coordinator looked up
     /// each attempt; retried while it moves or loads).
+    /// Every consumer group of the cluster: ListGroups to each broker
+    /// (each lists the groups it coordinates).
+    pub async fn list_groups(&self) -> Result<Vec<String>, ClientError> {
+        let brokers = self.brokers().await?;
+        let mut groups = Vec::new();
+        for broker in brokers {
+            let listed = self
+                .retrying(&format!("list groups of {}", broker.address()), || {
+                    let address = broker.address();
+                    async move {
+                        let (_, r) = self
+                            .call(&address, Duration::ZERO, |_| {
+                                Ok(kafka_protocol::messages::ListGroupsRequest::default())
+                            })
+                            .await?;
+                        group::list_groups_result(&r)
+                    }
+                })
+                .await?;
+            groups.extend(listed);
+        }
+        groups.sort();
+        groups.dedup();
+        Ok(groups)
+    }
+
     pub async fn describe_group(
         &self,
         group_id: &str,

@@ -28,6 +28,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TRANSACTIONAL_ID", "<client id>", "Sent on Produce requests that carry a transactional batch (brokers require one)."),
     ("GROUP_ID", "replicator.<client id>", "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions)."),
     ("OFFSETS_TOPIC", "__mirror_offsets", "Compacted topic on the destination cluster (written through the proxy) holding the offset translation: where each partition's source and destination offsets stop moving together. Saved before every progress commit; read by `kafka-mirror-proxy offsets`."),
+    ("GROUPS", "(none)", "Consumer groups of the source (names or regular expressions, as TOPICS) whose committed offsets are translated and committed on the destination while the group has no active member there."),
+    ("GROUP_SYNC_INTERVAL_MS", "10000", "How often the GROUPS' offsets are read on the source and committed on the destination."),
     ("MEMBERSHIP", "true", "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone."),
     ("SESSION_TIMEOUT_MS", "10000", "Membership: an instance that stops heartbeating for this long loses its partitions to the others (the source brokers' group.min/max.session.timeout.ms bound it)."),
     ("ADMIN_LISTEN", "127.0.0.1:9191", "HTTP listener for /metrics, /healthz and /readyz."),
@@ -107,6 +109,9 @@ pub struct ReplicatorConfig {
     /// Anchored at both ends.
     pub topics: Vec<Regex>,
     pub group_id: String,
+    /// Source groups whose offsets follow (none: no group sync).
+    pub groups: Vec<Regex>,
+    pub group_sync_interval: Duration,
     /// The offset translation's topic on the destination.
     pub offsets_topic: String,
     /// Share partitions through `<group_id>.instances` on the source.
@@ -217,6 +222,11 @@ impl ReplicatorConfig {
             .raw("GROUP_ID")
             .unwrap_or_else(|| format!("replicator.{client_id}"));
         let topics = env.topic_patterns("TOPICS").unwrap_or_default();
+        let groups = if env.raw("GROUPS").is_some() {
+            env.topic_patterns("GROUPS").unwrap_or_default()
+        } else {
+            Vec::new()
+        };
         let admin_listen = env
             .parse(
                 "ADMIN_LISTEN",
@@ -241,6 +251,7 @@ impl ReplicatorConfig {
         let retry_backoff_max = ms("RETRY_BACKOFF_MAX_MS", 5_000);
         let unknown_outcome_wait = ms("UNKNOWN_OUTCOME_WAIT_MS", 10_000);
         let session_timeout = ms("SESSION_TIMEOUT_MS", 10_000);
+        let group_sync_interval = ms("GROUP_SYNC_INTERVAL_MS", 10_000);
         let start_offset = env
             .parse(
                 "START_OFFSET",
@@ -336,6 +347,8 @@ impl ReplicatorConfig {
             transactional_id,
             topics,
             group_id,
+            groups,
+            group_sync_interval,
             offsets_topic,
             membership,
             session_timeout,
@@ -367,6 +380,14 @@ impl ReplicatorConfig {
     /// its partitions.
     pub fn instances_group(&self) -> String {
         format!("{}.instances", self.group_id)
+    }
+
+    /// Whether `group`'s offsets follow onto the destination (never the
+    /// replicator's own groups).
+    pub fn syncs_group(&self, group: &str) -> bool {
+        group != self.group_id
+            && group != self.instances_group()
+            && self.groups.iter().any(|re| re.is_match(group))
     }
 
     pub fn copies_topic(&self, topic: &str) -> bool {

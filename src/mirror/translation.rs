@@ -43,9 +43,8 @@ pub enum Translation {
     Exact(i64),
     /// Not copied yet: the destination has no place for it so far.
     NotYet,
-    /// Older than what the map keeps (or than the first copy): the oldest
-    /// destination offset it knows, which re-reads rather than skips.
-    Before(i64),
+    /// Older than the history the map holds: no exact answer.
+    Unknown,
 }
 
 /// One partition's map: segments in source order, at most `max` (the
@@ -54,13 +53,27 @@ pub enum Translation {
 pub struct Segments {
     segments: VecDeque<Segment>,
     max: usize,
+    /// Holds every segment since the first copy, so an offset before the
+    /// first segment is before every copied record.
+    complete: bool,
 }
 
 impl Segments {
+    /// A map holding the whole history (read back from the offsets topic).
     pub fn new(max: usize) -> Segments {
         Segments {
             segments: VecDeque::new(),
             max: max.max(1),
+            complete: true,
+        }
+    }
+
+    /// A map begun mid-history (a replicator's run): offsets before its
+    /// first segment have no answer here.
+    pub fn partial(max: usize) -> Segments {
+        Segments {
+            complete: false,
+            ..Segments::new(max)
         }
     }
 
@@ -86,6 +99,7 @@ impl Segments {
         });
         if self.segments.len() > self.max {
             self.segments.pop_front();
+            self.complete = false;
         }
         true
     }
@@ -101,6 +115,7 @@ impl Segments {
         }
         while self.segments.len() > self.max {
             self.segments.pop_front();
+            self.complete = false;
         }
     }
 
@@ -128,7 +143,13 @@ impl Segments {
             return Translation::NotYet;
         };
         if offset < first.source_start {
-            return Translation::Before(first.destination_start);
+            // Nothing copied before the first segment: its first record is
+            // the next one, if the map has seen all there is.
+            return if self.complete {
+                Translation::Exact(first.destination_start)
+            } else {
+                Translation::Unknown
+            };
         }
         // The last segment starting at or before `offset`.
         let at = self.segments.partition_point(|s| s.source_start <= offset);
@@ -312,14 +333,23 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_segments_go_first_and_older_offsets_re_read() {
+    fn older_than_the_history_held_has_no_answer() {
         let mut m = Segments::new(2);
-        m.record(0, 4, 0);
-        m.record(6, 9, 5);
-        m.record(11, 14, 9);
+        m.record(2, 4, 0);
+        // Before the first copy of a whole history: the first copied record.
+        assert_eq!(m.translate(0, 5), Translation::Exact(0));
+        m.record(6, 9, 3);
+        m.record(11, 14, 7);
         assert_eq!(m.len(), 2);
-        assert_eq!(m.translate(3, 15), Translation::Before(5));
-        assert_eq!(m.translate(7, 15), Translation::Exact(6));
+        // The oldest segment went: offset 3 (destination 1) is unknown now,
+        // not the first kept segment's start, which would skip records.
+        assert_eq!(m.translate(3, 15), Translation::Unknown);
+        assert_eq!(m.translate(0, 15), Translation::Unknown);
+        assert_eq!(m.translate(7, 15), Translation::Exact(4));
+        let mut run = Segments::partial(8);
+        run.record(100, 104, 50);
+        assert_eq!(run.translate(99, 105), Translation::Unknown);
+        assert_eq!(run.translate(100, 105), Translation::Exact(50));
         assert_eq!(Segments::new(4).translate(0, 0), Translation::NotYet);
     }
 

@@ -56,10 +56,12 @@ pub enum ErrorKind {
     OffsetOutOfRange,
     /// The instances' group on the source (join, sync, heartbeat).
     Membership,
+    /// Reading source groups' offsets or committing them on the destination.
+    Groups,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 7] = [
+    pub const ALL: [ErrorKind; 8] = [
         ErrorKind::Fetch,
         ErrorKind::Produce,
         ErrorKind::Metadata,
@@ -67,6 +69,7 @@ impl ErrorKind {
         ErrorKind::Topics,
         ErrorKind::OffsetOutOfRange,
         ErrorKind::Membership,
+        ErrorKind::Groups,
     ];
 
     fn label(self) -> &'static str {
@@ -78,6 +81,7 @@ impl ErrorKind {
             ErrorKind::Topics => "topics",
             ErrorKind::OffsetOutOfRange => "offset_out_of_range",
             ErrorKind::Membership => "membership",
+            ErrorKind::Groups => "groups",
         }
     }
 }
@@ -102,6 +106,7 @@ pub struct Metrics {
     commits: Family<LinkLabels, Counter>,
     rebalances: Family<LinkLabels, Counter>,
     member: Family<LinkLabels, Gauge>,
+    group_offsets: Family<LinkLabels, Counter>,
 }
 
 impl Metrics {
@@ -126,6 +131,7 @@ impl Metrics {
             commits: Family::default(),
             rebalances: Family::default(),
             member: Family::default(),
+            group_offsets: Family::default(),
         };
         registry.register(
             "records_copied",
@@ -203,6 +209,11 @@ impl Metrics {
             "1 while this instance holds a slot in the link's instances group (or copies alone)",
             m.member.clone(),
         );
+        registry.register(
+            "group_offsets_synced",
+            "Partition offsets of source consumer groups committed on the destination",
+            m.group_offsets.clone(),
+        );
         let l = m.link_labels();
         for family in [
             &m.duplicates,
@@ -211,6 +222,7 @@ impl Metrics {
             &m.configs_altered,
             &m.commits,
             &m.rebalances,
+            &m.group_offsets,
         ] {
             let _ = family.get_or_create(&l);
         }
@@ -268,6 +280,13 @@ impl Metrics {
         let p = self.partition_labels(topic, partition);
         self.lag_records.remove(&p);
         self.lag_seconds.remove(&p);
+    }
+
+    pub fn group_offsets_synced(&self, partitions: usize) {
+        let _ = self
+            .group_offsets
+            .get_or_create(&self.link_labels())
+            .inc_by(partitions as u64);
     }
 
     pub fn rebalanced(&self) {

@@ -18,6 +18,8 @@
 //!   created, grown and reconfigured to follow (never deleted).
 //! - `progress`: acknowledged resume points committed to a consumer group
 //!   on the destination, and read back at start.
+//! - `groups`: source consumer groups' offsets translated and committed on
+//!   the destination while the group is not active there.
 //! - `members`: the link's instances share its partitions through a
 //!   consumer group on the source (a slot each, eager hand-over).
 //! - `translation`: where source and destination offsets stop moving
@@ -34,6 +36,7 @@
 mod admin;
 mod batches;
 mod fetcher;
+mod groups;
 pub mod members;
 pub mod metrics;
 pub mod partitions;
@@ -120,6 +123,8 @@ pub enum ReplicateError {
         #[source]
         source: TlsSetupError,
     },
+    #[error(transparent)]
+    Translation(Box<translation::TranslationError>),
     #[error("admin listener {addr}: {source}")]
     Admin {
         addr: std::net::SocketAddr,
@@ -433,6 +438,11 @@ pub async fn run(
         destination.clone(),
     ));
     tasks.spawn(observe(Arc::clone(&shared)));
+    tasks.spawn(groups::sync(
+        Arc::clone(&shared),
+        source.clone(),
+        destination.clone(),
+    ));
 
     let why = tokio::select! {
         _ = async {

@@ -199,7 +199,7 @@ impl Partition {
             caught_up_at: now,
             target: None,
             paused_until: None,
-            segments: Segments::new(MAX_SEGMENTS),
+            segments: Segments::partial(MAX_SEGMENTS),
             unsaved_from: None,
             report: PartitionReport {
                 topic: tp.topic.to_string(),

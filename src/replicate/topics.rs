@@ -110,6 +110,12 @@ pub(super) async fn discover(shared: Arc<Shared>, source: Client, destination: C
             Err(e) => {
                 let stop = match &e {
                     ReplicateError::Client { source, .. } => fatal(source),
+                    ReplicateError::Translation(t) => match t.as_ref() {
+                        super::translation::TranslationError::Client { source, .. } => {
+                            fatal(source)
+                        }
+                        _ => true,
+                    },
                     _ => true,
                 };
                 if stop {
@@ -147,6 +153,9 @@ async fn round(
         })
         .collect();
     topics.sort_by(|a, b| a.name.cmp(&b.name));
+    // The translation saved so far, read once per round that takes
+    // partitions on.
+    let mut history: Option<Loaded> = None;
     for t in topics {
         let count = t.partitions.len();
         let had = known.get(&t.name).copied().unwrap_or(0);
@@ -182,7 +191,20 @@ async fn round(
                 .collect()
         };
         if !wanted.is_empty() {
-            take_on(shared, source, destination, &t.name, &wanted, assigned).await?;
+            let history = match &mut history {
+                Some(h) => h,
+                None => history.insert(load_history(shared).await?),
+            };
+            take_on(
+                shared,
+                source,
+                destination,
+                &t.name,
+                &wanted,
+                assigned,
+                history,
+            )
+            .await?;
         }
     }
     Ok(())
@@ -264,6 +286,46 @@ async fn follow(
     Ok(())
 }
 
+/// Segments of the link's partitions saved by earlier runs.
+type Loaded = std::collections::BTreeMap<(String, i32), crate::mirror::translation::Segments>;
+
+/// The offsets topic's segments of this link (none while the topic does
+/// not exist).
+async fn load_history(shared: &Shared) -> Result<Loaded, ReplicateError> {
+    let topic = shared.config.offsets_topic.as_str();
+    let exists = shared
+        .offsets
+        .metadata(Some(&[topic]))
+        .await
+        .map_err(|e| ReplicateError::client(format!("metadata of {topic}"), e))?
+        .topics
+        .iter()
+        .any(|t| t.name == topic);
+    if !exists {
+        return Ok(Loaded::new());
+    }
+    match super::translation::load(
+        &shared.offsets,
+        topic,
+        &shared.config.link,
+        super::partitions::MAX_SEGMENTS,
+    )
+    .await
+    {
+        Ok((loaded, skipped)) => {
+            if skipped > 0 {
+                tracing::warn!(
+                    topic,
+                    skipped,
+                    "records of the offsets topic not understood; passed over"
+                );
+            }
+            Ok(loaded)
+        }
+        Err(e) => Err(ReplicateError::Translation(Box::new(e))),
+    }
+}
+
 /// Takes `partitions` of `topic` on: where the progress group says, else
 /// at the start offset, never below the source log start. Dropped if the
 /// assignment changed meanwhile.
@@ -274,6 +336,7 @@ async fn take_on(
     topic: &str,
     partitions: &[i32],
     assigned: &Assigned,
+    history: &mut Loaded,
 ) -> Result<(), ReplicateError> {
     let keys: Vec<(String, i32)> = partitions.iter().map(|p| (topic.to_string(), *p)).collect();
     let committed = progress::committed(shared, destination, &keys).await;
@@ -325,6 +388,11 @@ async fn take_on(
             partition: key.1,
         };
         let mut p = Partition::new(&tp, position, end, config.partition_fetch_max_bytes, now);
+        // What earlier runs recorded: group offsets before this run's
+        // first copy still translate.
+        if let Some(saved) = history.remove(key) {
+            p.segments = saved;
+        }
         p.committed = resumed.unwrap_or(-1);
         p.report.resumed_from = resumed;
         // Its last owner (a previous run, another instance) may have died

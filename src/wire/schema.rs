@@ -231,6 +231,12 @@ const SOURCES: &[(&str, &str)] = &[
         "DescribeGroupsResponse.json",
         include_str!("schemas/DescribeGroupsResponse.json"),
     ),
+    // The source's consumer groups whose offsets follow onto the
+    // destination (`replicate::groups`).
+    (
+        "ListGroupsResponse.json",
+        include_str!("schemas/ListGroupsResponse.json"),
+    ),
     // Committed offsets of a consumer group (`client::offsets`: the
     // replicator keeps its progress in the destination cluster).
     (

@@ -1,22 +1,24 @@
 //! `kafka-mirror-proxy replicate` with security on both sides, as the
-//! binary an operator runs: a real source broker whose only client
-//! listener is SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512
-//! enabled), and a proxy serving TLS (a test CA's certificate) in front of
-//! a real destination broker.
+//! binary an operator runs: a real source broker whose client listener is
+//! SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 enabled), and a
+//! proxy serving TLS (a test CA's certificate) in front of a real
+//! destination broker whose client listener is SASL_PLAINTEXT too, with a
+//! user of its own; the proxy passes the replicator's SASL through.
 //!
 //! One pair of clusters, in phases:
-//! 1. SCRAM-SHA-512 to the source, TLS to the proxy (DESTINATION_TLS_CA):
-//!    the replicator copies a two-partition topic until caught up and exits
-//!    0; then PLAIN to the source copies a second topic the same way. The
-//!    destination holds exactly the source's records, in order, per
-//!    partition.
+//! 1. SCRAM-SHA-512 to the source; TLS (DESTINATION_TLS_CA) and
+//!    SCRAM-SHA-256 to the destination: the replicator copies a
+//!    two-partition topic until caught up and exits 0; then PLAIN to the
+//!    source copies a second topic the same way. The destination holds
+//!    exactly the source's records, in order, per partition.
 //! 2. A wrong source password: the replicator exits 1 at once with a
 //!    message naming SASL and the failed authentication, rather than
 //!    retrying for ever (SASL_AUTHENTICATION_FAILED is not retriable).
-//! 3. SASL settings against a listener without SASL (the mistake of the
-//!    first attempt at this test, whose "SASL source" was a PLAINTEXT
-//!    broker): exit 1, and the message says the listener does not speak
-//!    SASL instead of "the broker enables []".
+//! 3. SASL settings against a listener without SASL, the source broker's
+//!    own PLAINTEXT inter-broker listener (the mistake of the first attempt
+//!    at this test, whose "SASL source" was a PLAINTEXT broker): exit 1,
+//!    and the message says the listener does not speak SASL instead of
+//!    "the broker enables []".
 
 mod support;
 
@@ -36,7 +38,7 @@ use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::wire::sasl::{Credentials, Mechanism};
 use support::certs::TestCa;
-use support::crate_client::{client, create_topic, runtime};
+use support::crate_client::{create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::replicator::replicator_command;
@@ -45,11 +47,13 @@ use support::tools;
 const WAIT: Duration = Duration::from_secs(120);
 const USER: &str = "mirror";
 const PASSWORD: &str = "mirror-secret";
+const DEST_USER: &str = "mirror-dst";
+const DEST_PASSWORD: &str = "mirror-dst-secret";
 const SCRAM_TOPIC: &str = "secure.scram";
 const PLAIN_TOPIC: &str = "secure.plain";
 
-/// The crate's client for the SASL source.
-fn source_client(bootstrap: &str, mechanism: Mechanism) -> Client {
+/// The crate's client for a SASL cluster.
+fn sasl_client(bootstrap: &str, mechanism: Mechanism, user: &str, password: &str) -> Client {
     let mut c = ClientConfig::new(
         vec![bootstrap.to_string()],
         Upstream {
@@ -60,30 +64,31 @@ fn source_client(bootstrap: &str, mechanism: Mechanism) -> Client {
     );
     c.sasl = Some(Credentials {
         mechanism,
-        username: USER.into(),
-        password: PASSWORD.into(),
+        username: user.into(),
+        password: password.into(),
     });
     Client::new(c)
 }
 
-/// librdkafka's settings for the SASL source (it takes the credentials as
+/// librdkafka's settings for a SASL cluster (it takes the credentials as
 /// properties, not as the harness's JAAS line).
-fn source_properties(c: &mut RdConfig, source: &KafkaCluster) {
-    for (k, v) in source.client_properties() {
+fn sasl_properties(cluster: &KafkaCluster, user: &str, password: &str) -> RdConfig {
+    let mut c = RdConfig::new();
+    for (k, v) in cluster.client_properties() {
         if k != "sasl.jaas.config" {
             c.set(k, v);
         }
     }
-    c.set("sasl.username", USER).set("sasl.password", PASSWORD);
+    c.set("sasl.username", user).set("sasl.password", password);
+    c
 }
 
 fn producer(source: &KafkaCluster) -> Result<BaseProducer> {
-    let mut c = RdConfig::new();
-    c.set("bootstrap.servers", source.bootstrap())
+    Ok(sasl_properties(source, USER, PASSWORD)
+        .set("bootstrap.servers", source.bootstrap())
         .set("enable.idempotence", "true")
-        .set("linger.ms", "5");
-    source_properties(&mut c, source);
-    Ok(c.create()?)
+        .set("linger.ms", "5")
+        .create()?)
 }
 
 /// `n` records to each partition `0..partitions` of `topic`.
@@ -207,9 +212,15 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
     let ca = TestCa::new(dir.path())?;
     let cert = ca.server("proxy")?;
     let source = KafkaCluster::start(KafkaOptions::default().sasl_plain(USER, PASSWORD))?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let src = source_client(&source.bootstrap(), Mechanism::ScramSha256);
-    let dst = client(&destination.bootstrap());
+    let destination =
+        KafkaCluster::start(KafkaOptions::default().sasl_plain(DEST_USER, DEST_PASSWORD))?;
+    let src = sasl_client(&source.bootstrap(), Mechanism::ScramSha256, USER, PASSWORD);
+    let dst = sasl_client(
+        &destination.bootstrap(),
+        Mechanism::ScramSha512,
+        DEST_USER,
+        DEST_PASSWORD,
+    );
     let proxy = ProxyProcess::start(
         &destination.bootstrap(),
         &[
@@ -218,6 +229,10 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
             ("LINK_A_TOPICS", "secure\\..*"),
             ("TLS_CERT", &cert.cert_path.to_string_lossy()),
             ("TLS_KEY", &cert.key_path.to_string_lossy()),
+            // The proxy's own connections (its state topic).
+            ("UPSTREAM_SASL_MECHANISM", "PLAIN"),
+            ("UPSTREAM_SASL_USERNAME", DEST_USER),
+            ("UPSTREAM_SASL_PASSWORD", DEST_PASSWORD),
         ],
     )?;
 
@@ -237,6 +252,9 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
             ("DESTINATION_BOOTSTRAP_SERVERS", proxy.bootstrap.clone()),
             ("DESTINATION_TLS", "true".to_string()),
             ("DESTINATION_TLS_CA", ca_path.clone()),
+            ("DESTINATION_SASL_MECHANISM", "SCRAM-SHA-256".to_string()),
+            ("DESTINATION_SASL_USERNAME", DEST_USER.to_string()),
+            ("DESTINATION_SASL_PASSWORD", DEST_PASSWORD.to_string()),
             ("TOPICS", topics.to_string()),
         ]
     };
@@ -262,8 +280,8 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
             tools::tail_str(&log, 40)
         );
         ensure!(
-            !log.contains(PASSWORD),
-            "{name}: the password was logged:\n{log}"
+            !log.contains(PASSWORD) && !log.contains(DEST_PASSWORD),
+            "{name}: a password was logged:\n{log}"
         );
         let source_ends = ends(&rt, &src, topic, partitions)?;
         let destination_ends = ends(&rt, &dst, topic, partitions)?;
@@ -271,15 +289,18 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
             destination_ends, source_ends,
             "{topic}: the destination's log ends are the source's"
         );
-        let mut from_source = RdConfig::new();
-        source_properties(&mut from_source, &source);
         let copied = consume(
-            RdConfig::new(),
+            sasl_properties(&destination, DEST_USER, DEST_PASSWORD),
             &destination.bootstrap(),
             topic,
             &destination_ends,
         )?;
-        let original = consume(from_source, &source.bootstrap(), topic, &source_ends)?;
+        let original = consume(
+            sasl_properties(&source, USER, PASSWORD),
+            &source.bootstrap(),
+            topic,
+            &source_ends,
+        )?;
         let per_partition = if topic == SCRAM_TOPIC { 150 } else { 80 };
         for part in 0..partitions {
             assert_eq!(
@@ -316,12 +337,15 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
         "the password was logged:\n{log}"
     );
 
-    // 3. SASL settings, but a listener without SASL (the destination
-    // broker's PLAINTEXT one): exit 1, and the message says so.
+    // 3. SASL settings, but a listener without SASL (the source broker's
+    // PLAINTEXT inter-broker one): exit 1, and the message says so.
+    let plaintext = source
+        .internal_bootstrap()
+        .context("a SASL broker has an internal PLAINTEXT listener")?;
     let mut vars = secured("PLAIN", PASSWORD, "secure\\..*");
     for (k, v) in vars.iter_mut() {
         if *k == "SOURCE_BOOTSTRAP_SERVERS" {
-            *v = destination.bootstrap();
+            *v = plaintext.clone();
         }
     }
     let (status, log) = run("no-sasl-listener", vars, &[])?;

@@ -166,12 +166,7 @@ impl Connection {
             .await?;
         if handshake.error_code != 0 {
             let enabled: Vec<&str> = handshake.mechanisms.iter().map(|m| m.as_str()).collect();
-            return Err(fail(format!(
-                "{} ({}); the broker enables [{}]",
-                error_name(handshake.error_code),
-                handshake.error_code,
-                enabled.join(", ")
-            )));
+            return Err(fail(handshake_refused(handshake.error_code, &enabled)));
         }
         let lifetime_ms = match c.mechanism {
             Mechanism::Plain => {
@@ -233,6 +228,28 @@ impl Connection {
             });
         }
         Ok((r.auth_bytes, r.session_lifetime_ms))
+    }
+}
+
+/// Kafka's error code for a SaslHandshake that is not expected here.
+const ILLEGAL_SASL_STATE: i16 = 34;
+
+/// Why the broker refused the SaslHandshake, in words an operator can act
+/// on. A listener without SASL (PLAINTEXT or SSL) does not fail the
+/// handshake as "mechanism not enabled": its request handler answers every
+/// SaslHandshake with ILLEGAL_SASL_STATE and no mechanisms at all, which
+/// read as "the broker enables []" sends one looking for a mechanism
+/// mismatch instead of at the listener the bootstrap servers name.
+fn handshake_refused(code: i16, enabled: &[&str]) -> String {
+    let refused = format!("{} ({code})", error_name(code));
+    if code == ILLEGAL_SASL_STATE && enabled.is_empty() {
+        format!(
+            "{refused}: this listener does not speak SASL (a PLAINTEXT or SSL listener \
+             answers SaslHandshake so); name the cluster's SASL_PLAINTEXT or SASL_SSL \
+             listener in the bootstrap servers, or configure no SASL mechanism for it"
+        )
+    } else {
+        format!("{refused}; the broker enables [{}]", enabled.join(", "))
     }
 }
 
@@ -345,5 +362,31 @@ impl Receiver {
             }
         };
         protocol::decode_response::<R>(&frame, sent.version, sent.correlation_id, &self.broker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_without_sasl_is_named_as_such() {
+        // What a PLAINTEXT listener of Kafka 3.x/4.x answers.
+        let r = handshake_refused(ILLEGAL_SASL_STATE, &[]);
+        assert!(
+            r.starts_with("ILLEGAL_SASL_STATE (34): this listener does not speak SASL"),
+            "{r}"
+        );
+        assert!(!r.contains("enables"), "{r}");
+        // A SASL listener without the mechanism lists what it has.
+        assert_eq!(
+            handshake_refused(33, &["PLAIN", "SCRAM-SHA-256"]),
+            "UNSUPPORTED_SASL_MECHANISM (33); the broker enables [PLAIN, SCRAM-SHA-256]"
+        );
+        // ILLEGAL_SASL_STATE with mechanisms is not the listener's fault.
+        assert_eq!(
+            handshake_refused(ILLEGAL_SASL_STATE, &["PLAIN"]),
+            "ILLEGAL_SASL_STATE (34); the broker enables [PLAIN]"
+        );
     }
 }

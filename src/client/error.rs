@@ -160,6 +160,21 @@ impl ClientError {
         }
     }
 
+    /// The broker refused this client's SASL authentication (wrong
+    /// credentials, a mechanism or listener without SASL), also when it
+    /// ended retries. Kafka never retries it (SASL_AUTHENTICATION_FAILED is
+    /// not retriable): the same credentials get the same answer, so a
+    /// long-running caller stops instead of trying forever.
+    pub fn is_authentication(&self) -> bool {
+        match self {
+            ClientError::Authentication { .. } => true,
+            // SASL_AUTHENTICATION_FAILED, should a broker name it elsewhere.
+            ClientError::Kafka { code: 58, .. } => true,
+            ClientError::GaveUp { last, .. } => last.is_authentication(),
+            _ => false,
+        }
+    }
+
     /// The connection this error came from cannot be used again.
     pub(crate) fn breaks_connection(&self) -> bool {
         matches!(
@@ -216,9 +231,33 @@ mod tests {
             }),
         };
         assert_eq!(gave_up.code(), Some(6));
+        assert!(!gave_up.is_authentication());
         assert!(!gave_up.is_retriable());
         assert!(gave_up
             .to_string()
             .ends_with("last error: t-0: NOT_LEADER_OR_FOLLOWER (6)"));
+    }
+
+    #[test]
+    fn authentication_failures_are_final() {
+        let refused = || ClientError::Authentication {
+            broker: "b:9092".into(),
+            mechanism: "SCRAM-SHA-512",
+            reason: "SASL_AUTHENTICATION_FAILED (58)".into(),
+        };
+        assert!(refused().is_authentication() && !refused().is_retriable());
+        let gave_up = ClientError::GaveUp {
+            op: "metadata".into(),
+            attempts: 1,
+            elapsed_ms: 0,
+            last: Box::new(refused()),
+        };
+        assert!(gave_up.is_authentication());
+        let code_58 = ClientError::Kafka {
+            context: "x".into(),
+            code: 58,
+            message: None,
+        };
+        assert!(code_58.is_authentication() && !code_58.is_retriable());
     }
 }

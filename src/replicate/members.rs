@@ -144,6 +144,17 @@ enum Ended {
     Rejoin,
     /// Join again after a backoff.
     Failed(String),
+    /// The source refused the credentials: no retry fixes that.
+    Refused(ClientError),
+}
+
+/// How a membership ends on `e`.
+fn failed(e: ClientError) -> Ended {
+    if e.is_authentication() {
+        Ended::Refused(e)
+    } else {
+        Ended::Failed(e.to_string())
+    }
 }
 
 /// The membership loop: join, take the slot, heartbeat, give everything
@@ -186,6 +197,13 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, destination: Client
                 backoff.reset();
                 failures = 0;
             }
+            Ended::Refused(e) => {
+                shared.fail(super::ReplicateError::client(
+                    format!("instances group {group} on the source"),
+                    e,
+                ));
+                return;
+            }
             Ended::Failed(why) => {
                 shared.metrics.error(ErrorKind::Membership);
                 failures += 1;
@@ -204,7 +222,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
     let group = &spec.group;
     let addr = match client.group_coordinator(group).await {
         Ok(a) => a,
-        Err(e) => return Ended::Failed(e.to_string()),
+        Err(e) => return failed(e),
     };
     let mut member_id = shared.member().map(|m| m.1).unwrap_or_default();
     let (generation, leader, members) = loop {
@@ -224,7 +242,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
                 if e.code() == Some(codes::UNKNOWN_MEMBER_ID) {
                     shared.set_member(None);
                 }
-                return Ended::Failed(e.to_string());
+                return failed(e);
             }
         }
         if shared.stopping() {
@@ -253,7 +271,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
         {
             return Ended::Rejoin
         }
-        Err(e) => return Ended::Failed(e.to_string()),
+        Err(e) => return failed(e),
     };
     let Some(slot) = slot_of(&mine) else {
         return Ended::Failed(format!(
@@ -294,7 +312,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
             Err(e) if e.is_retriable() && last_ok.elapsed() < spec_session(spec) => {
                 tracing::debug!(%group, error = %e, "heartbeat failed; trying again");
             }
-            Err(e) => return Ended::Failed(e.to_string()),
+            Err(e) => return failed(e),
         }
     }
 }

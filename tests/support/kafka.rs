@@ -433,6 +433,16 @@ impl KafkaNode {
         self.local.controller_port
     }
 
+    /// "127.0.0.1:port" of the internal PLAINTEXT listener a SASL or SSL
+    /// broker keeps for inter-broker traffic (`None` for a PLAINTEXT one):
+    /// a listener of the same broker without SASL, for tests of a client
+    /// pointed at the wrong one.
+    pub fn internal_bootstrap(&self) -> Option<String> {
+        self.local
+            .internal_port
+            .map(|port| format!("127.0.0.1:{port}"))
+    }
+
     pub fn options(&self) -> &KafkaOptions {
         &self.opts
     }
@@ -869,6 +879,11 @@ impl KafkaCluster {
     /// Port of the (PLAINTEXT) KRaft controller listener.
     pub fn controller_port(&self) -> u16 {
         self.node.controller_port()
+    }
+
+    /// See [`KafkaNode::internal_bootstrap`].
+    pub fn internal_bootstrap(&self) -> Option<String> {
+        self.node.internal_bootstrap()
     }
 
     pub fn options(&self) -> &KafkaOptions {

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -37,8 +37,7 @@ use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::ports::free_port;
 use support::proxy::ProxyProcess;
-use support::replicator::replicator_command;
-use support::tools;
+use support::replicator::{replicator_command, Process};
 
 const WAIT: Duration = Duration::from_secs(90);
 const GROUP: &str = "replicator.mirror-a";
@@ -71,16 +70,15 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
 }
 
 struct Replicator {
-    child: Child,
+    p: Process,
     admin: String,
-    log: std::path::PathBuf,
 }
 
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
         let admin = format!("127.0.0.1:{}", free_port()?);
-        let log = dir.join(format!("replicator-{run}.log"));
-        let child = replicator_command()
+        let mut command = replicator_command();
+        command
             // Flags and variables mix: a flag wins over its variable.
             .env("MIRROR_REPLICATOR_SOURCE_BOOTSTRAP_SERVERS", source)
             .env("MIRROR_REPLICATOR_LINK", "not-this-one")
@@ -89,18 +87,13 @@ impl Replicator {
             .args(["--topics", "orders\\..*"])
             .args(["--discovery-interval-ms", "1000"])
             .args(["--retry-backoff-ms", "50"])
-            .args(["--admin-listen", &admin])
-            .stdout(std::fs::File::create(
-                dir.join(format!("replicator-{run}.out")),
-            )?)
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting the replicator")?;
-        Ok(Replicator { child, admin, log })
+            .args(["--admin-listen", &admin]);
+        let p = Process::spawn(command, dir, &format!("replicator-{run}"))?;
+        Ok(Replicator { p, admin })
     }
 
     fn log(&self) -> String {
-        tools::tail_str(&std::fs::read_to_string(&self.log).unwrap_or_default(), 40)
+        self.p.log_tail()
     }
 
     fn metrics(&self) -> Result<String> {
@@ -110,35 +103,11 @@ impl Replicator {
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "the replicator did not exit within {timeout:?}; its log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.p.wait_exit(timeout)
     }
 
     fn signal(&self, name: &str) -> Result<()> {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()?;
-        ensure!(status.success(), "kill -{name}: {status}");
-        Ok(())
-    }
-}
-
-impl Drop for Replicator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.p.signal(name)
     }
 }
 
@@ -189,7 +158,7 @@ fn until(what: &str, r: &mut Replicator, mut f: impl FnMut() -> Result<bool>) ->
         if f().unwrap_or(false) {
             return Ok(());
         }
-        if let Some(status) = r.child.try_wait()? {
+        if let Some(status) = r.p.child.try_wait()? {
             bail!(
                 "{what}: the replicator exited ({status}); its log:\n{}",
                 r.log()
@@ -376,7 +345,7 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
     // Something to send, so that the proxy tells the replicator.
     write(&p, "orders.one", &[0], 5, "after-failover")?;
     let status = r.wait_exit(WAIT)?;
-    let log = std::fs::read_to_string(&r.log)?;
+    let log = std::fs::read_to_string(&r.p.log)?;
     assert_eq!(
         status.code(),
         Some(3),

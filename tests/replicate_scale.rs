@@ -27,8 +27,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +45,7 @@ use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::ports::free_port;
 use support::proxy::ProxyProcess;
-use support::replicator::replicator_command;
+use support::replicator::{replicator_command, Process};
 use support::tools;
 
 /// Bound on every wait (brokers, JVMs and four replicators share 2 cores).
@@ -59,77 +58,23 @@ fn value(topic: &str, partition: i32, i: u64) -> String {
     format!("{topic}-{partition}-{i}")
 }
 
-struct Replicator {
-    child: Child,
-    admin: String,
-    log: PathBuf,
-}
-
-impl Replicator {
-    fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<Replicator> {
-        let admin = format!("127.0.0.1:{}", free_port()?);
-        let log = dir.join(format!("replicator-{n}.log"));
-        let child = replicator_command()
-            .args(["--source-bootstrap-servers", source])
-            .args(["--destination-bootstrap-servers", proxy])
-            .args(["--link", "a"])
-            .args(["--topics", "scale\\..*"])
-            // The brokers' smallest session timeout: a killed instance's
-            // partitions move after 6 s.
-            .args(["--session-timeout-ms", "6000"])
-            .args(["--commit-interval-ms", "1000"])
-            .args(["--retry-backoff-ms", "50"])
-            .args(["--admin-listen", &admin])
-            .stdout(std::fs::File::create(
-                dir.join(format!("replicator-{n}.out")),
-            )?)
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting a replicator")?;
-        Ok(Replicator { child, admin, log })
-    }
-
-    fn log(&self) -> String {
-        tools::tail_str(&std::fs::read_to_string(&self.log).unwrap_or_default(), 40)
-    }
-
-    fn alive(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!("a replicator exited ({status}); its log:\n{}", self.log());
-        }
-        Ok(())
-    }
-
-    fn signal(&self, name: &str) -> Result<()> {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()?;
-        ensure!(status.success(), "kill -{name}: {status}");
-        Ok(())
-    }
-
-    fn wait_exit(&mut self) -> Result<std::process::ExitStatus> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "no exit within {WAIT:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Replicator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts instance `n` of link `a`; returns it and its admin address.
+fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<(Process, String)> {
+    let admin = format!("127.0.0.1:{}", free_port()?);
+    let mut command = replicator_command();
+    command
+        .args(["--source-bootstrap-servers", source])
+        .args(["--destination-bootstrap-servers", proxy])
+        .args(["--link", "a"])
+        .args(["--topics", "scale\\..*"])
+        // The brokers' smallest session timeout: a killed instance's
+        // partitions move after 6 s.
+        .args(["--session-timeout-ms", "6000"])
+        .args(["--commit-interval-ms", "1000"])
+        .args(["--retry-backoff-ms", "50"])
+        .args(["--admin-listen", &admin]);
+    let process = Process::spawn(command, dir, &format!("replicator-{n}"))?;
+    Ok((process, admin))
 }
 
 /// Records an instance copied (all topics), from its /metrics at `admin`.
@@ -201,11 +146,7 @@ fn stable_members(rt: &tokio::runtime::Runtime, src: &Client) -> Result<Option<u
 }
 
 /// Waits until `f` holds, checking that every replicator still runs.
-fn until(
-    what: &str,
-    rs: &mut [&mut Replicator],
-    mut f: impl FnMut() -> Result<bool>,
-) -> Result<()> {
+fn until(what: &str, rs: &mut [&mut Process], mut f: impl FnMut() -> Result<bool>) -> Result<()> {
     let deadline = Instant::now() + WAIT;
     loop {
         if f().unwrap_or(false) {
@@ -215,7 +156,7 @@ fn until(
             r.alive().with_context(|| what.to_string())?;
         }
         if Instant::now() > deadline {
-            let logs: Vec<String> = rs.iter().map(|r| r.log()).collect();
+            let logs: Vec<String> = rs.iter().map(|r| r.log_tail()).collect();
             bail!(
                 "{what}: not within {WAIT:?}; logs:\n{}",
                 logs.join("\n----\n")
@@ -292,9 +233,9 @@ fn instances_of_one_link_share_its_partitions_through_a_kill_and_an_addition() -
     };
 
     // 1. Three instances, each with a share.
-    let start = |n| Replicator::start(&source.bootstrap(), &proxy.bootstrap, dir.path(), n);
-    let (mut r0, mut r1, mut r2) = (start(0)?, start(1)?, start(2)?);
-    let admins: Vec<String> = [&r0, &r1, &r2].iter().map(|r| r.admin.clone()).collect();
+    let start = |n| start(&source.bootstrap(), &proxy.bootstrap, dir.path(), n);
+    let ((mut r0, a0), (mut r1, a1), (mut r2, a2)) = (start(0)?, start(1)?, start(2)?);
+    let admins = [a0, a1, a2];
     until(
         "three members, each copying",
         &mut [&mut r0, &mut r1, &mut r2],
@@ -329,8 +270,7 @@ fn instances_of_one_link_share_its_partitions_through_a_kill_and_an_addition() -
     )?;
 
     // 3. A fourth started under load takes a share.
-    let mut r3 = start(3)?;
-    let added = r3.admin.clone();
+    let (mut r3, added) = start(3)?;
     until(
         "three members again, the new one copying",
         &mut [&mut r0, &mut r2, &mut r3],
@@ -391,8 +331,8 @@ fn instances_of_one_link_share_its_partitions_through_a_kill_and_an_addition() -
         r.signal("TERM")?;
     }
     for r in [&mut r0, &mut r2, &mut r3] {
-        let status = r.wait_exit()?;
-        assert_eq!(status.code(), Some(0), "SIGTERM:\n{}", r.log());
+        let status = r.wait_exit(WAIT)?;
+        assert_eq!(status.code(), Some(0), "SIGTERM:\n{}", r.log_tail());
     }
     let left = rt.block_on(src.describe_group(INSTANCES))?;
     assert!(left.members.is_empty(), "members after the stop: {left:?}");

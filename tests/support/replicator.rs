@@ -48,3 +48,72 @@ pub fn run(rt: &tokio::runtime::Runtime, config: ReplicatorConfig) -> Result<Rep
     rt.block_on(replicate::run(config, shutdown))
         .with_context(|| format!("replicating with {what}"))
 }
+
+/// A replicator process whose output goes to `<name>.log` and
+/// `<name>.out` in a test's folder; killed when dropped.
+pub struct Process {
+    pub child: std::process::Child,
+    pub log: std::path::PathBuf,
+}
+
+impl Process {
+    /// Starts `command` (a [`replicator_command`] with its flags).
+    pub fn spawn(mut command: Command, dir: &std::path::Path, name: &str) -> Result<Process> {
+        let log = dir.join(format!("{name}.log"));
+        let child = command
+            .stdout(std::fs::File::create(dir.join(format!("{name}.out")))?)
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting replicator {name}"))?;
+        Ok(Process { child, log })
+    }
+
+    /// The last 40 lines of its log.
+    pub fn log_tail(&self) -> String {
+        super::tools::tail_str(&std::fs::read_to_string(&self.log).unwrap_or_default(), 40)
+    }
+
+    /// An error (with its log) if it exited.
+    pub fn alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            anyhow::bail!(
+                "the replicator exited ({status}); its log:\n{}",
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// `kill -<name>`.
+    pub fn signal(&self, name: &str) -> Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{name}: {status}");
+        Ok(())
+    }
+
+    /// Its exit status, waiting at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the replicator did not exit within {timeout:?}; its log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -23,7 +23,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("SOURCE_BOOTSTRAP_SERVERS", "(required)", "Source cluster brokers, host:port,..."),
     ("DESTINATION_BOOTSTRAP_SERVERS", "(required)", "The proxy in front of the destination cluster, host:port,..."),
     ("LINK", "(required)", "The link's name, as in the proxy's MIRROR_PROXY_LINKS ([a-z0-9-]+)."),
-    ("CLIENT_ID", "mirror-<link>", "The client.id sent to both clusters; must equal the proxy's MIRROR_PROXY_LINK_<NAME>_CLIENT_ID."),
+    ("CLIENT_ID", "mirror-<link>", "The client.id of the Produce requests through the proxy (must equal the proxy's MIRROR_PROXY_LINK_<NAME>_CLIENT_ID) and of every request to the source; the replicator's other requests to the destination send <client id>.control (metadata, topics, progress, groups) and <client id>.offsets (the offsets topic)."),
     ("TOPICS", "(required)", "Comma-separated topic names or regular expressions, each matched against the whole name (the proxy's LINK_<NAME>_TOPICS syntax)."),
     ("TRANSACTIONAL_ID", "<client id>", "Sent on Produce requests that carry a transactional batch (brokers require one)."),
     ("GROUP_ID", "replicator.<client id>", "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions)."),

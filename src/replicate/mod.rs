@@ -370,7 +370,19 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<Report, ReplicateError> {
     let source = client(&config, &config.source, "source")?;
-    let destination = client(&config, &config.destination, "destination")?;
+    // The link's client id goes only on Produce: the proxy fences the
+    // link's connections at a failover, and the Produce answered
+    // PRODUCER_FENCED is how the replicator learns of it. Its other
+    // requests (metadata, topics, progress commits, groups) use a client
+    // id of their own, so that a fenced link cannot refuse the commit a
+    // partition waits for before its next Produce, which would leave the
+    // replicator waiting for ever instead of stopping.
+    let producer = client(&config, &config.destination, "destination")?;
+    let destination = {
+        let mut c = producer.config().clone();
+        c.client_id = format!("{}.control", c.client_id);
+        Client::new(c)
+    };
     let shared = Arc::new(Shared {
         table: Mutex::new(Table::new(config.max_buffered_bytes)),
         changed: Notify::new(),
@@ -388,7 +400,7 @@ pub async fn run(
         assignment_changed: Notify::new(),
         member: Mutex::new(None),
         instance_id: crate::control::members::random_instance_id(),
-        offsets: translation::client(&destination),
+        offsets: translation::client(&producer),
         offsets_topic_ready: AtomicBool::new(false),
         config,
     });
@@ -432,6 +444,7 @@ pub async fn run(
         Arc::clone(&shared),
         source.clone(),
         destination.clone(),
+        producer,
     ));
     tasks.spawn(progress::commit_loop(
         Arc::clone(&shared),
@@ -543,7 +556,7 @@ async fn observe(shared: Arc<Shared>) {
 /// Leaders of every partition on both clusters, looked up at start, when
 /// a task says one moved, and every half minute; a fetcher for every
 /// source broker that leads one, a sender for every destination node.
-async fn placement(shared: Arc<Shared>, source: Client, destination: Client) {
+async fn placement(shared: Arc<Shared>, source: Client, destination: Client, producer: Client) {
     let mut fetchers: HashMap<i32, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut senders: HashMap<i32, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut backoff = shared.backoff();
@@ -572,7 +585,7 @@ async fn placement(shared: Arc<Shared>, source: Client, destination: Client) {
         }
         for id in nodes.into_iter().filter(|id| *id >= 0) {
             senders.entry(id).or_insert_with(|| {
-                tokio::spawn(sender::run(Arc::clone(&shared), destination.clone(), id))
+                tokio::spawn(sender::run(Arc::clone(&shared), producer.clone(), id))
             });
         }
         shared.changed.notify_waiters();

@@ -309,7 +309,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
     ("LINK_<NAME>_TOPICS", "(required per link)", "Comma-separated mirrored topics: names or regular expressions, each matched against the whole topic name."),
     ("LINK_<NAME>_TLS_SUBJECT", "(none)", "When set, only a TLS client whose certificate subject matches may act as the link (`CN=name` matches the common name; anything else the full subject, e.g. `CN=replicator,O=acme`)."),
-    ("LINK_<NAME>_INITIAL_STATE", "MIRRORING", "The link's state while the state topic has no record of it (a record, once written by a failover or start, always wins): `MIRRORING`, `STOPPING` or `STOPPED`."),
+    ("LINK_<NAME>_INITIAL_STATE", "MIRRORING", "The link's state while the state topic has no record of it (a record, once written by a failover or start, always wins): `MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING` (a failback link: fenced and read-only until `kafka-mirror-proxy failback` starts it)."),
     ("LINK_<NAME>_CONTROL_BATCHES", "drop", "Control batches arriving on the link: `drop` (acknowledge without writing, counted) or `forward` (send on, remapped, for the broker to decide)."),
 ];
 

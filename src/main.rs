@@ -135,6 +135,49 @@ enum Command {
         #[arg(long)]
         source_bootstrap_server: Option<String>,
     },
+    /// Fail back (SPEC §12): LINK, a PREPARING link of A's proxy that is
+    /// to mirror B into A, after REVERSE_OF (B's proxy's link that mirrored
+    /// A into B) failed over. Reports, per partition, where A and B
+    /// diverge and A's records past that point (A's records B never got:
+    /// they stay in A's log, before B's records; nothing is dropped or
+    /// copied twice); then writes LINK's translation history and its
+    /// replicator's starting points (B's barriers) on A and starts LINK
+    /// through A's admin API (MIRROR_PROXY_ADMIN_URL). Exit code 0 done (or
+    /// would proceed), 3 refused (a partition's divergence cannot be told,
+    /// or LINK is not PREPARING or STOPPED), 1 other errors. Plain TCP.
+    Failback {
+        /// The failback link on A's proxy.
+        #[arg(long)]
+        link: String,
+        /// The link on B's proxy that mirrored A into B and failed over.
+        #[arg(long)]
+        reverse_of: String,
+        /// Cluster A: its brokers (or A's proxy), host:port,...
+        #[arg(long)]
+        bootstrap_server: String,
+        /// Cluster B, host:port,...
+        #[arg(long)]
+        source_bootstrap_server: String,
+        /// B's proxy's state topic.
+        #[arg(long, default_value = "__mirror_state")]
+        state_topic: String,
+        /// The replicators' OFFSETS_TOPIC (on both clusters).
+        #[arg(long, default_value = "__mirror_offsets")]
+        offsets_topic: String,
+        /// REVERSE_OF's replicator's GROUP_ID (default
+        /// replicator.mirror-<REVERSE_OF>), on B.
+        #[arg(long)]
+        forward_group: Option<String>,
+        /// LINK's replicator's GROUP_ID (default replicator.mirror-<LINK>),
+        /// on A.
+        #[arg(long)]
+        progress_group: Option<String>,
+        /// Report and change nothing (no admin API needed).
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Start mirroring a stopped link again.
     Start {
         name: String,
@@ -181,6 +224,40 @@ fn main() -> ExitCode {
             return admin_command(|c| async move {
                 cli::start(&c, &name, source_cluster_id.as_deref(), json).await
             })
+        }
+        Command::Failback {
+            link,
+            reverse_of,
+            bootstrap_server,
+            source_bootstrap_server,
+            state_topic,
+            offsets_topic,
+            forward_group,
+            progress_group,
+            dry_run,
+            json,
+        } => {
+            let args = FailbackArgs {
+                forward_group: forward_group
+                    .unwrap_or_else(|| format!("replicator.mirror-{reverse_of}")),
+                progress_group: progress_group
+                    .unwrap_or_else(|| format!("replicator.mirror-{link}")),
+                link,
+                reverse_of,
+                bootstrap_server,
+                source_bootstrap_server,
+                state_topic,
+                offsets_topic,
+                dry_run,
+                json,
+            };
+            return match failback(args) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("kafka-mirror-proxy: {e:#}");
+                    ExitCode::from(cli::EXIT_ERROR)
+                }
+            };
         }
         Command::Run => run(),
         Command::Offsets {
@@ -360,6 +437,92 @@ fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
         println!("{} {} {} {offset}{note}", t.topic, t.partition, t.source);
     }
     Ok(())
+}
+
+struct FailbackArgs {
+    link: String,
+    reverse_of: String,
+    bootstrap_server: String,
+    source_bootstrap_server: String,
+    state_topic: String,
+    offsets_topic: String,
+    forward_group: String,
+    progress_group: String,
+    dry_run: bool,
+    json: bool,
+}
+
+/// `kafka-mirror-proxy failback`: the report, then (without --dry-run)
+/// the history, the starting points and the link's start.
+fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
+    use kafka_mirror_proxy::replicate::failback::{self, Failback, FailbackError};
+    let a = plain_client(&args.bootstrap_server);
+    let b = plain_client(&args.source_bootstrap_server);
+    let f = Failback {
+        link: &args.link,
+        reverse_of: &args.reverse_of,
+        a: &a,
+        b: &b,
+        state_topic: &args.state_topic,
+        offsets_topic: &args.offsets_topic,
+        forward_group: &args.forward_group,
+        progress_group: &args.progress_group,
+    };
+    let admin = if args.dry_run {
+        None
+    } else {
+        Some(cli::AdminClient::from_env()?)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        // Nothing is written while the link could be copying: it must be
+        // fenced (PREPARING, or STOPPED after a failover of its own).
+        if let Some(admin) = &admin {
+            let state = cli::link_state(admin, &args.link).await?;
+            if state != "PREPARING" && state != "STOPPED" {
+                eprintln!(
+                    "kafka-mirror-proxy: link '{}' is {state} on A's proxy: a failback starts a PREPARING (or STOPPED) link (MIRROR_PROXY_LINK_<NAME>_INITIAL_STATE=PREPARING)",
+                    args.link
+                );
+                return Ok(cli::EXIT_REFUSED);
+            }
+        }
+        let plan = match failback::plan(&f).await {
+            Ok(plan) => plan,
+            Err(e @ (FailbackError::NoState { .. }
+            | FailbackError::NotFailedOver { .. }
+            | FailbackError::NoBarriers { .. })) => {
+                eprintln!("kafka-mirror-proxy: {e}");
+                return Ok(cli::EXIT_REFUSED);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&cli::failback_json(&plan))?);
+        } else {
+            print!("{}", cli::render_failback(&plan));
+        }
+        if plan.unresolved() > 0 {
+            eprintln!(
+                "kafka-mirror-proxy: {} partition(s) unresolved: nothing written",
+                plan.unresolved()
+            );
+            return Ok(cli::EXIT_REFUSED);
+        }
+        let Some(admin) = admin else {
+            return Ok(cli::EXIT_OK);
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        failback::apply(&f, &plan, now_ms).await?;
+        let code = cli::start(&admin, &args.link, None, args.json).await?;
+        Ok(code)
+    })
 }
 
 /// The origins of `pid` recorded in the state topic.

@@ -249,6 +249,12 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         }
         let what = match status.state {
             LinkState::Stopping => "is failing over (STOPPING)",
+            LinkState::Preparing => {
+                return Some(format!(
+                    "mirror link '{}' is PREPARING a failback: its replicator may copy once `kafka-mirror-proxy failback` has started the link",
+                    link.name()
+                ))
+            }
             _ => "is failed over (STOPPED)",
         };
         Some(format!(
@@ -286,6 +292,10 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let message = match status.state {
             LinkState::Stopping => format!(
                 "topic '{topic}' is mirrored by link '{}', which is failing over (STOPPING): local writes are accepted once it is STOPPED",
+                link.name()
+            ),
+            LinkState::Preparing => format!(
+                "topic '{topic}' is read-only while link '{}' prepares a failback (PREPARING): its producers write the cluster the link mirrors from until the link fails over",
                 link.name()
             ),
             _ => format!(

@@ -1,5 +1,6 @@
 //! A link's state machine (pure): `MIRRORING` → `STOPPING` → `STOPPED` →
-//! (start) `MIRRORING`, and which persisted record may follow which.
+//! (start) `MIRRORING`, a failback link's `PREPARING` → (start)
+//! `MIRRORING`, and which persisted record may follow which.
 //!
 //! The state topic orders every instance's writes; each instance applies the
 //! records in that order with [`follows`], so all of them end up in the same
@@ -17,6 +18,10 @@ pub enum LinkState {
     Stopping,
     /// Failed over: the link is fenced, its topics take local writes.
     Stopped,
+    /// A failback link (SPEC §12) before the operator's word: the link is
+    /// fenced and its topics are read-only, so that neither the replicator
+    /// nor a local producer writes them while the divergence is reported.
+    Preparing,
 }
 
 impl LinkState {
@@ -26,6 +31,7 @@ impl LinkState {
             LinkState::Mirroring => 0,
             LinkState::Stopping => 1,
             LinkState::Stopped => 2,
+            LinkState::Preparing => 3,
         }
     }
 
@@ -34,6 +40,7 @@ impl LinkState {
             0 => Some(LinkState::Mirroring),
             1 => Some(LinkState::Stopping),
             2 => Some(LinkState::Stopped),
+            3 => Some(LinkState::Preparing),
             _ => None,
         }
     }
@@ -44,15 +51,17 @@ impl LinkState {
             LinkState::Mirroring => "MIRRORING",
             LinkState::Stopping => "STOPPING",
             LinkState::Stopped => "STOPPED",
+            LinkState::Preparing => "PREPARING",
         }
     }
 
-    /// `MIRRORING`, `STOPPING` or `STOPPED`, any case.
+    /// `MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING`, any case.
     pub fn parse(s: &str) -> Option<LinkState> {
         match s.to_ascii_uppercase().as_str() {
             "MIRRORING" => Some(LinkState::Mirroring),
             "STOPPING" => Some(LinkState::Stopping),
             "STOPPED" => Some(LinkState::Stopped),
+            "PREPARING" => Some(LinkState::Preparing),
             _ => None,
         }
     }
@@ -103,8 +112,10 @@ impl LinkStatus {
 pub enum Conflict {
     #[error("link '{link}' is already STOPPED (failover {failover_id} finished); `POST /links/{link}/start` makes it MIRRORING again")]
     AlreadyStopped { link: String, failover_id: i64 },
-    #[error("link '{link}' is {state}; only a STOPPED link can be started (`POST /links/{link}/failover` first)")]
+    #[error("link '{link}' is {state}; only a STOPPED or PREPARING link can be started (`POST /links/{link}/failover` first)")]
     NotStopped { link: String, state: &'static str },
+    #[error("link '{link}' is PREPARING a failback: it has nothing to fail over; `kafka-mirror-proxy failback` starts it")]
+    Preparing { link: String },
     #[error("link '{link}' changed meanwhile (another instance or operator): it is now {state}")]
     Raced { link: String, state: &'static str },
 }
@@ -119,13 +130,17 @@ pub fn failover_from(link: &str, current: &LinkStatus) -> Result<bool, Conflict>
             link: link.to_string(),
             failover_id: current.failover_id,
         }),
+        LinkState::Preparing => Err(Conflict::Preparing {
+            link: link.to_string(),
+        }),
     }
 }
 
-/// Whether `start` may leave `current`.
+/// Whether `start` may leave `current` (for `PREPARING`: the operator's
+/// word that the failback's divergence is handled).
 pub fn start_from(link: &str, current: &LinkStatus) -> Result<(), Conflict> {
     match current.state {
-        LinkState::Stopped => Ok(()),
+        LinkState::Stopped | LinkState::Preparing => Ok(()),
         state => Err(Conflict::NotStopped {
             link: link.to_string(),
             state: state.as_str(),
@@ -140,7 +155,8 @@ pub fn next_failover_id(current: &LinkStatus, now_ms: i64) -> i64 {
 }
 
 /// Whether a persisted status is one the proxy could have written, on its
-/// own: every persisted record has a time, a STOPPING or STOPPED one the
+/// own: every persisted record has a time, a PREPARING one no failover, a
+/// STOPPING or STOPPED one the
 /// failover (id and start time) it belongs to, only a STOPPED one (or a
 /// MIRRORING one after it) a finish time, and no failover id is below -1.
 pub fn consistent(s: &LinkStatus) -> bool {
@@ -152,13 +168,14 @@ pub fn consistent(s: &LinkStatus) -> bool {
             Mirroring => none || (failover && s.failover_finished_ms >= 0),
             Stopping => failover && s.failover_finished_ms == -1,
             Stopped => failover && s.failover_finished_ms >= 0,
+            Preparing => none,
         }
 }
 
 /// Whether a persisted `next` applies on top of `current` (every instance
 /// decides the same, in log order): MIRRORING → STOPPING under a higher
-/// failover id, STOPPING → STOPPED under the same one, STOPPED → MIRRORING
-/// keeping it; a rewrite of the same state under the same id (two
+/// failover id, STOPPING → STOPPED under the same one, STOPPED (or
+/// PREPARING) → MIRRORING keeping it; a rewrite of the same state under the same id (two
 /// operators acting at once) is harmless. A STOPPING that was never
 /// persisted (`INITIAL_STATE`, id -1) takes its failover's id. The first
 /// STOPPING of a failover wins a race: a second one with another id, or a
@@ -175,6 +192,7 @@ pub fn follows(current: &LinkStatus, next: &LinkStatus) -> bool {
         (Stopping, Stopping) if current.failover_id == -1 => true,
         (Stopping, Stopping) | (Stopping, Stopped) => same,
         (Stopped, Mirroring) | (Mirroring, Mirroring) | (Stopped, Stopped) => same,
+        (Preparing, Mirroring) | (Preparing, Preparing) => same,
         _ => false,
     }
 }
@@ -314,14 +332,52 @@ mod tests {
             LinkState::Mirroring,
             LinkState::Stopping,
             LinkState::Stopped,
+            LinkState::Preparing,
         ] {
             assert_eq!(LinkState::from_code(s.code()), Some(s));
             assert_eq!(LinkState::parse(&s.as_str().to_lowercase()), Some(s));
         }
-        assert_eq!(LinkState::from_code(3), None);
+        assert_eq!(LinkState::from_code(4), None);
         assert_eq!(LinkState::parse("paused"), None);
         assert!(LinkState::Mirroring.read_only() && LinkState::Stopping.read_only());
         assert!(!LinkState::Stopped.read_only());
         assert!(!LinkState::Mirroring.fences_link() && LinkState::Stopping.fences_link());
+    }
+
+    #[test]
+    fn a_failback_link_prepares_then_starts() {
+        use LinkState::*;
+        let prep = LinkStatus::initial(Preparing, status(Mirroring, -1).source);
+        assert!(prep.state.fences_link() && prep.state.read_only());
+        let e = failover_from("b", &prep).unwrap_err();
+        assert!(e.to_string().contains("PREPARING"), "{e}");
+        assert_eq!(start_from("b", &prep), Ok(()));
+        let started = LinkStatus {
+            state: Mirroring,
+            since_ms: 9,
+            ..prep
+        };
+        assert!(follows(&prep, &started));
+        // Never back into PREPARING, nor from it to a failover's states.
+        assert!(!follows(
+            &started,
+            &LinkStatus {
+                since_ms: 10,
+                ..prep
+            }
+        ));
+        assert!(!follows(&prep, &status(Stopping, 10)));
+        assert!(!follows(&prep, &status(Stopped, 10)));
+        // A persisted PREPARING carries no failover.
+        assert!(consistent(&LinkStatus {
+            since_ms: 1,
+            ..prep
+        }));
+        assert!(!consistent(&LinkStatus {
+            state: Preparing,
+            ..status(Stopped, 10)
+        }));
+        assert_eq!(LinkState::from_code(3), Some(Preparing));
+        assert_eq!(LinkState::parse("preparing"), Some(Preparing));
     }
 }

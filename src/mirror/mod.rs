@@ -5,13 +5,15 @@
 //! plan of a Produce request (`produce`), the reading of the broker's
 //! answer (`produce_response`), mirrored producer state (`producer_state`,
 //! shared by every connection through `dedupe`), the barrier's bytes
-//! (`barrier`) and the offset translation map and its records
-//! (`translation`). Nothing here does I/O: `filter` runs these rules on a
+//! (`barrier`), the offset translation map and its records
+//! (`translation`) and where two clusters diverge after a failover
+//! (`divergence`). Nothing here does I/O: `filter` runs these rules on a
 //! connection's requests, `state` and `control` persist their outcomes.
 
 pub mod barrier;
 pub mod control_records;
 pub mod dedupe;
+pub mod divergence;
 pub mod doubt;
 pub mod link;
 pub mod link_state;

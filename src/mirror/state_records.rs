@@ -648,7 +648,7 @@ mod tests {
             assert!(StateRecord::decode(Some(&kb[..n]), None).is_err(), "{n}");
         }
         let mut bad = vb.clone();
-        bad[2] = 3;
+        bad[2] = 4;
         assert_eq!(
             StateRecord::decode(Some(&kb), Some(&bad)),
             Err(RecordError::LinkState)

@@ -271,7 +271,9 @@ pub fn decode_value(key: &SegmentKey, mut b: &[u8]) -> Result<Segment, SegmentRe
     if !b.is_empty() {
         return Err(SegmentRecordError::Length("value"));
     }
-    if source_end <= key.source_start {
+    // A segment of no records is where a failback places the first record
+    // it will copy (`mirror::divergence`).
+    if source_end < key.source_start {
         return Err(SegmentRecordError::Empty);
     }
     Ok(Segment {
@@ -432,14 +434,19 @@ mod tests {
             Err(SegmentRecordError::Length("key"))
         );
         let k = decode_key(&key).expect("decodes");
-        let empty = Segment {
+        let backwards = Segment {
             source_start: 16,
-            source_end: 16,
+            source_end: 15,
             destination_start: 0,
         };
         assert_eq!(
-            decode_value(&k, &encode_value(&empty)),
+            decode_value(&k, &encode_value(&backwards)),
             Err(SegmentRecordError::Empty)
         );
+        let empty = Segment {
+            source_end: 16,
+            ..backwards
+        };
+        assert_eq!(decode_value(&k, &encode_value(&empty)), Ok(empty));
     }
 }

@@ -35,6 +35,7 @@
 
 mod admin;
 mod batches;
+pub mod failback;
 mod fetcher;
 mod groups;
 pub mod members;
@@ -470,9 +471,11 @@ pub async fn run(
     };
     shared.stopping.store(true, Ordering::Release);
     shared.changed.notify_waiters();
-    if !matches!(why, Stop::Failed(_)) {
+    let fenced = matches!(&why, Stop::Failed(ReplicateError::Fenced { .. }));
+    if fenced || !matches!(why, Stop::Failed(_)) {
         // What is in flight is answered (or times out) before the last
-        // commit, which then covers it.
+        // commit, which then covers it. A fenced link's proxy answers what
+        // it holds before closing the link's connections.
         let drained = tokio::time::timeout(shared.config.request_timeout, async {
             while shared.table().in_flight() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -485,8 +488,11 @@ pub async fn run(
             );
         }
     }
-    // A fenced link's group requests are refused too: nothing to commit.
-    if !matches!(&why, Stop::Failed(ReplicateError::Fenced { .. })) {
+    // After a failover too (the commits go out under a client id the
+    // fence does not refuse): the translation and the resume points then
+    // end exactly at the barrier, which is where a failback finds the
+    // point A and B diverge.
+    {
         // Marked as given back cleanly when nothing is left in flight: the
         // next owner (another instance, or this one started again) need
         // not wait for an answer that may still come.

@@ -957,6 +957,23 @@ pub async fn read_view(
     auth: Option<&StateAuth>,
 ) -> Result<Origins, ClientError> {
     let mut view = Origins::default();
+    for_each_state_record(client, topic, auth, |offset, record| {
+        if !view.apply(offset, &record) {
+            tracing::warn!(topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");
+        }
+    })
+    .await?;
+    Ok(view)
+}
+
+/// Every state record of `topic` (read from its start; with `auth`, only
+/// those signed with the key), in log order.
+pub async fn for_each_state_record(
+    client: &Client,
+    topic: &str,
+    auth: Option<&StateAuth>,
+    mut on: impl FnMut(i64, StateRecord),
+) -> Result<(), ClientError> {
     let start = client
         .list_offset(topic, 0, OffsetSpec::Earliest)
         .await?
@@ -972,9 +989,7 @@ pub async fn read_view(
             .await?;
         let after = topic::read_batches(&f.records, next, auth, |offset, r| {
             if let Ok(record) = r {
-                if !view.apply(offset, &record) {
-                    tracing::warn!(topic, offset, record = ?record, "skipped a state record whose mapping the proxy could not have written");
-                }
+                on(offset, record);
             }
         });
         if after == next {
@@ -982,5 +997,5 @@ pub async fn read_view(
         }
         next = after;
     }
-    Ok(view)
+    Ok(())
 }

@@ -1,0 +1,333 @@
+//! Failback (issue 43, SPEC §12), the short form, with real brokers, the
+//! proxy binary in front of each cluster and the replicator both ways one
+//! at a time:
+//!
+//! 1. A's topic (transactions committed and aborted, so offsets drift, and
+//!    an idempotent producer) is mirrored into B by link `a`;
+//! 2. the replicator stops; A takes more records (B never gets them); link
+//!    `a` fails over; B's producers write B;
+//! 3. A's proxy has link `b` (source B) `PREPARING`: fenced, read-only;
+//! 4. `failback --dry-run` names exactly A's records B never got, per
+//!    partition (count, first and last offset), and B's records to copy;
+//! 5. `failback` writes the history and starting points and starts `b`;
+//!    the replicator copies exactly B's own records into A: A then holds
+//!    every acknowledged record once (its own past the divergence stay
+//!    where they were), and every B offset translates to the A offset of
+//!    the same record.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, ensure, Context, Result};
+use rdkafka::config::ClientConfig as RdConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
+use support::crate_client::{client, create_topic, runtime};
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+use support::wire::{partition_result, record_batch, RawClient};
+
+const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
+const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
+const TOPIC: &str = "orders";
+const PARTITIONS: i32 = 2;
+const WAIT: Duration = Duration::from_secs(60);
+
+fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
+    let mut c = RdConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "0")
+        .set("enable.idempotence", "true");
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    Ok(c.create()?)
+}
+
+/// `n` records per partition, values `<tag>-p<partition>-<i>`.
+fn send(p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
+    for partition in 0..PARTITIONS {
+        for i in 0..n {
+            let v = format!("{tag}-p{partition}-{i}");
+            p.send(
+                BaseRecord::<(), _>::to(TOPIC)
+                    .partition(partition)
+                    .payload(&v),
+            )
+            .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
+        }
+    }
+    p.flush(WAIT)?;
+    Ok(())
+}
+
+fn ends(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
+    let c = client(bootstrap);
+    (0..PARTITIONS)
+        .map(|p| {
+            Ok(rt
+                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
+                .offset)
+        })
+        .collect()
+}
+
+/// (offset, value) of every committed record, per partition, up to `ends`.
+fn read(bootstrap: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<(i64, String)>>> {
+    let consumer: BaseConsumer = RdConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "failback-verifier")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
+    let mut position = vec![0i64; ends.len()];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for e in consumer.position()?.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                position[e.partition() as usize] = o;
+            }
+        }
+        if position.iter().zip(ends).all(|(p, e)| p >= e) {
+            return Ok(out);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "reading {bootstrap}: at {position:?} of {ends:?}"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            out.entry(m.partition()).or_default().push((m.offset(), v));
+        }
+    }
+}
+
+fn bin() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
+}
+
+/// `failback ... --json`: exit code and the report.
+fn failback(a: &str, b: &str, admin: Option<&str>, dry_run: bool) -> Result<(i32, Value, String)> {
+    let mut c = bin();
+    c.args(["failback", "--link", "b", "--reverse-of", "a", "--json"])
+        .args(["--bootstrap-server", a, "--source-bootstrap-server", b]);
+    if dry_run {
+        c.arg("--dry-run");
+    }
+    if let Some(admin) = admin {
+        c.env("MIRROR_PROXY_ADMIN_URL", format!("http://{admin}"));
+    }
+    let out = c.output().context("running failback")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The report is the first JSON document of the output.
+    let report = serde_json::Deserializer::from_str(&stdout)
+        .into_iter::<Value>()
+        .next()
+        .transpose()
+        .with_context(|| format!("failback output: {stdout}\n{stderr}"))?
+        .unwrap_or(Value::Null);
+    Ok((
+        out.status.code().unwrap_or(-1),
+        report,
+        format!("{stdout}\n{stderr}"),
+    ))
+}
+
+fn local_produce(addr: &str, partition: i32) -> Result<(i16, String)> {
+    let mut raw = RawClient::connect(addr)?;
+    let r = raw.produce("local-app", TOPIC, partition, record_batch(-1, &["local"]))?;
+    let (code, message) = partition_result(&r);
+    Ok((code, message.unwrap_or_default()))
+}
+
+fn link_env(name: &str, source: &str, initial: Option<&str>) -> Vec<(String, String)> {
+    let upper = name.to_uppercase();
+    let mut env = vec![
+        ("LINKS".to_string(), name.to_string()),
+        (
+            format!("LINK_{upper}_SOURCE_CLUSTER_ID"),
+            source.to_string(),
+        ),
+        (format!("LINK_{upper}_TOPICS"), TOPIC.to_string()),
+    ];
+    if let Some(state) = initial {
+        env.push((format!("LINK_{upper}_INITIAL_STATE"), state.to_string()));
+    }
+    env
+}
+
+fn start_proxy(bootstrap: &str, env: &[(String, String)]) -> Result<ProxyProcess> {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    ProxyProcess::start(bootstrap, &env)
+}
+
+#[test]
+fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()> {
+    let rt = runtime()?;
+    let a = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_A))?;
+    let b = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_B))?;
+    create_topic(&rt, &client(&a.bootstrap()), TOPIC, PARTITIONS, &[])?;
+
+    // 1. A's records, with transactions (one aborted) between idempotent
+    // ones, mirrored into B by link a.
+    let idempotent = producer(&a.bootstrap(), &[])?;
+    send(&idempotent, "a1", 20)?;
+    let tx = producer(&a.bootstrap(), &[("transactional.id", "failback-tx")])?;
+    tx.init_transactions(WAIT)?;
+    tx.begin_transaction()?;
+    send(&tx, "aborted", 5)?;
+    tx.abort_transaction(WAIT)?;
+    tx.begin_transaction()?;
+    send(&tx, "a-tx", 7)?;
+    tx.commit_transaction(WAIT)?;
+    send(&idempotent, "a2", 10)?;
+    let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, None))?;
+    let forward = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
+    support::replicator::run(&rt, forward)?;
+
+    // 2. A goes on alone (the link lags: B never gets these), then the
+    // failover; B's producers write B.
+    send(&idempotent, "a-tail", 6)?;
+    tx.begin_transaction()?;
+    send(&tx, "a-tail-tx", 3)?;
+    tx.commit_transaction(WAIT)?;
+    let a_ends_at_failover = ends(&rt, &a.bootstrap())?;
+    let (status, body) = pb.admin_post("/links/a/failover?wait=60", "")?;
+    ensure!(status.contains("200"), "failover: {status} {body}");
+    let on_b = producer(&pb.bootstrap, &[])?;
+    send(&on_b, "b", 8)?;
+
+    // 3. A's proxy: link b PREPARING, fenced and read-only.
+    let pa = start_proxy(&a.bootstrap(), &link_env("b", ID_B, Some("PREPARING")))?;
+    let (code, message) = local_produce(&pa.bootstrap, 0)?;
+    ensure!(
+        code != 0 && message.contains("PREPARING"),
+        "A read-only while preparing: {code} {message}"
+    );
+    let mut replicator = RawClient::connect(&pa.bootstrap)?;
+    if let Ok(r) = replicator.produce("mirror-b", TOPIC, 0, record_batch(-1, &["early"])) {
+        ensure!(partition_result(&r).0 != 0, "link b copied while PREPARING");
+    }
+
+    // 4. The dry run names exactly A's records past the divergence.
+    let a_records = read(&a.bootstrap(), &a_ends_at_failover)?;
+    let b_ends = ends(&rt, &b.bootstrap())?;
+    let b_records = read(&b.bootstrap(), &b_ends)?;
+    let (code, report, out) = failback(&a.bootstrap(), &b.bootstrap(), None, true)?;
+    ensure!(code == 0, "dry run exit {code}: {out}");
+    ensure!(report["unresolved"] == 0, "{out}");
+    let parts = report["partitions"].as_array().context("partitions")?;
+    ensure!(parts.len() == PARTITIONS as usize, "{out}");
+    for part in parts {
+        let p = part["partition"].as_i64().context("partition")? as i32;
+        let mine = &a_records[&p];
+        let tail: Vec<&(i64, String)> = mine
+            .iter()
+            .filter(|(_, v)| v.starts_with("a-tail"))
+            .collect();
+        ensure!(tail.len() == 9, "partition {p}: tail {tail:?}");
+        let past = &part["past_divergence"];
+        ensure!(
+            past["records"] == tail.len() as u64,
+            "partition {p}: {part}"
+        );
+        ensure!(past["first_offset"] == tail[0].0, "partition {p}: {part}");
+        // The last record's offset (the batch ends there; the marker after).
+        ensure!(
+            past["last_offset"] == tail[tail.len() - 1].0,
+            "partition {p}: {part}"
+        );
+        ensure!(part["diverges_at"] == tail[0].0, "partition {p}: {part}");
+        // B's own records begin at the barrier.
+        let b_first = b_records[&p]
+            .iter()
+            .find(|(_, v)| v.starts_with("b-"))
+            .context("B's own record")?
+            .0;
+        ensure!(
+            part["copy_from"] == b_first,
+            "partition {p}: {part} (B's first own record at {b_first})"
+        );
+    }
+    // Nothing was written by the dry run.
+    ensure!(
+        ends(&rt, &a.bootstrap())? == a_ends_at_failover,
+        "the dry run wrote A"
+    );
+
+    // 5. The failback, then the replicator B → A.
+    let (code, report, out) = failback(&a.bootstrap(), &b.bootstrap(), Some(&pa.admin), false)?;
+    ensure!(code == 0, "failback exit {code}: {out}");
+    ensure!(report["unresolved"] == 0, "{out}");
+    ensure!(out.contains("MIRRORING"), "link b started: {out}");
+    let back = support::replicator::config(&b.bootstrap(), &pa.bootstrap, TOPIC, "mirror-b");
+    let copied = support::replicator::run(&rt, back)?;
+    ensure!(
+        copied.total_records == 8 * PARTITIONS as u64,
+        "exactly B's own records copied back: {copied:?}"
+    );
+    let a_end = ends(&rt, &a.bootstrap())?;
+    let a_after = read(&a.bootstrap(), &a_end)?;
+    for p in 0..PARTITIONS {
+        let values: Vec<&str> = a_after[&p].iter().map(|(_, v)| v.as_str()).collect();
+        let unique: BTreeSet<&str> = values.iter().copied().collect();
+        ensure!(
+            unique.len() == values.len(),
+            "partition {p} holds a record twice: {values:?}"
+        );
+        let expected = 20 + 7 + 10 + 9 + 8;
+        ensure!(
+            values.len() == expected,
+            "partition {p}: {} records, {expected} expected",
+            values.len()
+        );
+        // A's own first, then B's, in B's order.
+        let b_own: Vec<&str> = values
+            .iter()
+            .copied()
+            .filter(|v| v.starts_with("b-"))
+            .collect();
+        ensure!(
+            values[values.len() - 8..] == b_own[..],
+            "partition {p}: {values:?}"
+        );
+        // Every B offset translates to the A offset of the same record.
+        let a_at: BTreeMap<&str, i64> = a_after[&p].iter().map(|(o, v)| (v.as_str(), *o)).collect();
+        for (o, v) in &b_records[&p] {
+            let out = bin()
+                .args([
+                    "offsets",
+                    "--bootstrap-server",
+                    &a.bootstrap(),
+                    "--link",
+                    "b",
+                ])
+                .args(["--topic", TOPIC, "--partition", &p.to_string()])
+                .args(["--offset", &o.to_string()])
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let got: Option<i64> = text.split_whitespace().nth(3).and_then(|s| s.parse().ok());
+            ensure!(
+                got == Some(a_at[v.as_str()]),
+                "partition {p}: B offset {o} ({v}) translated to {text:?}, A holds it at {}",
+                a_at[v.as_str()]
+            );
+        }
+    }
+    Ok(())
+}

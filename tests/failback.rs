@@ -148,6 +148,22 @@ fn failback(a: &str, b: &str, admin: Option<&str>, dry_run: bool) -> Result<(i32
     ))
 }
 
+/// `offsets --link b`: the A offset of B offset `offset`, if exact.
+fn translate_cli(a: &str, partition: i32, offset: i64) -> Result<Option<i64>> {
+    let out = bin()
+        .args(["offsets", "--bootstrap-server", a, "--link", "b"])
+        .args(["--topic", TOPIC, "--partition", &partition.to_string()])
+        .args(["--offset", &offset.to_string()])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "offsets: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.split_whitespace().nth(3).and_then(|s| s.parse().ok()))
+}
+
 fn local_produce(addr: &str, partition: i32) -> Result<(i16, String)> {
     let mut raw = RawClient::connect(addr)?;
     let r = raw.produce("local-app", TOPIC, partition, record_batch(-1, &["local"]))?;
@@ -275,14 +291,99 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     ensure!(code == 0, "failback exit {code}: {out}");
     ensure!(report["unresolved"] == 0, "{out}");
     ensure!(out.contains("MIRRORING"), "link b started: {out}");
-    let back = support::replicator::config(&b.bootstrap(), &pa.bootstrap, TOPIC, "mirror-b");
-    let copied = support::replicator::run(&rt, back)?;
+    // Before anything is copied, B's barrier already translates to where
+    // B's first own record will land: A's log end, after A's records past
+    // the divergence (not into them).
+    for p in 0..PARTITIONS {
+        let barrier = report["partitions"][p as usize]["copy_from"]
+            .as_i64()
+            .context("copy_from")?;
+        let got = translate_cli(&a.bootstrap(), p, barrier)?;
+        ensure!(
+            got == Some(a_ends_at_failover[p as usize]),
+            "partition {p}: B's barrier {barrier} translates to {got:?} before the copy, not A's end {}",
+            a_ends_at_failover[p as usize]
+        );
+    }
+
+    // Groups that consumed on B: one inside B's own records (partition 0)
+    // and exactly at the barrier (partition 1), one inside what B got from
+    // A. Each names its next record on B.
+    let cb = client(&b.bootstrap());
+    let own = |p: i32, i: usize| -> Result<(i64, String)> {
+        b_records[&p]
+            .iter()
+            .filter(|(_, v)| v.starts_with("b-"))
+            .nth(i)
+            .cloned()
+            .context("B's own record")
+    };
+    let g_own: Vec<(i32, (i64, String))> = vec![(0, own(0, 3)?), (1, own(1, 0)?)];
+    let g_mirrored: Vec<(i32, (i64, String))> = (0..PARTITIONS)
+        .map(|p| (p, b_records[&p][25].clone()))
+        .collect();
+    for (group, at) in [("g-own", &g_own), ("g-mirrored", &g_mirrored)] {
+        let offsets = at
+            .iter()
+            .map(|(p, (o, _))| ((TOPIC.to_string(), *p), *o))
+            .collect();
+        rt.block_on(cb.commit_offsets(group, &offsets))?;
+    }
+    let mut back = support::replicator::config(&b.bootstrap(), &pa.bootstrap, TOPIC, "mirror-b");
+    back.until_caught_up = false;
+    back.groups = vec![regex::Regex::new("^g-.*")?];
+    back.group_sync_interval = Duration::from_millis(300);
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let running = rt.spawn(kafka_mirror_proxy::replicate::run(back, shutdown));
+    // Until B's own records are on A and both groups followed back.
+    let ca = client(&a.bootstrap());
+    let keys: Vec<(String, i32)> = (0..PARTITIONS).map(|p| (TOPIC.to_string(), p)).collect();
+    let deadline = Instant::now() + WAIT;
+    let (a_after, followed) = loop {
+        let a_end = ends(&rt, &a.bootstrap())?;
+        let grown: i64 = a_end
+            .iter()
+            .zip(&a_ends_at_failover)
+            .map(|(n, o)| n - o)
+            .sum();
+        let own = rt.block_on(ca.committed_offsets("g-own", &keys))?;
+        let mirrored = rt.block_on(ca.committed_offsets("g-mirrored", &keys))?;
+        if grown >= 8 * PARTITIONS as i64 && own.len() == keys.len() && mirrored.len() == keys.len()
+        {
+            break (
+                read(&a.bootstrap(), &a_end)?,
+                [
+                    ("g-own", own, &g_own),
+                    ("g-mirrored", mirrored, &g_mirrored),
+                ],
+            );
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "A grew by {grown}; g-own {own:?}; g-mirrored {mirrored:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    stop.send(true)?;
+    let copied = rt.block_on(running)??;
     ensure!(
         copied.total_records == 8 * PARTITIONS as u64,
         "exactly B's own records copied back: {copied:?}"
     );
-    let a_end = ends(&rt, &a.bootstrap())?;
-    let a_after = read(&a.bootstrap(), &a_end)?;
+    // Each group's offset on A names the same next record it had on B.
+    for (group, committed, at) in &followed {
+        for (p, (_, value)) in at.iter() {
+            let on_a = committed[&(TOPIC.to_string(), *p)];
+            let next = a_after[p]
+                .iter()
+                .find(|(o, _)| *o >= on_a)
+                .map(|(_, v)| v.as_str());
+            ensure!(
+                next == Some(value.as_str()),
+                "{group} partition {p}: committed {on_a} on A, whose next record is {next:?}, not {value}"
+            );
+        }
+    }
     for p in 0..PARTITIONS {
         let values: Vec<&str> = a_after[&p].iter().map(|(_, v)| v.as_str()).collect();
         let unique: BTreeSet<&str> = values.iter().copied().collect();
@@ -309,22 +410,10 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
         // Every B offset translates to the A offset of the same record.
         let a_at: BTreeMap<&str, i64> = a_after[&p].iter().map(|(o, v)| (v.as_str(), *o)).collect();
         for (o, v) in &b_records[&p] {
-            let out = bin()
-                .args([
-                    "offsets",
-                    "--bootstrap-server",
-                    &a.bootstrap(),
-                    "--link",
-                    "b",
-                ])
-                .args(["--topic", TOPIC, "--partition", &p.to_string()])
-                .args(["--offset", &o.to_string()])
-                .output()?;
-            let text = String::from_utf8_lossy(&out.stdout);
-            let got: Option<i64> = text.split_whitespace().nth(3).and_then(|s| s.parse().ok());
+            let got = translate_cli(&a.bootstrap(), p, *o)?;
             ensure!(
                 got == Some(a_at[v.as_str()]),
-                "partition {p}: B offset {o} ({v}) translated to {text:?}, A holds it at {}",
+                "partition {p}: B offset {o} ({v}) translated to {got:?}, A holds it at {}",
                 a_at[v.as_str()]
             );
         }

@@ -257,7 +257,8 @@ impl fmt::Debug for Config {
 }
 
 /// Documentation of every variable: (name without prefix, default, meaning).
-/// The README table is written from this list.
+/// The configuration tables of the README and docs/configuration.md are
+/// written from this list; a test holds their variables and defaults to it.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("BOOTSTRAP_SERVERS", "(required)", "Comma-separated host:port of the destination brokers the proxy bootstraps from."),
     ("LISTEN", "0.0.0.0:9092", "Bootstrap listener address (host:port)."),
@@ -1307,20 +1308,108 @@ mod tests {
         assert!(id.expected.contains("22 characters"), "{}", id.expected);
     }
 
-    #[test]
-    fn the_readme_documents_every_variable() {
-        let readme = include_str!("../README.md");
+    /// The rows of the configuration table in `doc` (the table under the
+    /// `| variable | default | meaning |` header): each row's variable and
+    /// default, without their backticks.
+    fn documented_table(doc: &str) -> Vec<(String, String)> {
+        doc.lines()
+            .skip_while(|l| l.trim() != "| variable | default | meaning |")
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let mut cells = l.trim_start_matches('|').split(" | ");
+                let mut cell = || cells.next().unwrap_or("").trim().trim_matches('`');
+                (cell().to_string(), cell().to_string())
+            })
+            .collect()
+    }
+
+    /// How the configuration table in `doc` differs from [`VARIABLES`]:
+    /// a variable without exactly one row, a row whose default is not
+    /// exactly the variable's, a row for no variable.
+    fn table_drift(doc: &str) -> Vec<String> {
+        let rows = documented_table(doc);
+        let mut drift = Vec::new();
         for (name, default, _) in VARIABLES {
-            let row = format!("| `{PREFIX}{name}` |");
+            let name = format!("{PREFIX}{name}");
+            let documented: Vec<&String> = rows
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, d)| d)
+                .collect();
+            match documented[..] {
+                [] => drift.push(format!("no row for {name}")),
+                [d] if d == default => {}
+                [d] => drift.push(format!(
+                    "{name}: the row says {d:?}, the default is {default:?}"
+                )),
+                _ => drift.push(format!("{} rows for {name}", documented.len())),
+            }
+        }
+        for (name, _) in &rows {
+            if !VARIABLES
+                .iter()
+                .any(|(n, _, _)| format!("{PREFIX}{n}") == *name)
+            {
+                drift.push(format!("a row for {name}, which is no variable"));
+            }
+        }
+        drift
+    }
+
+    #[test]
+    fn the_documented_tables_are_the_variables() {
+        // The README's short table and docs/configuration.md's full one
+        // name every variable with exactly its default, and nothing else.
+        for (doc, text) in [
+            ("README.md", include_str!("../README.md")),
+            (
+                "docs/configuration.md",
+                include_str!("../docs/configuration.md"),
+            ),
+        ] {
+            let drift = table_drift(text);
             assert!(
-                readme.contains(&row),
-                "README lacks a row for {PREFIX}{name}"
-            );
-            assert!(
-                readme.contains(default),
-                "README lacks the default of {PREFIX}{name}: {default}"
+                drift.is_empty(),
+                "{doc}'s configuration table differs from config::VARIABLES:\n{}",
+                drift.join("\n")
             );
         }
+    }
+
+    #[test]
+    fn a_drifted_table_is_reported() {
+        let row = |name: &str, default: &str| format!("| `{PREFIX}{name}` | `{default}` | x |\n");
+        let table = |rows: &mut dyn Iterator<Item = String>| {
+            let mut doc = "intro\n\n| variable | default | meaning |\n|---|---|---|\n".to_string();
+            doc.extend(rows);
+            doc + "\nafter | the table\n"
+        };
+        let exact = table(&mut VARIABLES.iter().map(|(n, d, _)| row(n, d)));
+        assert_eq!(table_drift(&exact), Vec::<String>::new());
+        // One default changed (to a value found elsewhere in the table),
+        // one row dropped, one row for a variable that does not exist.
+        let drifted = table(
+            &mut VARIABLES
+                .iter()
+                .filter(|(n, _, _)| *n != "LISTEN")
+                .map(|(n, d, _)| {
+                    if *n == "UPSTREAM_TLS" {
+                        row(n, "0")
+                    } else {
+                        row(n, d)
+                    }
+                })
+                .chain([row("LISTEN_TWICE", "0.0.0.0:9092")]),
+        );
+        assert_eq!(
+            table_drift(&drifted),
+            [
+                format!("no row for {PREFIX}LISTEN"),
+                format!("{PREFIX}UPSTREAM_TLS: the row says \"0\", the default is \"false\""),
+                format!("a row for {PREFIX}LISTEN_TWICE, which is no variable"),
+            ]
+        );
     }
 
     #[test]

@@ -29,9 +29,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 
 use kafka_mirror_proxy::client::protocol::OffsetSpec;
-use support::crate_client::{client, create_topic, runtime};
+use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
+use kafka_mirror_proxy::mirror::state_records::StateRecord;
+use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
+use support::tools::{self, DumpedBatch};
 use support::wire::{partition_result, record_batch, RawClient};
 
 const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
@@ -122,9 +125,28 @@ fn bin() -> std::process::Command {
 
 /// `failback ... --json`: exit code and the report.
 fn failback(a: &str, b: &str, admin: Option<&str>, dry_run: bool) -> Result<(i32, Value, String)> {
+    failback_link("b", "a", a, b, admin, dry_run)
+}
+
+/// `failback --link LINK --reverse-of REVERSE_OF ... --json`.
+fn failback_link(
+    link: &str,
+    reverse_of: &str,
+    a: &str,
+    b: &str,
+    admin: Option<&str>,
+    dry_run: bool,
+) -> Result<(i32, Value, String)> {
     let mut c = bin();
-    c.args(["failback", "--link", "b", "--reverse-of", "a", "--json"])
-        .args(["--bootstrap-server", a, "--source-bootstrap-server", b]);
+    c.args([
+        "failback",
+        "--link",
+        link,
+        "--reverse-of",
+        reverse_of,
+        "--json",
+    ])
+    .args(["--bootstrap-server", a, "--source-bootstrap-server", b]);
     if dry_run {
         c.arg("--dry-run");
     }
@@ -418,5 +440,143 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
             );
         }
     }
+
+    // Kafka's DumpLogSegments: B's producers' batches sit in link b's
+    // region on A (B's cluster id), A's own past the divergence keep
+    // their ids; B holds A's records in link a's region.
+    let region = |id: &str| -> Result<u32> { Ok(cluster_hash(&ClusterId::parse(id)?)) };
+    let region_a = region(ID_A)?;
+    for p in 0..PARTITIONS {
+        let on_a = dump(&a, p)?;
+        let from_b: Vec<&DumpedBatch> = on_a
+            .iter()
+            .filter(|x| x.base_offset >= a_ends_at_failover[p as usize] && !x.is_control)
+            .collect();
+        ensure!(!from_b.is_empty(), "partition {p}: B's batches on A");
+        for x in &from_b {
+            ensure!(
+                unmap_pid(x.producer_id).map(|(r, _)| r) == Some(region(ID_B)?),
+                "partition {p}: B's batch on A not in B's region: {x:?}"
+            );
+        }
+        ensure!(
+            on_a.iter()
+                .filter(|x| x.base_offset < a_ends_at_failover[p as usize] && !x.is_control)
+                .all(|x| x.producer_id >= 0),
+            "partition {p}: A's own batches keep their producer ids"
+        );
+        let barrier = report["partitions"][p as usize]["copy_from"]
+            .as_i64()
+            .context("copy_from")?;
+        let mirrored: Vec<DumpedBatch> = dump(&b, p)?
+            .into_iter()
+            .filter(|x| x.base_offset < barrier && !x.is_control)
+            .collect();
+        ensure!(
+            !mirrored.is_empty()
+                && mirrored
+                    .iter()
+                    .all(|x| unmap_pid(x.producer_id).map(|(r, _)| r) == Some(region_a)),
+            "partition {p}: A's batches on B in A's region: {mirrored:?}"
+        );
+    }
+
+    // 6. Everyone moves back to A: link b fails over on A's proxy, A's
+    // producers write A again.
+    let (status, body) = pa.admin_post("/links/b/failover?wait=60", "")?;
+    ensure!(status.contains("200"), "failover of b: {status} {body}");
+    let a_at_second_failover = ends(&rt, &a.bootstrap())?;
+    let on_a = producer(&pa.bootstrap, &[])?;
+    send(&on_a, "a3", 5)?;
+
+    // 7. A → B again: link a (STOPPED on B's proxy) fails back from link
+    // b's failover. B got nothing A lacks; A's records since go to B.
+    let (code, report, out) = failback_link("a", "b", &b.bootstrap(), &a.bootstrap(), None, true)?;
+    ensure!(code == 0, "dry run of a: exit {code}: {out}");
+    for (p, part) in report["partitions"]
+        .as_array()
+        .context("partitions")?
+        .iter()
+        .enumerate()
+    {
+        ensure!(
+            part["past_divergence"]["records"] == 0,
+            "B holds nothing A lacks: {part}"
+        );
+        ensure!(
+            part["copy_from"] == a_at_second_failover[p],
+            "A's own records begin at link b's barrier: {part}"
+        );
+    }
+    let (code, _, out) = failback_link(
+        "a",
+        "b",
+        &b.bootstrap(),
+        &a.bootstrap(),
+        Some(&pb.admin),
+        false,
+    )?;
+    ensure!(
+        code == 0 && out.contains("MIRRORING"),
+        "failback of a: exit {code}: {out}"
+    );
+    let (code, message) = local_produce(&pb.bootstrap, 0)?;
+    ensure!(code != 0, "B is read-only again: {code} {message}");
+    let forward = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
+    let copied = support::replicator::run(&rt, forward)?;
+    ensure!(
+        copied.total_records == 5 * PARTITIONS as u64,
+        "exactly A's new records copied to B: {copied:?}"
+    );
+    let b_final = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+    for p in 0..PARTITIONS {
+        let values: Vec<&str> = b_final[&p].iter().map(|(_, v)| v.as_str()).collect();
+        let unique: BTreeSet<&str> = values.iter().copied().collect();
+        ensure!(
+            unique.len() == values.len(),
+            "B's partition {p} holds a record twice: {values:?}"
+        );
+        ensure!(
+            values.len() == 20 + 7 + 10 + 8 + 5,
+            "B's partition {p}: {values:?}"
+        );
+        ensure!(
+            !values.iter().any(|v| v.starts_with("a-tail")),
+            "A's records past the first divergence stay on A only: {values:?}"
+        );
+        ensure!(
+            values[values.len() - 5..]
+                .iter()
+                .all(|v| v.starts_with("a3-")),
+            "B's partition {p} ends with A's new records: {values:?}"
+        );
+    }
+    // The barriers of both failovers, each in its proxy's state topic.
+    for (cluster, link) in [(&b, "a"), (&a, "b")] {
+        let records = rt.block_on(state_records(
+            &client(&cluster.bootstrap()),
+            "__mirror_state",
+        ))?;
+        let barriers: BTreeSet<i32> = records
+            .iter()
+            .filter_map(|(_, r)| match r {
+                StateRecord::Barrier(k, Some(_)) if k.link == link => Some(k.partition),
+                _ => None,
+            })
+            .collect();
+        ensure!(
+            barriers.len() == PARTITIONS as usize,
+            "link {link}'s barriers: {barriers:?}"
+        );
+    }
     Ok(())
+}
+
+/// Every batch of `TOPIC`-`partition` in `cluster`'s log (DumpLogSegments).
+fn dump(cluster: &KafkaCluster, partition: i32) -> Result<Vec<DumpedBatch>> {
+    let mut out = Vec::new();
+    for file in cluster.segment_files(TOPIC, partition)? {
+        out.extend(tools::dump_log_segments(&file, false)?);
+    }
+    Ok(out)
 }

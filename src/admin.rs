@@ -243,7 +243,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -252,7 +252,7 @@ fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
         .into_response()
 }
 
-fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+pub(crate) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
     json_response(status, serde_json::json!({ "error": message.to_string() }))
 }
 
@@ -321,7 +321,7 @@ async fn link_partitions(State(shared): State<Arc<Shared>>, Path(name): Path<Str
 }
 
 /// The value of `key` in a query string.
-fn query_param<'q>(query: Option<&'q str>, key: &str) -> Option<&'q str> {
+pub(crate) fn query_param<'q>(query: Option<&'q str>, key: &str) -> Option<&'q str> {
     query?.split('&').find_map(|kv| {
         let (k, v) = kv.split_once('=').unwrap_or((kv, "true"));
         (k == key).then_some(v)

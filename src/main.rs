@@ -402,31 +402,37 @@ fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
         .context("starting the tokio runtime")?;
     let wanted: Vec<((String, i32), i64)> = match (&args.one, &args.group) {
         (Some(one), None) => vec![one.clone()],
-        (None, Some((group, source))) => {
-            let source = plain_client(source);
-            runtime.block_on(async {
-                let (segments, _) =
-                    translation::load(&destination, &args.offsets_topic, &args.link, 1).await?;
-                let keys: Vec<(String, i32)> = segments.into_keys().collect();
-                let committed = source
-                    .committed_offsets(group, &keys)
-                    .await
-                    .with_context(|| format!("committed offsets of {group} on the source"))?;
-                anyhow::Ok(committed.into_iter().collect())
-            })?
-        }
+        (None, Some(_)) => Vec::new(),
         _ => anyhow::bail!(
             "give either --topic, --partition and --offset, or --group and --source-bootstrap-server"
         ),
     };
     let translated = runtime
-        .block_on(translation::translate(
-            &destination,
-            &args.offsets_topic,
-            &args.link,
-            &args.progress_group,
-            &wanted,
-        ))
+        .block_on(async {
+            match &args.group {
+                Some((group, source)) => {
+                    translation::translate_group(
+                        &destination,
+                        &plain_client(source),
+                        &args.offsets_topic,
+                        &args.link,
+                        &args.progress_group,
+                        group,
+                    )
+                    .await
+                }
+                None => {
+                    translation::translate(
+                        &destination,
+                        &args.offsets_topic,
+                        &args.link,
+                        &args.progress_group,
+                        &wanted,
+                    )
+                    .await
+                }
+            }
+        })
         .with_context(|| format!("reading {}", args.offsets_topic))?;
     for t in translated {
         let (offset, note) = match t.destination {

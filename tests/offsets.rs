@@ -26,7 +26,7 @@ use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{http_request, ProxyProcess};
 
 const TOPIC: &str = "tx";
 const PARTITIONS: i32 = 2;
@@ -306,6 +306,8 @@ fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
     config.until_caught_up = false;
     config.groups = vec![regex::Regex::new("^(?:app|busy)$")?];
     config.group_sync_interval = Duration::from_millis(300);
+    let admin = format!("127.0.0.1:{}", support::ports::free_port()?);
+    config.admin_listen = Some(admin.parse()?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let run = {
         let handle = rt.handle().clone();
@@ -340,6 +342,46 @@ fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The replicator's admin API answers as the CLI does: the group's
+    // translation, and one offset.
+    let (status, body) = http_request(&admin, "GET", "/offsets?group=app", "")?;
+    ensure!(status.contains("200"), "{status} {body}");
+    let answered: serde_json::Value = serde_json::from_str(&body)?;
+    let listed = answered["offsets"].as_array().context("offsets")?;
+    ensure!(listed.len() == printed.len(), "{body} against {printed:?}");
+    for o in listed {
+        let key = (
+            o["topic"].as_str().context("topic")?.to_string(),
+            o["partition"].as_i64().context("partition")? as i32,
+            o["source_offset"].as_i64().context("source_offset")?,
+        );
+        ensure!(
+            o["translation"] == "exact"
+                && Some(&o["destination_offset"].to_string()) == printed.get(&key),
+            "admin {o} against the CLI's {:?}",
+            printed.get(&key)
+        );
+    }
+    let one = aborted_start + 2;
+    let (status, body) = http_request(
+        &admin,
+        "GET",
+        &format!("/offsets?topic={TOPIC}&partition=0&offset={one}"),
+        "",
+    )?;
+    ensure!(status.contains("200"), "{status} {body}");
+    let answered: serde_json::Value = serde_json::from_str(&body)?;
+    ensure!(
+        answered["offsets"][0]["destination_offset"]
+            == next_of(0, "plain2-p0-0")?.parse::<i64>()?,
+        "{body}"
+    );
+    let (status, body) = http_request(&admin, "GET", "/offsets?topic=tx&offset=1", "")?;
+    ensure!(
+        status.contains("400"),
+        "a partial query is refused: {status} {body}"
+    );
+
     // Several more sync intervals: the active group is still untouched.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(

@@ -32,7 +32,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("GROUP_SYNC_INTERVAL_MS", "10000", "How often the GROUPS' offsets are read on the source and committed on the destination."),
     ("MEMBERSHIP", "true", "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone."),
     ("SESSION_TIMEOUT_MS", "10000", "Membership: an instance that stops heartbeating for this long loses its partitions to the others (the source brokers' group.min/max.session.timeout.ms bound it)."),
-    ("ADMIN_LISTEN", "127.0.0.1:9191", "HTTP listener for /metrics, /healthz and /readyz."),
+    ("ADMIN_LISTEN", "127.0.0.1:9191", "HTTP listener for /metrics, /healthz, /readyz and /offsets."),
     ("DISCOVERY_INTERVAL_MS", "30000", "How often the source's topics, partitions and configs are read again."),
     ("START_OFFSET", "earliest", "Where a partition without progress starts: `earliest`, `latest` or an offset."),
     ("ISOLATION_LEVEL", "read_committed", "`read_committed` (aborted transactions dropped) or `read_uncommitted` (every data batch copied)."),

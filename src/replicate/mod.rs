@@ -418,7 +418,14 @@ pub async fn run(
             .await
             .map_err(|source| ReplicateError::Admin { addr, source })?;
         tracing::info!(%addr, "admin listening");
-        tasks.spawn(admin::serve(listener, Arc::clone(&shared)));
+        tasks.spawn(admin::serve(
+            listener,
+            admin::Admin {
+                shared: Arc::clone(&shared),
+                source: source.clone(),
+                destination: destination.clone(),
+            },
+        ));
     }
     tracing::info!(
         link = %shared.config.link,

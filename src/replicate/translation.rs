@@ -209,3 +209,44 @@ pub async fn translate(
         })
         .collect())
 }
+
+/// Translates the committed offsets of `group` on the source: every
+/// partition the link's translation knows.
+pub async fn translate_group(
+    destination: &Client,
+    source: &Client,
+    offsets_topic: &str,
+    link: &str,
+    progress_group: &str,
+    group: &str,
+) -> Result<Vec<Translated>, TranslationError> {
+    let (segments, _) = load(destination, offsets_topic, link, 1).await?;
+    let keys: Vec<(String, i32)> = segments.into_keys().collect();
+    let committed = source
+        .committed_offsets(group, &keys)
+        .await
+        .map_err(|source| TranslationError::Client {
+            topic: format!("committed offsets of {group} on the source"),
+            source,
+        })?;
+    let wanted: Vec<((String, i32), i64)> = committed.into_iter().collect();
+    translate(destination, offsets_topic, link, progress_group, &wanted).await
+}
+
+impl Translated {
+    /// As the replicator's admin API answers it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (destination, translation) = match self.destination {
+            translation::Translation::Exact(o) => (Some(o), "exact"),
+            translation::Translation::NotYet => (None, "not_copied_yet"),
+            translation::Translation::Unknown => (None, "older_than_the_history"),
+        };
+        serde_json::json!({
+            "topic": self.topic,
+            "partition": self.partition,
+            "source_offset": self.source,
+            "destination_offset": destination,
+            "translation": translation,
+        })
+    }
+}

@@ -356,20 +356,7 @@ impl ProxyProcess {
     }
 
     fn admin_request(&self, method: &str, path: &str, body: &str) -> Result<(String, String)> {
-        let mut s = TcpStream::connect(&self.admin)?;
-        s.set_read_timeout(Some(Duration::from_secs(120)))?;
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        Ok((
-            head.lines().next().unwrap_or_default().to_string(),
-            body.to_string(),
-        ))
+        http_request(&self.admin, method, path, body)
     }
 
     /// Value of one metric sample (`name{labels}`), 0 when absent.
@@ -408,4 +395,23 @@ impl Drop for ProxyProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One HTTP/1.1 request to `addr` (an admin endpoint); returns (status
+/// line, body).
+pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> Result<(String, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(120)))?;
+    write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Ok((
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    ))
 }

@@ -1,0 +1,505 @@
+//! The disaster-recovery drill (issue 43), short form: applications move
+//! A → B → A and a consumer group, Kafka's own VerifiableConsumer
+//! (read_committed, committing after every poll), reads every record once.
+//!
+//! Two clusters, a proxy in front of each, the replicator both ways one at
+//! a time, idempotent and transactional (librdkafka) producers:
+//!
+//! 1. A's producers write A (a transaction aborted among them); the group
+//!    reads part of it on A; the replicator mirrors A into B and the
+//!    group's offsets follow (`GROUPS`);
+//! 2. the replicator stops, A takes more (the link lags: B never gets
+//!    those), link `a` fails over on B's proxy;
+//! 3. producers move to B (a transaction aborted among them); the group
+//!    moves to B and reads on from its translated offsets;
+//! 4. `failback --dry-run` names exactly A's records B never got;
+//!    `failback`; the replicator mirrors B's own records into A and the
+//!    group's offsets follow back;
+//! 5. link `b` fails over on A's proxy, producers move back to A, the group
+//!    moves back and reads to the end.
+//!
+//! At the end the group consumed every acknowledged record once, none
+//! twice, except A's records past the divergence, which stay on A before
+//! B's records and which, by the documented policy (docs/operations.md,
+//! "Failing back"), no group reads after the move; and A holds every
+//! acknowledged record exactly once.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, ensure, Context, Result};
+use rdkafka::config::ClientConfig as RdConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
+
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
+use support::crate_client::{client, create_topic, runtime};
+use support::kafka::{KafkaCluster, KafkaOptions};
+use support::proxy::ProxyProcess;
+use support::tools;
+
+const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
+const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
+const TOPIC: &str = "payments";
+const PARTITIONS: i32 = 2;
+const GROUP: &str = "g-billing";
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Records scale: `DR_DRILL_SCALE=100` runs the long form (7,400 records
+/// of A's, ...); CI runs 1.
+fn scale() -> usize {
+    std::env::var("DR_DRILL_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|n| *n >= 1)
+        .unwrap_or(1)
+}
+
+fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
+    let mut c = RdConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "0")
+        .set("enable.idempotence", "true");
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    Ok(c.create()?)
+}
+
+/// `n` records per partition, values `<tag>-p<partition>-<i>`.
+fn send(p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
+    for partition in 0..PARTITIONS {
+        for i in 0..n {
+            let v = format!("{tag}-p{partition}-{i}");
+            p.send(
+                BaseRecord::<(), _>::to(TOPIC)
+                    .partition(partition)
+                    .payload(&v),
+            )
+            .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
+        }
+    }
+    p.flush(WAIT)?;
+    Ok(())
+}
+
+/// A committed transaction of `n` records per partition, then an aborted
+/// one of `aborted`.
+fn transactions(p: &BaseProducer, tag: &str, n: usize, aborted: usize) -> Result<()> {
+    p.begin_transaction()?;
+    send(p, tag, n)?;
+    p.commit_transaction(WAIT)?;
+    p.begin_transaction()?;
+    send(p, &format!("aborted-{tag}"), aborted)?;
+    p.abort_transaction(WAIT)?;
+    Ok(())
+}
+
+fn ends(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
+    let c = client(bootstrap);
+    (0..PARTITIONS)
+        .map(|p| {
+            Ok(rt
+                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
+                .offset)
+        })
+        .collect()
+}
+
+/// Every committed record's value, per partition, up to `ends`.
+fn read(bootstrap: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<(i64, String)>>> {
+    let consumer: BaseConsumer = RdConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "drill-verifier")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
+    let mut position = vec![0i64; ends.len()];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for e in consumer.position()?.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                position[e.partition() as usize] = o;
+            }
+        }
+        if position.iter().zip(ends).all(|(p, e)| p >= e) {
+            return Ok(out);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "reading {bootstrap}: at {position:?} of {ends:?}"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            out.entry(m.partition()).or_default().push((m.offset(), v));
+        }
+    }
+}
+
+/// What one run of the VerifiableConsumer consumed and committed.
+#[derive(Debug, Default)]
+struct Consumed {
+    /// (partition, offset, value) in the order consumed.
+    records: Vec<(i32, i64, String)>,
+    /// The last successful commit per partition.
+    committed: BTreeMap<i32, i64>,
+}
+
+/// Kafka's VerifiableConsumer in `GROUP` (read_committed, a commit after
+/// every poll) until it consumed `max` records.
+fn verifiable_consumer(bootstrap: &str, config: &std::path::Path, max: usize) -> Result<Consumed> {
+    let out = tools::java_with_input(
+        "org.apache.kafka.tools.VerifiableConsumer",
+        &[
+            "--bootstrap-server",
+            bootstrap,
+            "--topic",
+            TOPIC,
+            "--group-id",
+            GROUP,
+            "--max-messages",
+            &max.to_string(),
+            "--verbose",
+            "--reset-policy",
+            "earliest",
+            "--session-timeout",
+            "10000",
+            "--consumer.config",
+            &config.display().to_string(),
+        ],
+        None,
+        WAIT,
+    )?;
+    let mut consumed = Consumed::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        match event["name"].as_str() {
+            Some("record_data") => consumed.records.push((
+                event["partition"].as_i64().context("partition")? as i32,
+                event["offset"].as_i64().context("offset")?,
+                event["value"].as_str().context("value")?.to_string(),
+            )),
+            Some("offsets_committed") if event["success"] == true => {
+                for o in event["offsets"].as_array().into_iter().flatten() {
+                    consumed.committed.insert(
+                        o["partition"].as_i64().context("partition")? as i32,
+                        o["offset"].as_i64().context("offset")?,
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    ensure!(
+        consumed.records.len() == max,
+        "the VerifiableConsumer consumed {} of {max}: {}",
+        consumed.records.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(consumed)
+}
+
+fn link_env(name: &str, source: &str, initial: Option<&str>) -> Vec<(String, String)> {
+    let upper = name.to_uppercase();
+    let mut env = vec![
+        ("LINKS".to_string(), name.to_string()),
+        (
+            format!("LINK_{upper}_SOURCE_CLUSTER_ID"),
+            source.to_string(),
+        ),
+        (format!("LINK_{upper}_TOPICS"), TOPIC.to_string()),
+    ];
+    if let Some(state) = initial {
+        env.push((format!("LINK_{upper}_INITIAL_STATE"), state.to_string()));
+    }
+    env
+}
+
+fn start_proxy(bootstrap: &str, env: &[(String, String)]) -> Result<ProxyProcess> {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    ProxyProcess::start(bootstrap, &env)
+}
+
+/// The replicator from `source` into `proxy` as link `link`, following
+/// `GROUP`, until `done` holds (then stopped cleanly).
+fn replicate_until(
+    rt: &tokio::runtime::Runtime,
+    source: &str,
+    proxy: &str,
+    link: &str,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<kafka_mirror_proxy::replicate::Report> {
+    let mut config = support::replicator::config(source, proxy, TOPIC, &format!("mirror-{link}"));
+    config.until_caught_up = false;
+    config.groups = vec![regex::Regex::new(&format!("^{GROUP}$"))?];
+    config.group_sync_interval = Duration::from_millis(300);
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let running = rt.spawn(kafka_mirror_proxy::replicate::run(config, shutdown));
+    let deadline = Instant::now() + WAIT;
+    while !done()? {
+        ensure!(
+            Instant::now() < deadline && !running.is_finished(),
+            "link {link}: the replicator did not get there"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.send(true)?;
+    Ok(rt.block_on(running)??)
+}
+
+/// Whether `GROUP` on `bootstrap` has committed `expected`: per
+/// partition, the offset of the record with that value in `records` (the
+/// log), or, for `None` (the group had read everything), the offset after
+/// the log's last record.
+fn group_at(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    records: &BTreeMap<i32, Vec<(i64, String)>>,
+    expected: &Resume,
+) -> Result<bool> {
+    let keys: Vec<(String, i32)> = (0..PARTITIONS).map(|p| (TOPIC.to_string(), p)).collect();
+    let committed = rt.block_on(client(bootstrap).committed_offsets(GROUP, &keys))?;
+    Ok(expected.iter().all(|(p, value)| {
+        let log = records.get(p).map(Vec::as_slice).unwrap_or_default();
+        let want = match value {
+            Some(value) => log.iter().find(|(_, v)| v == value).map(|(o, _)| *o),
+            None => Some(log.last().map_or(0, |(o, _)| o + 1)),
+        };
+        committed.get(&(TOPIC.to_string(), *p)).copied() == want
+    }))
+}
+
+/// Per partition, the value of the group's next record (`None`: it had
+/// read every record there).
+type Resume = BTreeMap<i32, Option<String>>;
+
+/// Per partition, the value of the record after `consumed`'s last commit
+/// in `records` (the log it read); a partition it never committed starts
+/// at the log's first record (`auto.offset.reset=earliest`).
+fn next_after_commit(consumed: &Consumed, records: &BTreeMap<i32, Vec<(i64, String)>>) -> Resume {
+    (0..PARTITIONS)
+        .map(|p| {
+            let log = records.get(&p).map(Vec::as_slice).unwrap_or_default();
+            let next = match consumed.committed.get(&p) {
+                Some(o) => log.iter().find(|(offset, _)| offset >= o),
+                None => log.first(),
+            };
+            (p, next.map(|(_, v)| v.clone()))
+        })
+        .collect()
+}
+
+/// The part of `resume` a group offset sync commits: the partitions
+/// `consumed` committed.
+fn synced(resume: &Resume, consumed: &Consumed) -> Resume {
+    resume
+        .iter()
+        .filter(|(p, _)| consumed.committed.contains_key(p))
+        .map(|(p, v)| (*p, v.clone()))
+        .collect()
+}
+
+/// Per partition, the first value `consumed` read; where `resume` says the
+/// group had read everything, the first record written after the move
+/// (`<tag>-p<partition>-0`) stands in.
+fn firsts(consumed: &Consumed, resume: &Resume, tag: &str) -> (Resume, Resume) {
+    let got = (0..PARTITIONS)
+        .map(|p| {
+            let first = consumed
+                .records
+                .iter()
+                .find(|(q, _, _)| *q == p)
+                .map(|(_, _, v)| v.clone());
+            (p, first)
+        })
+        .collect();
+    let want = resume
+        .iter()
+        .map(|(p, v)| {
+            (
+                *p,
+                Some(v.clone().unwrap_or_else(|| format!("{tag}-p{p}-0"))),
+            )
+        })
+        .collect();
+    (got, want)
+}
+
+#[test]
+fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Result<()> {
+    let n = scale();
+    let rt = runtime()?;
+    let a = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_A))?;
+    let b = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_B))?;
+    create_topic(&rt, &client(&a.bootstrap()), TOPIC, PARTITIONS, &[])?;
+    let config = a.dir().join("read-committed.properties");
+    std::fs::write(&config, "isolation.level=read_committed\n")?;
+    let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, None))?;
+
+    // 1. On A.
+    let idempotent = producer(&a.bootstrap(), &[])?;
+    let tx = producer(&a.bootstrap(), &[("transactional.id", "drill-a")])?;
+    tx.init_transactions(WAIT)?;
+    send(&idempotent, "a1", 20 * n)?;
+    transactions(&tx, "a-tx", 7 * n, 5 * n)?;
+    send(&idempotent, "a2", 10 * n)?;
+    let on_a = verifiable_consumer(&a.bootstrap(), &config, 30 * n)?;
+    let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+    let resume_on_b = next_after_commit(&on_a, &a_log);
+    let sync_on_b = synced(&resume_on_b, &on_a);
+    replicate_until(&rt, &a.bootstrap(), &pb.bootstrap, "a", || {
+        let b_log = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+        let copied: usize = b_log.values().map(Vec::len).sum();
+        Ok(copied == 74 * n && group_at(&rt, &b.bootstrap(), &b_log, &sync_on_b)?)
+    })?;
+
+    // 2. A goes on alone; failover.
+    send(&idempotent, "a-tail", 6 * n)?;
+    transactions(&tx, "a-tail-tx", 3 * n, 0)?;
+    let (status, body) = pb.admin_post("/links/a/failover?wait=60", "")?;
+    ensure!(status.contains("200"), "failover of a: {status} {body}");
+
+    // 3. Producers and the group move to B.
+    let idempotent_b = producer(&pb.bootstrap, &[])?;
+    let tx_b = producer(&pb.bootstrap, &[("transactional.id", "drill-b")])?;
+    tx_b.init_transactions(WAIT)?;
+    send(&idempotent_b, "b", 8 * n)?;
+    transactions(&tx_b, "b-tx", 4 * n, 2 * n)?;
+    // 44n of A's records and 24n of B's own remain for the group on B.
+    let on_b = verifiable_consumer(&pb.bootstrap, &config, 60 * n)?;
+    let b_log = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+    let (firsts_on_b, want) = firsts(&on_b, &resume_on_b, "b");
+    ensure!(
+        firsts_on_b == want,
+        "on B the group resumed at {firsts_on_b:?}, after its commits on A: {want:?}"
+    );
+    let resume_on_a = next_after_commit(&on_b, &b_log);
+    let sync_on_a = synced(&resume_on_a, &on_b);
+
+    // 4. Failback.
+    let pa = start_proxy(&a.bootstrap(), &link_env("b", ID_B, Some("PREPARING")))?;
+    let failback = |dry_run: bool| -> Result<(i32, Value, String)> {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
+        c.args(["failback", "--link", "b", "--reverse-of", "a", "--json"])
+            .args(["--bootstrap-server", &a.bootstrap()])
+            .args(["--source-bootstrap-server", &b.bootstrap()])
+            .env("MIRROR_PROXY_ADMIN_URL", format!("http://{}", pa.admin));
+        if dry_run {
+            c.arg("--dry-run");
+        }
+        let out = c.output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let report = serde_json::Deserializer::from_str(&stdout)
+            .into_iter::<Value>()
+            .next()
+            .transpose()?
+            .unwrap_or(Value::Null);
+        Ok((
+            out.status.code().unwrap_or(-1),
+            report,
+            format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
+        ))
+    };
+    let (code, report, out) = failback(true)?;
+    ensure!(code == 0, "dry run: {out}");
+    let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+    for part in report["partitions"].as_array().context("partitions")? {
+        let p = part["partition"].as_i64().context("partition")? as i32;
+        let tail: Vec<i64> = a_log[&p]
+            .iter()
+            .filter(|(_, v)| v.starts_with("a-tail"))
+            .map(|(o, _)| *o)
+            .collect();
+        ensure!(
+            part["past_divergence"]["records"] == tail.len() as u64
+                && part["past_divergence"]["first_offset"] == tail[0]
+                && part["past_divergence"]["last_offset"] == tail[tail.len() - 1],
+            "partition {p}: the report names {part}, A's records B never got are at {tail:?}"
+        );
+    }
+    let (code, _, out) = failback(false)?;
+    ensure!(code == 0, "failback: {out}");
+    let copied = replicate_until(&rt, &b.bootstrap(), &pa.bootstrap, "b", || {
+        let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+        let own = a_log
+            .values()
+            .flatten()
+            .filter(|(_, v)| v.starts_with("b"))
+            .count();
+        Ok(own == 24 * n && group_at(&rt, &a.bootstrap(), &a_log, &sync_on_a)?)
+    })?;
+    ensure!(
+        copied.total_records == 24 * n as u64,
+        "B's own records only: {copied:?}"
+    );
+
+    // 5. Home: link b fails over, producers and the group move back.
+    let (status, body) = pa.admin_post("/links/b/failover?wait=60", "")?;
+    ensure!(status.contains("200"), "failover of b: {status} {body}");
+    let idempotent_a = producer(&pa.bootstrap, &[])?;
+    send(&idempotent_a, "a3", 5 * n)?;
+    // 8n of B's own records and the 10n new ones remain.
+    let back = verifiable_consumer(&pa.bootstrap, &config, 18 * n)?;
+    let (firsts_on_a, want) = firsts(&back, &resume_on_a, "a3");
+    ensure!(
+        firsts_on_a == want,
+        "back on A the group resumed at {firsts_on_a:?}, after its commits on B: {want:?}"
+    );
+
+    // Every acknowledged record consumed once; A's past the divergence by
+    // the policy not at all.
+    let consumed: Vec<&str> = [&on_a, &on_b, &back]
+        .iter()
+        .flat_map(|c| c.records.iter().map(|(_, _, v)| v.as_str()))
+        .collect();
+    let once: BTreeSet<&str> = consumed.iter().copied().collect();
+    ensure!(
+        once.len() == consumed.len(),
+        "the group read {} records, {} of them twice",
+        consumed.len(),
+        consumed.len() - once.len()
+    );
+    let a_final = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+    let on_a_now: Vec<&str> = a_final
+        .values()
+        .flatten()
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let a_once: BTreeSet<&str> = on_a_now.iter().copied().collect();
+    ensure!(
+        a_once.len() == on_a_now.len() && on_a_now.len() == (74 + 18 + 24 + 10) * n,
+        "A holds {} records, {} distinct",
+        on_a_now.len(),
+        a_once.len()
+    );
+    let expected: BTreeSet<&str> = a_once
+        .iter()
+        .copied()
+        .filter(|v| !v.starts_with("a-tail"))
+        .collect();
+    ensure!(
+        once == expected,
+        "the group skipped {:?} and read {:?} it should not have",
+        expected.difference(&once).collect::<Vec<_>>(),
+        once.difference(&expected).collect::<Vec<_>>()
+    );
+    ensure!(
+        !on_a_now.iter().any(|v| v.contains("aborted")),
+        "no aborted record is read on A"
+    );
+    Ok(())
+}

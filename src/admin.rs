@@ -3,7 +3,9 @@
 //! `GET /links/{name}/partitions`,
 //! `POST /links/{name}/failover?wait=SECONDS[&max_delay=SECONDS][&force=true]`,
 //! `GET /links/{name}/failover[?max_delay=SECONDS]` (its dry run),
-//! `POST /links/{name}/start`;
+//! `POST /links/{name}/start`,
+//! `GET /links/{name}/failback` (the divergence report) and
+//! `POST /links/{name}/failback` (for a link with failback settings);
 //! JSON in and out, errors as `{"error": "..."}`).
 //!
 //! Bound to loopback unless a bearer token is configured (the configuration
@@ -20,12 +22,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Path;
-use axum::extract::{Request, State};
+use axum::extract::{Extension, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::future::BoxFuture;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -63,12 +66,47 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serve the admin API on `listener` until the process ends.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
-    serve_app(listener, router(shared), Timeouts::default()).await
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    failback: Option<Arc<dyn FailbackApi>>,
+) -> std::io::Result<()> {
+    serve_app(listener, router(shared, failback), Timeouts::default()).await
 }
 
+/// An error of the failback's work, with its chain.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a failback found.
+pub enum FailbackAnswer {
+    /// The divergence report (JSON) and how many of its partitions are
+    /// unresolved (nothing is written while any is).
+    Report {
+        report: serde_json::Value,
+        unresolved: usize,
+    },
+    /// Refused before any plan, e.g. the failed-over link has not failed
+    /// over on the other cluster.
+    Refused(String),
+}
+
+/// The failback of a link (`GET`/`POST /links/{name}/failback`). Its work
+/// reads both clusters with the replicator's code, a layer above this one,
+/// so the binary supplies it (as `kafka-mirror-proxy failback` runs it).
+pub trait FailbackApi: Send + Sync {
+    /// The divergence report; changes nothing.
+    fn plan<'a>(&'a self, link: &'a str) -> BoxFuture<'a, Result<FailbackAnswer, BoxError>>;
+    /// Plans again and, when every partition is resolved, writes the
+    /// link's translation history and its replicator's starting points.
+    /// The caller has checked that the link is fenced.
+    fn apply<'a>(&'a self, link: &'a str) -> BoxFuture<'a, Result<FailbackAnswer, BoxError>>;
+}
+
+#[derive(Clone)]
+struct Failbacks(Option<Arc<dyn FailbackApi>>);
+
 /// The admin routes, behind the bearer token check when one is configured.
-pub fn router(shared: Arc<Shared>) -> Router {
+pub fn router(shared: Arc<Shared>, failback: Option<Arc<dyn FailbackApi>>) -> Router {
     let token = shared.config.admin_token.as_deref().map(Token::new);
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -82,6 +120,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
             post(failover).get(failover_dry_run),
         )
         .route("/links/{name}/start", post(start))
+        .route(
+            "/links/{name}/failback",
+            post(failback_apply).get(failback_dry_run),
+        )
+        .layer(Extension(Failbacks(failback)))
         .layer(middleware::from_fn_with_state(token, authorize))
         .with_state(shared)
 }
@@ -175,9 +218,17 @@ fn failover_wait(query: Option<&str>) -> Option<Duration> {
     ))
 }
 
-/// The time a request may take: the server's bound, or for a failover its
-/// wait plus slack (so `wait` is never cut by the request timeout).
+/// The time a failback request may take: it reads A's records past the
+/// divergence point, which may be many.
+const FAILBACK_ALLOWANCE: Duration = Duration::from_secs(300);
+
+/// The time a request may take: the server's bound, for a failover its
+/// wait plus slack (so `wait` is never cut by the request timeout), for a
+/// failback [`FAILBACK_ALLOWANCE`].
 fn allowance(request: &Request, limit: Duration) -> Duration {
+    if request.uri().path().ends_with("/failback") {
+        return limit.max(FAILBACK_ALLOWANCE);
+    }
     if request.method() == axum::http::Method::POST && request.uri().path().ends_with("/failover") {
         let wait = failover_wait(request.uri().query()).unwrap_or(Duration::ZERO);
         return limit.max(wait + FAILOVER_WAIT_SLACK);
@@ -456,6 +507,117 @@ async fn start(
     }
 }
 
+/// The failback of `name`, or the answer saying why there is none.
+fn failback_of(
+    shared: &Shared,
+    failbacks: &Failbacks,
+    name: &str,
+) -> Result<Arc<dyn FailbackApi>, Box<Response>> {
+    shared
+        .ctx
+        .control
+        .link(name)
+        .map_err(|e| Box::new(control_error(e)))?;
+    let configured = shared
+        .config
+        .links
+        .iter()
+        .any(|l| l.name() == name && l.failback().is_some());
+    match &failbacks.0 {
+        Some(api) if configured => Ok(Arc::clone(api)),
+        _ => Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "link '{name}' has no failback settings: set MIRROR_PROXY_LINK_{}_REVERSE_OF and _SOURCE_BOOTSTRAP_SERVERS, or run `kafka-mirror-proxy failback`",
+                crate::mirror::link::link_env_name(name)
+            ),
+        ))),
+    }
+}
+
+fn failback_error(e: BoxError) -> Response {
+    // The chain, so that the cause (a broker, a topic) is named.
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, message)
+}
+
+/// The failback's divergence report (`kafka-mirror-proxy failback
+/// --dry-run`): 200 with it, 409 when the other side's link has not failed
+/// over; changes nothing.
+async fn failback_dry_run(
+    State(shared): State<Arc<Shared>>,
+    Extension(failbacks): Extension<Failbacks>,
+    Path(name): Path<String>,
+) -> Response {
+    let api = match failback_of(&shared, &failbacks, &name) {
+        Ok(api) => api,
+        Err(answer) => return *answer,
+    };
+    match api.plan(&name).await {
+        Ok(FailbackAnswer::Report { report, .. }) => json_response(StatusCode::OK, report),
+        Ok(FailbackAnswer::Refused(why)) => error(StatusCode::CONFLICT, why),
+        Err(e) => failback_error(e),
+    }
+}
+
+/// The failback: 409 unless the link is PREPARING or STOPPED, or while a
+/// partition's divergence cannot be told (the report says which; nothing
+/// is written); else the history and the starting points are written and
+/// the link starts: 200 with the report and the link.
+async fn failback_apply(
+    State(shared): State<Arc<Shared>>,
+    Extension(failbacks): Extension<Failbacks>,
+    Path(name): Path<String>,
+) -> Response {
+    let api = match failback_of(&shared, &failbacks, &name) {
+        Ok(api) => api,
+        Err(answer) => return *answer,
+    };
+    let control = &shared.ctx.control;
+    let state = match control.link(&name) {
+        Ok(report) => report
+            .get("state")
+            .and_then(|s| s.as_str())
+            .unwrap_or("")
+            .to_string(),
+        Err(e) => return control_error(e),
+    };
+    // Nothing is written while the link could be copying.
+    if state != "PREPARING" && state != "STOPPED" {
+        return error(
+            StatusCode::CONFLICT,
+            format!("link '{name}' is {state}: a failback starts a PREPARING (or STOPPED) link"),
+        );
+    }
+    let report = match api.apply(&name).await {
+        Ok(FailbackAnswer::Report { report, unresolved }) if unresolved > 0 => {
+            return json_response(
+                StatusCode::CONFLICT,
+                serde_json::json!({
+                    "error": format!("{unresolved} partition(s) unresolved: nothing written"),
+                    "failback": report,
+                }),
+            )
+        }
+        Ok(FailbackAnswer::Report { report, .. }) => report,
+        Ok(FailbackAnswer::Refused(why)) => return error(StatusCode::CONFLICT, why),
+        Err(e) => return failback_error(e),
+    };
+    match control.start_link(&name, None).await {
+        Ok(link) => json_response(
+            StatusCode::OK,
+            serde_json::json!({ "failback": report, "link": link }),
+        ),
+        Err(e) => control_error(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -492,7 +654,7 @@ mod tests {
         )
         .await
         .expect("proxy starts");
-        let app = router(Arc::clone(&proxy.shared));
+        let app = router(Arc::clone(&proxy.shared), None);
         (proxy, serve_in_background(app, timeouts).await)
     }
 
@@ -610,6 +772,16 @@ mod tests {
         );
         assert_eq!(allowance(&req("GET", "/links/a"), limit), limit);
         assert_eq!(allowance(&req("POST", "/links/a/start"), limit), limit);
+        // A failback reads A's records past the divergence: more time,
+        // for its dry run as well.
+        assert_eq!(
+            allowance(&req("POST", "/links/a/failback"), limit),
+            FAILBACK_ALLOWANCE
+        );
+        assert_eq!(
+            allowance(&req("GET", "/links/a/failback"), limit),
+            FAILBACK_ALLOWANCE
+        );
     }
 
     #[test]

@@ -311,6 +311,8 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("LINK_<NAME>_TOPICS", "(required per link)", "Comma-separated mirrored topics: names or regular expressions, each matched against the whole topic name."),
     ("LINK_<NAME>_TLS_SUBJECT", "(none)", "When set, only a TLS client whose certificate subject matches may act as the link (`CN=name` matches the common name; anything else the full subject, e.g. `CN=replicator,O=acme`)."),
     ("LINK_<NAME>_INITIAL_STATE", "MIRRORING", "The link's state while the state topic has no record of it (a record, once written by a failover or start, always wins): `MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING` (a failback link: fenced and read-only until `kafka-mirror-proxy failback` starts it)."),
+    ("LINK_<NAME>_REVERSE_OF", "(none)", "For a failback link (SPEC §12): the link of the source cluster's proxy that mirrored this cluster into the source and failed over. With `LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS` it enables `GET /links/<name>/failback` (the divergence report) and `POST /links/<name>/failback` on the admin API, as `kafka-mirror-proxy failback` does."),
+    ("LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS", "(none)", "For a failback link: the source cluster's brokers (host:port,...), read by the failback API over plain TCP (its state topic under this proxy's STATE_TOPIC name, the replicators' `__mirror_offsets`, their groups `replicator.mirror-<link>`)."),
     ("LINK_<NAME>_CONTROL_BATCHES", "drop", "Control batches arriving on the link: `drop` (acknowledge without writing, counted) or `forward` (send on, remapped, for the broker to decide)."),
 ];
 
@@ -962,10 +964,32 @@ impl Config {
             let initial_state = env
                 .parse(
                     &var("INITIAL_STATE"),
-                    "`MIRRORING`, `STOPPING` or `STOPPED`",
+                    "`MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING`",
                     LinkState::parse,
                 )
                 .unwrap_or(LinkState::Mirroring);
+            let failback = match (
+                env.raw(&var("REVERSE_OF")),
+                env.raw(&var("SOURCE_BOOTSTRAP_SERVERS")),
+            ) {
+                (Some(reverse_of), Some(servers)) => Some(crate::mirror::link::Failback {
+                    reverse_of,
+                    source_bootstrap_servers: servers
+                        .split(',')
+                        .map(|s| s.trim().to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect(),
+                }),
+                (None, None) => None,
+                (Some(v), None) | (None, Some(v)) => {
+                    env.problem(
+                        &var("REVERSE_OF"),
+                        Some(v),
+                        "both LINK_<NAME>_REVERSE_OF and LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS, or neither",
+                    );
+                    None
+                }
+            };
             if let (Some((source_cluster_id, source_cluster_spelling)), Some(topics)) =
                 (source_cluster_id, topics)
             {
@@ -979,6 +1003,7 @@ impl Config {
                         control_batches,
                     )
                     .with_initial_state(initial_state)
+                    .with_failback(failback)
                     .with_source_cluster_spelling(&source_cluster_spelling),
                 );
             }

@@ -521,14 +521,135 @@ fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
         let Some(admin) = admin else {
             return Ok(cli::EXIT_OK);
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
-        failback::apply(&f, &plan, now_ms).await?;
+        failback::apply(&f, &plan, now_ms()).await?;
         let code = cli::start(&admin, &args.link, None, args.json).await?;
         Ok(code)
     })
+}
+
+/// The admin API's failback (`GET`/`POST /links/{name}/failback`) for the
+/// links with failback settings: A is this proxy's upstream cluster (its
+/// TLS settings), B the link's source brokers over plain TCP; the topics
+/// and groups are the defaults `kafka-mirror-proxy failback` uses, the
+/// state topic this proxy's.
+struct FailbackService {
+    a: Client,
+    /// Per failback link: the link it fails back, and B.
+    links: std::collections::HashMap<String, (String, Client)>,
+    state_topic: String,
+}
+
+impl FailbackService {
+    fn new(config: &Config) -> anyhow::Result<Option<FailbackService>> {
+        let links: std::collections::HashMap<String, (String, Client)> = config
+            .links
+            .iter()
+            .filter_map(|l| {
+                let f = l.failback()?;
+                Some((
+                    l.name().to_string(),
+                    (
+                        f.reverse_of.clone(),
+                        plain_client(&f.source_bootstrap_servers.join(",")),
+                    ),
+                ))
+            })
+            .collect();
+        if links.is_empty() {
+            return Ok(None);
+        }
+        let mut a = ClientConfig::from_config(config).context("upstream TLS settings")?;
+        a.client_id = "kafka-mirror-proxy-failback".into();
+        Ok(Some(FailbackService {
+            a: Client::new(a),
+            links,
+            state_topic: config.state_topic.clone(),
+        }))
+    }
+
+    async fn run(
+        &self,
+        link: &str,
+        apply: bool,
+    ) -> Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>
+    {
+        use kafka_mirror_proxy::admin::FailbackAnswer;
+        use kafka_mirror_proxy::replicate::failback::{self, Failback, FailbackError};
+        let Some((reverse_of, b)) = self.links.get(link) else {
+            return Ok(FailbackAnswer::Refused(format!(
+                "link '{link}' has no failback settings"
+            )));
+        };
+        let forward_group = format!("replicator.mirror-{reverse_of}");
+        let progress_group = format!("replicator.mirror-{link}");
+        let f = Failback {
+            link,
+            reverse_of,
+            a: &self.a,
+            b,
+            state_topic: &self.state_topic,
+            offsets_topic: FAILBACK_OFFSETS_TOPIC,
+            forward_group: &forward_group,
+            progress_group: &progress_group,
+        };
+        let plan = match failback::plan(&f).await {
+            Ok(plan) => plan,
+            Err(
+                e @ (FailbackError::NoState { .. }
+                | FailbackError::NotFailedOver { .. }
+                | FailbackError::NoBarriers { .. }),
+            ) => return Ok(FailbackAnswer::Refused(e.to_string())),
+            Err(e) => return Err(e.into()),
+        };
+        let unresolved = plan.unresolved();
+        if apply && unresolved == 0 {
+            failback::apply(&f, &plan, now_ms()).await?;
+            tracing::info!(
+                link,
+                reverse_of = reverse_of.as_str(),
+                failover_id = plan.failover_id,
+                partitions = plan.partitions.len(),
+                "failback: history and starting points written"
+            );
+        }
+        Ok(FailbackAnswer::Report {
+            report: cli::failback_json(&plan),
+            unresolved,
+        })
+    }
+}
+
+/// The replicators' OFFSETS_TOPIC default, which the admin API's failback
+/// reads and writes on both clusters.
+const FAILBACK_OFFSETS_TOPIC: &str = "__mirror_offsets";
+
+impl kafka_mirror_proxy::admin::FailbackApi for FailbackService {
+    fn plan<'a>(
+        &'a self,
+        link: &'a str,
+    ) -> futures_util::future::BoxFuture<
+        'a,
+        Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>,
+    > {
+        Box::pin(self.run(link, false))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        link: &'a str,
+    ) -> futures_util::future::BoxFuture<
+        'a,
+        Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>,
+    > {
+        Box::pin(self.run(link, true))
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// The origins of `pid` recorded in the state topic.
@@ -795,8 +916,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     )
     .await?;
     let shared = Arc::clone(&proxy.shared);
+    let failback = FailbackService::new(&proxy.shared.config)?
+        .map(|s| Arc::new(s) as Arc<dyn kafka_mirror_proxy::admin::FailbackApi>);
     tasks.spawn(async move {
-        if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared).await {
+        if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared, failback).await {
             tracing::error!(error = %e, "admin endpoint stopped");
         }
     });

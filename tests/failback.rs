@@ -9,7 +9,10 @@
 //! 3. A's proxy has link `b` (source B) `PREPARING`: fenced, read-only;
 //! 4. `failback --dry-run` names exactly A's records B never got, per
 //!    partition (count, first and last offset), and B's records to copy;
-//! 5. `failback` writes the history and starting points and starts `b`;
+//!    A's admin API (`GET /links/b/failback`) reports the same;
+//! 5. `POST /links/b/failback` on A's admin API writes the history and
+//!    starting points and starts `b` (then refuses a second time, the link
+//!    no longer fenced);
 //!    the replicator copies exactly B's own records into A: A then holds
 //!    every acknowledged record once (its own past the divergence stay
 //!    where they were), and every B offset translates to the A offset of
@@ -251,7 +254,11 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     send(&on_b, "b", 8)?;
 
     // 3. A's proxy: link b PREPARING, fenced and read-only.
-    let pa = start_proxy(&a.bootstrap(), &link_env("b", ID_B, Some("PREPARING")))?;
+    // With failback settings, its admin API runs the failback too.
+    let mut pa_env = link_env("b", ID_B, Some("PREPARING"));
+    pa_env.push(("LINK_B_REVERSE_OF".into(), "a".into()));
+    pa_env.push(("LINK_B_SOURCE_BOOTSTRAP_SERVERS".into(), b.bootstrap()));
+    let pa = start_proxy(&a.bootstrap(), &pa_env)?;
     let (code, message) = local_produce(&pa.bootstrap, 0)?;
     ensure!(
         code != 0 && message.contains("PREPARING"),
@@ -302,17 +309,43 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
             "partition {p}: {part} (B's first own record at {b_first})"
         );
     }
-    // Nothing was written by the dry run.
+    // The admin API's dry run says the same; a link without failback
+    // settings has none.
+    let (status, body) = pa.admin_get("/links/b/failback")?;
+    ensure!(status.contains("200"), "GET failback: {status} {body}");
+    let api_report: Value = serde_json::from_str(&body).context("GET failback body")?;
+    ensure!(
+        api_report == report,
+        "the admin API's report differs from the CLI's:\n{api_report}\n{report}"
+    );
+    let (status, body) = pb.admin_get("/links/a/failback")?;
+    ensure!(
+        status.contains("404") && body.contains("REVERSE_OF"),
+        "a link without failback settings: {status} {body}"
+    );
+    // Nothing was written by the dry runs.
     ensure!(
         ends(&rt, &a.bootstrap())? == a_ends_at_failover,
         "the dry run wrote A"
     );
 
-    // 5. The failback, then the replicator B → A.
-    let (code, report, out) = failback(&a.bootstrap(), &b.bootstrap(), Some(&pa.admin), false)?;
-    ensure!(code == 0, "failback exit {code}: {out}");
-    ensure!(report["unresolved"] == 0, "{out}");
-    ensure!(out.contains("MIRRORING"), "link b started: {out}");
+    // 5. The failback through A's admin API, then the replicator B → A.
+    let (status, body) = pa.admin_post("/links/b/failback", "")?;
+    ensure!(status.contains("200"), "POST failback: {status} {body}");
+    let answer: Value = serde_json::from_str(&body).context("POST failback body")?;
+    let report = answer["failback"].clone();
+    ensure!(report["unresolved"] == 0, "{body}");
+    ensure!(
+        answer["link"]["state"] == "MIRRORING",
+        "link b started: {body}"
+    );
+    // Once started, the link is no longer fenced: a second failback would
+    // write history under a copying replicator, and is refused.
+    let (status, body) = pa.admin_post("/links/b/failback", "")?;
+    ensure!(
+        status.contains("409") && body.contains("MIRRORING"),
+        "a failback of a running link: {status} {body}"
+    );
     // Before anything is copied, B's barrier already translates to where
     // B's first own record will land: A's log end, after A's records past
     // the divergence (not into them).

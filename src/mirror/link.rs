@@ -52,6 +52,18 @@ pub struct Link {
     tls_subject: Option<String>,
     control_batches: ControlBatchPolicy,
     initial_state: LinkState,
+    failback: Option<Failback>,
+}
+
+/// Where a failback link finds the cluster it mirrors from and the link
+/// there that it fails back (`GET`/`POST /links/<name>/failback`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failback {
+    /// The link of the source cluster's proxy that mirrored into this
+    /// proxy's cluster and failed over.
+    pub reverse_of: String,
+    /// The source cluster's brokers.
+    pub source_bootstrap_servers: Vec<String>,
 }
 
 /// The name a pattern `^(?:name)$` matches when `name` is made only of
@@ -89,7 +101,19 @@ impl Link {
             tls_subject,
             control_batches,
             initial_state: LinkState::Mirroring,
+            failback: None,
         }
+    }
+
+    /// A failback link's settings (`LINK_<NAME>_REVERSE_OF`,
+    /// `LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS`).
+    pub fn with_failback(mut self, failback: Option<Failback>) -> Link {
+        self.failback = failback;
+        self
+    }
+
+    pub fn failback(&self) -> Option<&Failback> {
+        self.failback.as_ref()
     }
 
     /// The state the link has while the state topic has no record of it

@@ -6,7 +6,7 @@
 //! `tests/layers.rs` reads `src/` and fails on any `crate::` path that
 //! points up or sideways:
 //!
-//! layers: wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli
+//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli
 //!
 //! - `wire`: Kafka bytes, pure (headers, walks, record batches, CRC).
 //! - `metrics`: the Prometheus registry and its bounded label types.
@@ -37,4 +37,5 @@ pub mod net;
 pub mod proxy;
 pub mod replicate;
 pub mod state;
+mod sync;
 pub mod wire;

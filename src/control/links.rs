@@ -140,9 +140,7 @@ impl Drop for LinkSession {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl Control {
     /// The control over the state store (started by the caller, `None`

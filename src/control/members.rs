@@ -12,7 +12,7 @@
 //! [`Members`] is dropped. Wire details in `client::group`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -154,11 +154,7 @@ impl Members {
     /// is bounded by the client's request timeout).
     pub async fn leave(&self) {
         let _ = self.stop.send(true);
-        let handle = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let handle = crate::sync::lock(&self.task).take();
         if let Some(handle) = handle {
             let _ = handle.await;
         }

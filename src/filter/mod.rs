@@ -45,7 +45,7 @@ pub mod rebuild;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -328,18 +328,18 @@ const ASK_INTERVAL: Duration = Duration::from_secs(1);
 impl TopicTable {
     /// The id of a topic named in a Metadata response (no allocation).
     pub fn id(&self, name: &str) -> Option<Uuid> {
-        self.ids.read().ok()?.get(name).copied()
+        crate::sync::read(&self.ids).get(name).copied()
     }
 
     /// The name of a topic id seen in a Metadata response.
     pub fn name(&self, id: Uuid) -> Option<Arc<str>> {
-        self.names.read().ok()?.get(&id).cloned()
+        crate::sync::read(&self.names).get(&id).cloned()
     }
 
     /// Whether the broker may be asked for every topic's id now (at most
     /// once per [`ASK_INTERVAL`]); if so, the asking is counted as done.
     pub fn may_ask(&self, now: Instant) -> bool {
-        let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut asked = crate::sync::lock(&self.asked);
         match *asked {
             Some(at) if now.saturating_duration_since(at) < ASK_INTERVAL => false,
             _ => {
@@ -354,12 +354,9 @@ impl TopicTable {
         if topics.is_empty() {
             return;
         }
-        if let Ok(mut ids) = self.ids.write() {
-            ids.extend(topics.iter().map(|(id, name)| (name.clone(), *id)));
-        }
-        if let Ok(mut names) = self.names.write() {
-            names.extend(topics.into_iter().map(|(id, name)| (id, Arc::from(name))));
-        }
+        crate::sync::write(&self.ids).extend(topics.iter().map(|(id, name)| (name.clone(), *id)));
+        crate::sync::write(&self.names)
+            .extend(topics.into_iter().map(|(id, name)| (id, Arc::from(name))));
     }
 }
 

@@ -176,3 +176,25 @@ async fn a_pending_response_without_its_broker_frame_is_an_error() {
     let e = pending.respond(None, &mut Learnt::default());
     assert!(matches!(e, Err(FilterError::MissingResponse)), "{e:?}");
 }
+
+/// A panic while the table was held does not make known topics unknown
+/// (which would refuse every link Produce naming them by id).
+#[test]
+fn a_poisoned_topic_table_still_knows_its_topics() {
+    let table = std::sync::Arc::new(TopicTable::default());
+    let id = uuid::Uuid::from_u128(7);
+    table.learn(vec![(id, "orders".to_string())]);
+    let poisoner = std::sync::Arc::clone(&table);
+    let _ = std::thread::spawn(move || {
+        let _ids = poisoner.ids.write();
+        let _names = poisoner.names.write();
+        panic!("poison the table");
+    })
+    .join();
+    assert!(table.ids.is_poisoned() && table.names.is_poisoned());
+    assert_eq!(table.id("orders"), Some(id));
+    assert_eq!(table.name(id).as_deref(), Some("orders"));
+    let other = uuid::Uuid::from_u128(8);
+    table.learn(vec![(other, "payments".to_string())]);
+    assert_eq!(table.id("payments"), Some(other));
+}

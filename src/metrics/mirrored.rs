@@ -205,8 +205,7 @@ impl Families {
 
 impl LinkMirror {
     fn table(&self) -> MutexGuard<'_, Table> {
-        // Figures only: a panic elsewhere leaves nothing worth refusing over.
-        self.partitions.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.partitions)
     }
 
     /// The broker acknowledged `m` of `topic`-`partition` (its name, when

@@ -438,9 +438,7 @@ impl Dedupe {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // The state is consistent between calls: a panic elsewhere while it
-        // was held leaves nothing half-done worth refusing service over.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Producers held now, per partition (a scan of every producer under

@@ -167,17 +167,11 @@ impl Link {
     /// keyed by it, so the producers of a new source never share a mapped
     /// PID with the old source's.
     pub fn current_source(&self) -> ClusterId {
-        *self
-            .current_source
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *crate::sync::read(&self.current_source)
     }
     /// The source cluster of the link's latest applied state record.
     pub fn set_current_source(&self, source: ClusterId) {
-        *self
-            .current_source
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = source;
+        *crate::sync::write(&self.current_source) = source;
     }
     /// The 32-bit region of the bit-field mapping (the source cluster hash).
     pub fn region(&self) -> u32 {

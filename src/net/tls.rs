@@ -381,7 +381,8 @@ impl<T: Clone + Send + Sync + 'static> Reloading<T> {
             build,
             seen: Mutex::new(seen),
         });
-        if let Ok(mut all) = RELOADING.lock() {
+        {
+            let mut all = crate::sync::lock(&RELOADING);
             all.retain(|w| w.strong_count() > 0);
             let weak: Weak<dyn Reload> = Arc::downgrade(&this) as Weak<dyn Reload>;
             all.push(weak);
@@ -390,18 +391,13 @@ impl<T: Clone + Send + Sync + 'static> Reloading<T> {
     }
 
     fn current(&self) -> T {
-        match self.current.read() {
-            Ok(t) => t.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        crate::sync::read(&self.current).clone()
     }
 }
 
 impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
     fn check(&self) {
-        let Ok(mut seen) = self.seen.lock() else {
-            return;
-        };
+        let mut seen = crate::sync::lock(&self.seen);
         let contents = match self
             .files
             .iter()
@@ -426,10 +422,7 @@ impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
         seen.contents = Some(contents);
         match built {
             Ok(next) => {
-                match self.current.write() {
-                    Ok(mut current) => *current = next,
-                    Err(poisoned) => *poisoned.into_inner() = next,
-                }
+                *crate::sync::write(&self.current) = next;
                 tracing::info!(what = self.what, files = ?self.files, "TLS files changed: reloaded; new connections use them, open ones keep theirs");
             }
             Err(e) => {
@@ -442,12 +435,10 @@ impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
 /// Checks every TLS configuration's files and reloads those that changed.
 /// Blocking file reads (small, bounded): call from a blocking thread.
 pub fn reload_all() {
-    let live: Vec<Arc<dyn Reload>> = match RELOADING.lock() {
-        Ok(mut all) => {
-            all.retain(|w| w.strong_count() > 0);
-            all.iter().filter_map(Weak::upgrade).collect()
-        }
-        Err(_) => return,
+    let live: Vec<Arc<dyn Reload>> = {
+        let mut all = crate::sync::lock(&RELOADING);
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).collect()
     };
     for r in live {
         r.check();

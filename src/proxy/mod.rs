@@ -366,9 +366,7 @@ impl Shared {
         self.ctx
             .metrics
             .connection_refused(target.into(), "max_connections");
-        let Ok(mut log) = self.refusals.lock() else {
-            return;
-        };
+        let mut log = crate::sync::lock(&self.refusals);
         log.unreported += 1;
         if log
             .last_warned
@@ -402,9 +400,7 @@ impl Shared {
     }
 
     fn ensure_listener(self: &Arc<Self>, node: i32, address: String) -> Result<(), StartError> {
-        let Ok(mut nodes) = self.nodes.lock() else {
-            return Ok(());
-        };
+        let mut nodes = crate::sync::lock(&self.nodes);
         let entry = nodes.entry(node).or_insert_with(|| {
             self.ctx.metrics.listener_known(Target::Node(node).into());
             NodeEntry {

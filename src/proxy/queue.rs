@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 /// One pusher (the request loop) and one popper (the response loop): each
@@ -57,8 +57,7 @@ impl<T> Queue<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
-        // Nothing panics while holding the lock: a poisoned queue is whole.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 
     /// Append `item` once there is room; `at_broker`: its request was

@@ -49,7 +49,7 @@ pub mod translation;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{watch, Notify};
@@ -266,10 +266,7 @@ struct Shared {
     offsets_topic_ready: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // What these guard stays consistent across a panic elsewhere.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+use crate::sync::lock;
 
 impl Shared {
     fn table(&self) -> MutexGuard<'_, Table> {

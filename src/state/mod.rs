@@ -47,7 +47,7 @@ pub mod topic;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -182,12 +182,7 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::sync::{lock, read, write};
 
 /// A random salt from the operating system.
 fn random_i64() -> i64 {
@@ -588,12 +583,7 @@ impl StateStore {
         if self.is_loaded() {
             return None;
         }
-        Some(
-            self.not_ready
-                .lock()
-                .map(|r| r.clone())
-                .unwrap_or_else(|e| e.into_inner().clone()),
-        )
+        Some(lock(&self.not_ready).clone())
     }
 
     /// Resolves with the reason once the state topic turned out unusable.
@@ -639,9 +629,7 @@ impl StateStore {
     }
 
     fn set_not_ready(&self, reason: String) {
-        if let Ok(mut r) = self.not_ready.lock() {
-            *r = reason;
-        }
+        *lock(&self.not_ready) = reason;
     }
 
     async fn load_and_tail(self: Arc<Self>) {

@@ -106,9 +106,7 @@ impl Group {
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Vec<Waiting>> {
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.queue)
     }
 
     /// Resolve `todo` (see [`resolve`]) together with whatever other

@@ -72,6 +72,26 @@ pub enum ControlError {
     DelayTooHigh(String),
 }
 
+/// Why a failover run stopped short; the next `POST
+/// /links/{name}/failover` resumes it.
+#[derive(Debug, thiserror::Error)]
+pub enum FailoverError {
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error("listing the link's topics: {0}")]
+    Partitions(#[source] crate::client::ClientError),
+    #[error("{failed} of {total} partition barrier(s) failed after {attempts} attempts each; the link stays STOPPING")]
+    Barriers {
+        failed: usize,
+        total: usize,
+        attempts: u32,
+    },
+    #[error("persisting STOPPED: {0}")]
+    PersistStopped(#[source] crate::state::ResolveError),
+    #[error("persisting STOPPED lost to another record: the link is {0}")]
+    LostStopped(&'static str),
+}
+
 /// One partition of a failover, as the operator sees it.
 #[derive(Debug, Clone)]
 pub enum PartitionProgress {
@@ -141,6 +161,22 @@ impl Drop for LinkSession {
 }
 
 use crate::sync::lock;
+
+/// An error and its causes, `: `-separated, for a report.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let next = c.to_string();
+        // A message that already quotes its cause is not repeated.
+        if !message.ends_with(&next) {
+            message.push_str(": ");
+            message.push_str(&next);
+        }
+        cause = c.source();
+    }
+    message
+}
 
 impl Control {
     /// The control over the state store (started by the caller, `None`
@@ -584,7 +620,8 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             let outcome = me.run_failover(&link, &r, status).await;
             if let Err(e) = &outcome {
                 tracing::warn!(link = link.name(), failover_id = r.id, error = %e, "failover stopped short; `POST /links/{}/failover` resumes it", link.name());
-                lock(&r.progress).error = Some(e.clone());
+                // The report shows the whole chain.
+                lock(&r.progress).error = Some(error_chain(e));
             } else {
                 me.metrics
                     .failover_finished(link.name(), started.elapsed().as_secs_f64());
@@ -595,10 +632,15 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         Ok(run)
     }
 
-    async fn run_failover(&self, link: &Link, run: &Run, status: LinkStatus) -> Result<(), String> {
-        let state = self.loaded_state().map_err(|e| e.to_string())?;
+    async fn run_failover(
+        &self,
+        link: &Link,
+        run: &Run,
+        status: LinkStatus,
+    ) -> Result<(), FailoverError> {
+        let state = self.loaded_state()?;
         let Some(placer) = &self.barriers else {
-            return Err(ControlError::NotLoaded("no state store".into()).to_string());
+            return Err(ControlError::NotLoaded("no state store".into()).into());
         };
         let name = link.name();
         // 1. Every live instance drains the link (bounded).
@@ -638,7 +680,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let mut partitions = placer
             .partitions(link)
             .await
-            .map_err(|e| format!("listing the link's topics: {e}"))?;
+            .map_err(FailoverError::Partitions)?;
         partitions.sort();
         lock(&run.progress).partitions = partitions
             .iter()
@@ -688,10 +730,11 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             }
         }
         if failed > 0 {
-            return Err(format!(
-                "{failed} of {} partition barrier(s) failed after {BARRIER_ATTEMPTS} attempts each; the link stays STOPPING",
-                partitions.len()
-            ));
+            return Err(FailoverError::Barriers {
+                failed,
+                total: partitions.len(),
+                attempts: BARRIER_ATTEMPTS,
+            });
         }
         // 3. STOPPED: the topics take local writes.
         let now = now_ms();
@@ -704,12 +747,9 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let won = state
             .write_link_state(name, stopped)
             .await
-            .map_err(|e| format!("persisting STOPPED: {e}"))?;
+            .map_err(FailoverError::PersistStopped)?;
         if !won && self.status(link).state != LinkState::Stopped {
-            return Err(format!(
-                "persisting STOPPED lost to another record: the link is {}",
-                self.status(link).state.as_str()
-            ));
+            return Err(FailoverError::LostStopped(self.status(link).state.as_str()));
         }
         tracing::info!(
             link = name,

@@ -813,3 +813,19 @@ async fn barriers_wait_out_the_lease_when_an_instance_did_not_confirm() {
     assert!(placed.iter().all(|(at, ..)| *at == LEASE), "{placed:?}");
     assert_eq!(report["failover"]["unconfirmed_instances"], json!(["peer"]));
 }
+
+/// A failover that stopped short reports its cause, not only its context.
+#[test]
+fn a_failover_error_keeps_its_cause() {
+    let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "broker 2 refused");
+    let e = FailoverError::Partitions(crate::client::ClientError::Io {
+        broker: "b2:9092".into(),
+        source: io,
+    });
+    assert!(std::error::Error::source(&e).is_some());
+    let chain = error_chain(&e);
+    assert!(chain.starts_with("listing the link's topics: "), "{chain}");
+    assert!(chain.contains("broker 2 refused"), "{chain}");
+    // The cause is quoted once, not once per level.
+    assert_eq!(chain.matches("broker 2 refused").count(), 1, "{chain}");
+}

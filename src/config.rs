@@ -852,13 +852,12 @@ impl Config {
                 names,
                 advertised_port,
             }),
-            Err(e) if e.starts_with("bootstrap: ") => {
-                let e = e.trim_start_matches("bootstrap: ").to_string();
-                env.problem("SNI_BOOTSTRAP_HOST", Some(bootstrap), e);
+            Err(e) if e.is_bootstrap() => {
+                env.problem("SNI_BOOTSTRAP_HOST", Some(bootstrap), e.to_string());
                 None
             }
             Err(e) => {
-                env.problem("SNI_HOST_PATTERN", Some(pattern), e);
+                env.problem("SNI_HOST_PATTERN", Some(pattern), e.to_string());
                 None
             }
         }

@@ -31,14 +31,43 @@ pub struct SniNames {
     bootstrap: String,
 }
 
+/// What is wrong with the SNI names: each message says what the variable
+/// should hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SniError {
+    #[error("a host name holding {}", NODE_ID_PLACEHOLDER)]
+    NoPlaceholder,
+    #[error("a host name holding {} once", NODE_ID_PLACEHOLDER)]
+    PlaceholderTwice,
+    #[error(
+        "a DNS host name (no port, no IP address) once {} is replaced by a node id",
+        NODE_ID_PLACEHOLDER
+    )]
+    PatternNotDns,
+    #[error("a DNS host name (no port, no IP address)")]
+    BootstrapNotDns,
+    #[error("a name the pattern does not also give a node ({bootstrap} is node {node})")]
+    BootstrapIsNode { bootstrap: String, node: i32 },
+}
+
+impl SniError {
+    /// Whether the bootstrap name is at fault (else the pattern).
+    pub fn is_bootstrap(&self) -> bool {
+        matches!(
+            self,
+            SniError::BootstrapNotDns | SniError::BootstrapIsNode { .. }
+        )
+    }
+}
+
 impl SniNames {
-    /// From the pattern and the bootstrap name; the error says what is wrong.
-    pub fn new(pattern: &str, bootstrap: &str) -> Result<SniNames, String> {
+    /// From the pattern and the bootstrap name.
+    pub fn new(pattern: &str, bootstrap: &str) -> Result<SniNames, SniError> {
         let Some((prefix, suffix)) = pattern.split_once(NODE_ID_PLACEHOLDER) else {
-            return Err(format!("a host name holding {NODE_ID_PLACEHOLDER}"));
+            return Err(SniError::NoPlaceholder);
         };
         if suffix.contains(NODE_ID_PLACEHOLDER) {
-            return Err(format!("a host name holding {NODE_ID_PLACEHOLDER} once"));
+            return Err(SniError::PlaceholderTwice);
         }
         let names = SniNames {
             prefix: prefix.to_ascii_lowercase(),
@@ -48,19 +77,16 @@ impl SniNames {
         // Every node's name is the one for node 0 with other digits where
         // the 0 is: valid for one, valid for all.
         if !valid_dns_name(&names.node_host(0)) {
-            return Err(format!(
-                "a DNS host name (no port, no IP address) once {NODE_ID_PLACEHOLDER} is replaced by a node id"
-            ));
+            return Err(SniError::PatternNotDns);
         }
         if !valid_dns_name(&names.bootstrap) {
-            return Err("bootstrap: a DNS host name (no port, no IP address)".into());
+            return Err(SniError::BootstrapNotDns);
         }
-        if names.node_of(&names.bootstrap).is_some() {
-            return Err(format!(
-                "bootstrap: a name the pattern does not also give a node ({} is node {})",
-                names.bootstrap,
-                names.node_of(&names.bootstrap).unwrap_or_default()
-            ));
+        if let Some(node) = names.node_of(&names.bootstrap) {
+            return Err(SniError::BootstrapIsNode {
+                bootstrap: names.bootstrap,
+                node,
+            });
         }
         Ok(names)
     }
@@ -158,18 +184,28 @@ mod tests {
 
     #[test]
     fn bad_patterns_are_refused_with_a_reason() {
+        // (pattern, bootstrap, the bootstrap at fault, words of the reason)
         let cases = [
-            ("broker.example.com", "b.example.com", "holding $(nodeId)"),
-            ("b-$(nodeId)-$(nodeId).x.com", "b.x.com", "once"),
-            ("b-$(nodeId).x.com:9092", "b.x.com", "no port"),
-            ("b $(nodeId).x.com", "b.x.com", "DNS host name"),
-            ("b-$(nodeId).x.com", "b.x.com:9092", "bootstrap"),
-            ("b-$(nodeId).x.com", "10.0.0.1", "bootstrap"),
-            ("$(nodeId).x.com", "1.x.com", "node 1"),
+            (
+                "broker.example.com",
+                "b.example.com",
+                false,
+                "holding $(nodeId)",
+            ),
+            ("b-$(nodeId)-$(nodeId).x.com", "b.x.com", false, "once"),
+            ("b-$(nodeId).x.com:9092", "b.x.com", false, "no port"),
+            ("b $(nodeId).x.com", "b.x.com", false, "DNS host name"),
+            ("b-$(nodeId).x.com", "b.x.com:9092", true, "no port"),
+            ("b-$(nodeId).x.com", "10.0.0.1", true, "no IP address"),
+            ("$(nodeId).x.com", "1.x.com", true, "node 1"),
         ];
-        for (pattern, bootstrap, expected) in cases {
+        for (pattern, bootstrap, at_bootstrap, expected) in cases {
             let e = SniNames::new(pattern, bootstrap).expect_err(pattern);
-            assert!(e.contains(expected), "{pattern} {bootstrap}: {e}");
+            assert_eq!(e.is_bootstrap(), at_bootstrap, "{pattern} {bootstrap}: {e}");
+            assert!(
+                e.to_string().contains(expected),
+                "{pattern} {bootstrap}: {e}"
+            );
         }
     }
 }

@@ -204,54 +204,85 @@ pub enum ReadOnlyError {
 }
 
 impl fmt::Debug for Config {
-    // Keys stay out of logs.
+    // Secrets stay out of logs: keys, certificates and the admin token are
+    // shown only as set or not. Every field is named here (no `..`), so a
+    // field added to `Config` does not compile until it is shown or hidden.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Config {
+            bootstrap_servers,
+            listen,
+            advertised_host,
+            broker_port_base,
+            sni,
+            admin_listen,
+            admin_token,
+            max_frame_bytes,
+            max_buffered_bytes,
+            max_buffered_response_bytes,
+            buffer_wait_timeout_ms,
+            write_timeout_ms,
+            max_connections,
+            worker_threads,
+            connections_max_idle_ms,
+            request_read_timeout_ms,
+            response_read_timeout_ms,
+            tls_handshake_timeout_ms,
+            shutdown_timeout_ms,
+            connect_timeout_ms,
+            log_format,
+            client_tls,
+            upstream_tls,
+            upstream_sasl,
+            links,
+            state_topic,
+            producer_expiration_ms,
+            state_key,
+            state_key_unsigned_before,
+            producer_state_max_entries,
+            read_only_error,
+            failover_drain_timeout_ms,
+            producer_state_rebuild_bytes,
+            unknown_outcome_wait_ms,
+            instance_id,
+            instance_session_timeout_ms,
+        } = self;
         f.debug_struct("Config")
-            .field("bootstrap_servers", &self.bootstrap_servers)
-            .field("listen", &self.listen)
-            .field("advertised_host", &self.advertised_host)
-            .field("broker_port_base", &self.broker_port_base)
-            .field("sni", &self.sni)
-            .field("admin_listen", &self.admin_listen)
-            .field("max_frame_bytes", &self.max_frame_bytes)
-            .field("max_buffered_bytes", &self.max_buffered_bytes)
-            .field(
-                "max_buffered_response_bytes",
-                &self.max_buffered_response_bytes,
-            )
-            .field("buffer_wait_timeout_ms", &self.buffer_wait_timeout_ms)
-            .field("write_timeout_ms", &self.write_timeout_ms)
-            .field("max_connections", &self.max_connections)
-            .field("worker_threads", &self.worker_threads)
-            .field("connections_max_idle_ms", &self.connections_max_idle_ms)
-            .field("request_read_timeout_ms", &self.request_read_timeout_ms)
-            .field("response_read_timeout_ms", &self.response_read_timeout_ms)
-            .field("tls_handshake_timeout_ms", &self.tls_handshake_timeout_ms)
-            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
-            .field("client_tls", &self.client_tls.is_some())
-            .field("upstream_tls", &self.upstream_tls.is_some())
-            .field("upstream_sasl", &self.upstream_sasl)
-            .field("links", &self.links.names())
-            .field("state_topic", &self.state_topic)
-            .field("producer_expiration_ms", &self.producer_expiration_ms)
-            .field("state_key", &self.state_key.is_some())
-            .field("state_key_unsigned_before", &self.state_key_unsigned_before)
-            .field("instance_id", &self.instance_id)
-            .field(
-                "instance_session_timeout_ms",
-                &self.instance_session_timeout_ms,
-            )
-            .field(
-                "producer_state_max_entries",
-                &self.producer_state_max_entries,
-            )
-            .field("read_only_error", &self.read_only_error)
-            .field("failover_drain_timeout_ms", &self.failover_drain_timeout_ms)
-            .field(
-                "producer_state_rebuild_bytes",
-                &self.producer_state_rebuild_bytes,
-            )
-            .field("unknown_outcome_wait_ms", &self.unknown_outcome_wait_ms)
+            .field("bootstrap_servers", bootstrap_servers)
+            .field("listen", listen)
+            .field("advertised_host", advertised_host)
+            .field("broker_port_base", broker_port_base)
+            .field("sni", sni)
+            .field("admin_listen", admin_listen)
+            .field("admin_token", &admin_token.is_some())
+            .field("max_frame_bytes", max_frame_bytes)
+            .field("max_buffered_bytes", max_buffered_bytes)
+            .field("max_buffered_response_bytes", max_buffered_response_bytes)
+            .field("buffer_wait_timeout_ms", buffer_wait_timeout_ms)
+            .field("write_timeout_ms", write_timeout_ms)
+            .field("max_connections", max_connections)
+            .field("worker_threads", worker_threads)
+            .field("connections_max_idle_ms", connections_max_idle_ms)
+            .field("request_read_timeout_ms", request_read_timeout_ms)
+            .field("response_read_timeout_ms", response_read_timeout_ms)
+            .field("tls_handshake_timeout_ms", tls_handshake_timeout_ms)
+            .field("shutdown_timeout_ms", shutdown_timeout_ms)
+            .field("connect_timeout_ms", connect_timeout_ms)
+            .field("log_format", log_format)
+            .field("client_tls", &client_tls.is_some())
+            .field("upstream_tls", &upstream_tls.is_some())
+            .field("upstream_sasl", upstream_sasl)
+            .field("links", &links.names())
+            .field("state_topic", state_topic)
+            .field("producer_expiration_ms", producer_expiration_ms)
+            .field("state_key", &state_key.is_some())
+            .field("state_key_unsigned_before", state_key_unsigned_before)
+            .field("producer_state_max_entries", producer_state_max_entries)
+            .field("read_only_error", read_only_error)
+            .field("failover_drain_timeout_ms", failover_drain_timeout_ms)
+            .field("producer_state_rebuild_bytes", producer_state_rebuild_bytes)
+            .field("unknown_outcome_wait_ms", unknown_outcome_wait_ms)
+            .field("instance_id", instance_id)
+            .field("instance_session_timeout_ms", instance_session_timeout_ms)
             .finish()
     }
 }
@@ -1147,6 +1178,33 @@ mod tests {
 
     fn problem_for<'a>(p: &'a [ConfigProblem], var: &str) -> Option<&'a ConfigProblem> {
         p.iter().find(|p| p.variable == format!("{PREFIX}{var}"))
+    }
+
+    /// The startup log line shows every setting and no secret.
+    #[test]
+    fn debug_shows_every_setting_but_no_secret() {
+        let c = Config::from_vars(&vars(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+            ("ADMIN_TOKEN", "admin-token-secret-value"),
+            ("UPSTREAM_SASL_MECHANISM", "PLAIN"),
+            ("UPSTREAM_SASL_USERNAME", "proxy"),
+            ("UPSTREAM_SASL_PASSWORD", "sasl-password-secret-value"),
+            ("CONNECT_TIMEOUT_MS", "4321"),
+            ("LOG_FORMAT", "json"),
+        ]))
+        .expect("valid");
+        let shown = format!("{c:?}");
+        for secret in ["admin-token-secret-value", "sasl-password-secret-value"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        for setting in [
+            "connect_timeout_ms: 4321",
+            "log_format: Json",
+            "admin_token: true",
+        ] {
+            assert!(shown.contains(setting), "{setting} missing: {shown}");
+        }
     }
 
     #[test]

@@ -287,6 +287,9 @@ impl fmt::Debug for Config {
     }
 }
 
+/// `STATE_TOPIC`'s default.
+pub const DEFAULT_STATE_TOPIC: &str = "__mirror_state";
+
 /// Documentation of every variable: (name without prefix, default, meaning).
 /// The configuration tables of the README and docs/configuration.md are
 /// written from this list; a test holds their variables and defaults to it.
@@ -325,7 +328,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("UPSTREAM_SASL_MECHANISM", "(none)", "SASL for the proxy's own connections to the brokers (state topic, failover barrier): `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`. Client connections always pass their own SASL through."),
     ("UPSTREAM_SASL_USERNAME", "(required with UPSTREAM_SASL_MECHANISM)", "User name for UPSTREAM_SASL_MECHANISM."),
     ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
-    ("STATE_TOPIC", "__mirror_state", "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, compression.type=producer, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy; one whose batches the brokers recompress is read (every codec), with a WARN."),
+    ("STATE_TOPIC", DEFAULT_STATE_TOPIC, "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, compression.type=producer, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy; one whose batches the brokers recompress is read (every codec), with a WARN."),
     ("STATE_KEY", "(none)", "Shared secret (at least 32 bytes, e.g. `openssl rand -base64 32`) with which every instance signs the records it writes to the state topic (HMAC-SHA256 in a `kmp-mac` header) and without which it applies none: records written around the proxy, without the key, are skipped (logged, `state_records_skipped_total`). Every instance sharing the state topic needs the same key. Never logged. Enabling it on a topic written without it: see STATE_KEY_UNSIGNED_BEFORE."),
     ("STATE_KEY_UNSIGNED_BEFORE", "0", "With STATE_KEY: records at offsets below this one are applied without checking their MAC (written before every instance signed with the key). To enable or change the key on a running deployment: roll every instance with the key and 9223372036854775807 (they sign, and still accept the records of instances not yet rolled), then roll them again with the state topic's end offset read after the first roll (docs/state-topic.md)."),
     ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it. Until then each instance holds its claim: about 400 bytes of memory an origin (a million origins: about 400 MiB). Origins are bounded by this expiration, not by a count: a claim dropped while its producer may still write would let another origin take its mapped PID."),
@@ -733,7 +736,7 @@ impl Config {
                     ok.then(|| s.to_string())
                 },
             )
-            .unwrap_or_else(|| "__mirror_state".to_string());
+            .unwrap_or_else(|| DEFAULT_STATE_TOPIC.to_string());
 
         // The key is never echoed, not even in a configuration error.
         let state_key = match env.raw("STATE_KEY") {

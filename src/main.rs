@@ -14,7 +14,8 @@ use tracing_subscriber::EnvFilter;
 
 use kafka_mirror_proxy::cli;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::config::{Config, LogFormat};
+use kafka_mirror_proxy::config::replicator::DEFAULT_OFFSETS_TOPIC;
+use kafka_mirror_proxy::config::{Config, LogFormat, DEFAULT_STATE_TOPIC};
 use kafka_mirror_proxy::control::members::{self, Members};
 use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
@@ -57,7 +58,7 @@ enum Command {
         #[arg(long)]
         bootstrap_server: Option<String>,
         /// The state topic to read with --bootstrap-server.
-        #[arg(long, default_value = "__mirror_state")]
+        #[arg(long, default_value = DEFAULT_STATE_TOPIC)]
         state_topic: String,
     },
     /// List the mirror links of a running proxy (admin API at
@@ -116,7 +117,7 @@ enum Command {
         #[arg(long)]
         link: String,
         /// The replicator's OFFSETS_TOPIC.
-        #[arg(long, default_value = "__mirror_offsets")]
+        #[arg(long, default_value = DEFAULT_OFFSETS_TOPIC)]
         offsets_topic: String,
         /// The replicator's GROUP_ID (default replicator.mirror-<link>):
         /// its progress says how far the copy went.
@@ -159,10 +160,10 @@ enum Command {
         #[arg(long)]
         source_bootstrap_server: String,
         /// B's proxy's state topic.
-        #[arg(long, default_value = "__mirror_state")]
+        #[arg(long, default_value = DEFAULT_STATE_TOPIC)]
         state_topic: String,
         /// The replicators' OFFSETS_TOPIC (on both clusters).
-        #[arg(long, default_value = "__mirror_offsets")]
+        #[arg(long, default_value = DEFAULT_OFFSETS_TOPIC)]
         offsets_topic: String,
         /// REVERSE_OF's replicator's GROUP_ID (default
         /// replicator.mirror-<REVERSE_OF>), on B.
@@ -588,7 +589,7 @@ impl FailbackService {
             a: &self.a,
             b,
             state_topic: &self.state_topic,
-            offsets_topic: FAILBACK_OFFSETS_TOPIC,
+            offsets_topic: DEFAULT_OFFSETS_TOPIC,
             forward_group: &forward_group,
             progress_group: &progress_group,
         };
@@ -618,10 +619,6 @@ impl FailbackService {
         })
     }
 }
-
-/// The replicators' OFFSETS_TOPIC default, which the admin API's failback
-/// reads and writes on both clusters.
-const FAILBACK_OFFSETS_TOPIC: &str = "__mirror_offsets";
 
 impl kafka_mirror_proxy::admin::FailbackApi for FailbackService {
     fn plan<'a>(

@@ -17,6 +17,9 @@ use crate::wire::sasl::Credentials;
 
 pub const PREFIX: &str = "MIRROR_REPLICATOR_";
 
+/// `OFFSETS_TOPIC`'s default.
+pub const DEFAULT_OFFSETS_TOPIC: &str = "__mirror_offsets";
+
 /// Every variable: (name without the prefix, default, meaning). The flags,
 /// the parser below and docs/replicator.md come from this table.
 pub const VARIABLES: &[(&str, &str, &str)] = &[
@@ -27,7 +30,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("TOPICS", "(required)", "Comma-separated topic names or regular expressions, each matched against the whole name (the proxy's LINK_<NAME>_TOPICS syntax)."),
     ("TRANSACTIONAL_ID", "<client id>", "Sent on Produce requests that carry a transactional batch (brokers require one)."),
     ("GROUP_ID", "replicator.<client id>", "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions)."),
-    ("OFFSETS_TOPIC", "__mirror_offsets", "Compacted topic on the destination cluster (written through the proxy) holding the offset translation: where each partition's source and destination offsets stop moving together. Saved before every progress commit; read by `kafka-mirror-proxy offsets`."),
+    ("OFFSETS_TOPIC", DEFAULT_OFFSETS_TOPIC, "Compacted topic on the destination cluster (written through the proxy) holding the offset translation: where each partition's source and destination offsets stop moving together. Saved before every progress commit; read by `kafka-mirror-proxy offsets`."),
     ("GROUPS", "(none)", "Consumer groups of the source (names or regular expressions, as TOPICS) whose committed offsets are translated and committed on the destination while the group has no active member there."),
     ("GROUP_SYNC_INTERVAL_MS", "10000", "How often the GROUPS' offsets are read on the source and committed on the destination."),
     ("MEMBERSHIP", "true", "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone."),
@@ -318,7 +321,7 @@ impl ReplicatorConfig {
             .unwrap_or(true);
         let offsets_topic = env
             .raw("OFFSETS_TOPIC")
-            .unwrap_or_else(|| "__mirror_offsets".to_string());
+            .unwrap_or_else(|| DEFAULT_OFFSETS_TOPIC.to_string());
         let log_format = env
             .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
                 "text" => Some(LogFormat::Text),

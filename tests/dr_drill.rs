@@ -22,7 +22,11 @@
 //! twice, except A's records past the divergence, which stay on A before
 //! B's records and which, by the documented policy (docs/operations.md,
 //! "Failing back"), no group reads after the move; and A holds every
-//! acknowledged record exactly once.
+//! acknowledged record exactly once; B every record once (A's up to the
+//! divergence and its own, none of A's past it); each failover's barriers
+//! are in its proxy's state topic, and Kafka's DumpLogSegments shows the
+//! mirrored producers before each barrier in their source's region, none
+//! past it.
 
 mod support;
 
@@ -38,10 +42,12 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 
 use kafka_mirror_proxy::client::protocol::OffsetSpec;
-use support::crate_client::{client, create_topic, runtime};
+use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
+use kafka_mirror_proxy::mirror::state_records::StateRecord;
+use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
-use support::tools;
+use support::tools::{self, DumpedBatch};
 
 const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
 const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
@@ -501,5 +507,84 @@ fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Resu
         !on_a_now.iter().any(|v| v.contains("aborted")),
         "no aborted record is read on A"
     );
+
+    // B: every record once, A's before the divergence and B's own, none
+    // of A's past it (the policy), nothing A does not also hold.
+    let b_final = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+    let on_b_now: Vec<&str> = b_final
+        .values()
+        .flatten()
+        .map(|(_, v)| v.as_str())
+        .collect();
+    let b_once: BTreeSet<&str> = on_b_now.iter().copied().collect();
+    ensure!(
+        b_once.len() == on_b_now.len() && on_b_now.len() == (74 + 24) * n,
+        "B holds {} records, {} distinct",
+        on_b_now.len(),
+        b_once.len()
+    );
+    ensure!(
+        b_once
+            .iter()
+            .all(|v| !v.starts_with("a-tail") && a_once.contains(v)),
+        "B holds records A does not, or A's past the divergence: {:?}",
+        b_once
+            .iter()
+            .filter(|v| v.starts_with("a-tail") || !a_once.contains(*v))
+            .collect::<Vec<_>>()
+    );
+
+    // The barriers of both failovers, on both sides: a stock broker
+    // refuses the MIRROR_PID_RESET control batch (INVALID_RECORD), so each
+    // sits in its proxy's state topic with the log end it marks. Kafka's
+    // DumpLogSegments then shows the regions on each side of it: before
+    // it, the link's mirrored batches in their source's region (B's
+    // producers on A in B's, A's on B in A's); at or past it, none.
+    let region = |id: &str| -> Result<u32> { Ok(cluster_hash(&ClusterId::parse(id)?)) };
+    for (cluster, link, source) in [(&a, "b", ID_B), (&b, "a", ID_A)] {
+        let source_region = region(source)?;
+        let records = rt.block_on(state_records(
+            &client(&cluster.bootstrap()),
+            "__mirror_state",
+        ))?;
+        let barriers: BTreeMap<i32, i64> = records
+            .iter()
+            .filter_map(|(_, r)| match r {
+                StateRecord::Barrier(k, Some(v)) if k.link == link => {
+                    Some((k.partition, v.log_end_offset))
+                }
+                _ => None,
+            })
+            .collect();
+        ensure!(
+            barriers.len() == PARTITIONS as usize,
+            "link {link}'s barriers: {barriers:?}"
+        );
+        for (p, barrier) in barriers {
+            let mut batches = Vec::new();
+            for file in cluster.segment_files(TOPIC, p)? {
+                batches.extend(tools::dump_log_segments(&file, false)?);
+            }
+            let in_region =
+                |x: &&DumpedBatch| unmap_pid(x.producer_id).map(|(r, _)| r) == Some(source_region);
+            let before: Vec<&DumpedBatch> = batches
+                .iter()
+                .filter(|x| !x.is_control && x.producer_id < 0 && x.base_offset < barrier)
+                .collect();
+            ensure!(
+                !before.is_empty() && before.iter().all(in_region),
+                "link {link}, partition {p}: mirrored batches before the barrier at {barrier} outside {source}'s region: {before:?}"
+            );
+            let after: Vec<&DumpedBatch> = batches
+                .iter()
+                .filter(|x| x.base_offset >= barrier)
+                .filter(in_region)
+                .collect();
+            ensure!(
+                after.is_empty(),
+                "link {link}, partition {p}: mirrored batches at or past the barrier at {barrier}: {after:?}"
+            );
+        }
+    }
     Ok(())
 }

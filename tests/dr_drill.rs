@@ -1,24 +1,25 @@
 //! The disaster-recovery drill (issue 43), short form: applications move
-//! A → B → A and a consumer group, Kafka's own VerifiableConsumer
-//! (read_committed, committing after every poll), reads every record once.
+//! A → B → A and two consumer groups, Kafka's own VerifiableConsumer
+//! (read_committed, committing after every poll), each moving from its own
+//! points, read every record once.
 //!
 //! Two clusters, a proxy in front of each, the replicator both ways one at
 //! a time, idempotent and transactional (librdkafka) producers:
 //!
-//! 1. A's producers write A (a transaction aborted among them); the group
-//!    reads part of it on A; the replicator mirrors A into B and the
-//!    group's offsets follow (`GROUPS`);
+//! 1. A's producers write A (a transaction aborted among them); the groups
+//!    read parts of it on A; the replicator mirrors A into B and the
+//!    groups' offsets follow (`GROUPS`);
 //! 2. the replicator stops, A takes more (the link lags: B never gets
 //!    those), link `a` fails over on B's proxy;
-//! 3. producers move to B (a transaction aborted among them); the group
-//!    moves to B and reads on from its translated offsets;
+//! 3. producers move to B (a transaction aborted among them); the groups
+//!    move to B and read on from their translated offsets;
 //! 4. `failback --dry-run` names exactly A's records B never got;
 //!    `failback`; the replicator mirrors B's own records into A and the
-//!    group's offsets follow back;
-//! 5. link `b` fails over on A's proxy, producers move back to A, the group
-//!    moves back and reads to the end.
+//!    groups' offsets follow back;
+//! 5. link `b` fails over on A's proxy, producers move back to A, the groups
+//!    move back and read to the end.
 //!
-//! At the end the group consumed every acknowledged record once, none
+//! At the end each group consumed every acknowledged record once, none
 //! twice, except A's records past the divergence, which stay on A before
 //! B's records and which, by the documented policy (docs/operations.md,
 //! "Failing back"), no group reads after the move; and A holds every
@@ -53,7 +54,9 @@ const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
 const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
 const TOPIC: &str = "payments";
 const PARTITIONS: i32 = 2;
-const GROUP: &str = "g-billing";
+/// The consumer groups: each reads its own share of A's records (times
+/// the scale) before the failover, so that each moves from other points.
+const GROUPS: [(&str, usize); 2] = [("g-billing", 30), ("g-audit", 52)];
 const WAIT: Duration = Duration::from_secs(90);
 
 /// Records scale: `DR_DRILL_SCALE=100` runs the long form (7,400 records
@@ -163,9 +166,14 @@ struct Consumed {
     committed: BTreeMap<i32, i64>,
 }
 
-/// Kafka's VerifiableConsumer in `GROUP` (read_committed, a commit after
+/// Kafka's VerifiableConsumer in `group` (read_committed, a commit after
 /// every poll) until it consumed `max` records.
-fn verifiable_consumer(bootstrap: &str, config: &std::path::Path, max: usize) -> Result<Consumed> {
+fn verifiable_consumer(
+    bootstrap: &str,
+    config: &std::path::Path,
+    group: &str,
+    max: usize,
+) -> Result<Consumed> {
     let out = tools::java_with_input(
         "org.apache.kafka.tools.VerifiableConsumer",
         &[
@@ -174,7 +182,7 @@ fn verifiable_consumer(bootstrap: &str, config: &std::path::Path, max: usize) ->
             "--topic",
             TOPIC,
             "--group-id",
-            GROUP,
+            group,
             "--max-messages",
             &max.to_string(),
             "--verbose",
@@ -241,7 +249,7 @@ fn start_proxy(bootstrap: &str, env: &[(String, String)]) -> Result<ProxyProcess
 }
 
 /// The replicator from `source` into `proxy` as link `link`, following
-/// `GROUP`, until `done` holds (then stopped cleanly).
+/// `GROUPS`, until `done` holds (then stopped cleanly).
 fn replicate_until(
     rt: &tokio::runtime::Runtime,
     source: &str,
@@ -251,7 +259,10 @@ fn replicate_until(
 ) -> Result<kafka_mirror_proxy::replicate::Report> {
     let mut config = support::replicator::config(source, proxy, TOPIC, &format!("mirror-{link}"));
     config.until_caught_up = false;
-    config.groups = vec![regex::Regex::new(&format!("^{GROUP}$"))?];
+    config.groups = GROUPS
+        .iter()
+        .map(|(g, _)| regex::Regex::new(&format!("^{g}$")))
+        .collect::<Result<_, _>>()?;
     config.group_sync_interval = Duration::from_millis(300);
     let (stop, shutdown) = tokio::sync::watch::channel(false);
     let running = rt.spawn(kafka_mirror_proxy::replicate::run(config, shutdown));
@@ -267,7 +278,7 @@ fn replicate_until(
     Ok(rt.block_on(running)??)
 }
 
-/// Whether `GROUP` on `bootstrap` has committed `expected`: per
+/// Whether every group on `bootstrap` has committed its `expected`: per
 /// partition, the offset of the record with that value in `records` (the
 /// log), or, for `None` (the group had read everything), the offset after
 /// the log's last record.
@@ -275,18 +286,24 @@ fn group_at(
     rt: &tokio::runtime::Runtime,
     bootstrap: &str,
     records: &BTreeMap<i32, Vec<(i64, String)>>,
-    expected: &Resume,
+    expected: &[Resume],
 ) -> Result<bool> {
     let keys: Vec<(String, i32)> = (0..PARTITIONS).map(|p| (TOPIC.to_string(), p)).collect();
-    let committed = rt.block_on(client(bootstrap).committed_offsets(GROUP, &keys))?;
-    Ok(expected.iter().all(|(p, value)| {
-        let log = records.get(p).map(Vec::as_slice).unwrap_or_default();
-        let want = match value {
-            Some(value) => log.iter().find(|(_, v)| v == value).map(|(o, _)| *o),
-            None => Some(log.last().map_or(0, |(o, _)| o + 1)),
-        };
-        committed.get(&(TOPIC.to_string(), *p)).copied() == want
-    }))
+    for ((group, _), expected) in GROUPS.iter().zip(expected) {
+        let committed = rt.block_on(client(bootstrap).committed_offsets(group, &keys))?;
+        let there = expected.iter().all(|(p, value)| {
+            let log = records.get(p).map(Vec::as_slice).unwrap_or_default();
+            let want = match value {
+                Some(value) => log.iter().find(|(_, v)| v == value).map(|(o, _)| *o),
+                None => Some(log.last().map_or(0, |(o, _)| o + 1)),
+            };
+            committed.get(&(TOPIC.to_string(), *p)).copied() == want
+        });
+        if !there {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Per partition, the value of the group's next record (`None`: it had
@@ -346,7 +363,7 @@ fn firsts(consumed: &Consumed, resume: &Resume, tag: &str) -> (Resume, Resume) {
 }
 
 #[test]
-fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Result<()> {
+fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Result<()> {
     let n = scale();
     let rt = runtime()?;
     let a = KafkaCluster::start(KafkaOptions::default().cluster_id(ID_A))?;
@@ -363,10 +380,17 @@ fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Resu
     send(&idempotent, "a1", 20 * n)?;
     transactions(&tx, "a-tx", 7 * n, 5 * n)?;
     send(&idempotent, "a2", 10 * n)?;
-    let on_a = verifiable_consumer(&a.bootstrap(), &config, 30 * n)?;
+    let on_a: Vec<Consumed> = GROUPS
+        .iter()
+        .map(|(g, k)| verifiable_consumer(&a.bootstrap(), &config, g, k * n))
+        .collect::<Result<_>>()?;
     let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
-    let resume_on_b = next_after_commit(&on_a, &a_log);
-    let sync_on_b = synced(&resume_on_b, &on_a);
+    let resume_on_b: Vec<Resume> = on_a.iter().map(|c| next_after_commit(c, &a_log)).collect();
+    let sync_on_b: Vec<Resume> = resume_on_b
+        .iter()
+        .zip(&on_a)
+        .map(|(r, c)| synced(r, c))
+        .collect();
     replicate_until(&rt, &a.bootstrap(), &pb.bootstrap, "a", || {
         let b_log = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
         let copied: usize = b_log.values().map(Vec::len).sum();
@@ -379,22 +403,32 @@ fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Resu
     let (status, body) = pb.admin_post("/links/a/failover?wait=60", "")?;
     ensure!(status.contains("200"), "failover of a: {status} {body}");
 
-    // 3. Producers and the group move to B.
+    // 3. Producers and the groups move to B.
     let idempotent_b = producer(&pb.bootstrap, &[])?;
     let tx_b = producer(&pb.bootstrap, &[("transactional.id", "drill-b")])?;
     tx_b.init_transactions(WAIT)?;
     send(&idempotent_b, "b", 8 * n)?;
     transactions(&tx_b, "b-tx", 4 * n, 2 * n)?;
-    // 44n of A's records and 24n of B's own remain for the group on B.
-    let on_b = verifiable_consumer(&pb.bootstrap, &config, 60 * n)?;
+    // (74 - k)n of A's records and 24n of B's own remain for a group on
+    // B; each leaves 8n of them for after the move home.
+    let on_b: Vec<Consumed> = GROUPS
+        .iter()
+        .map(|(g, k)| verifiable_consumer(&pb.bootstrap, &config, g, (74 - k + 24 - 8) * n))
+        .collect::<Result<_>>()?;
     let b_log = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
-    let (firsts_on_b, want) = firsts(&on_b, &resume_on_b, "b");
-    ensure!(
-        firsts_on_b == want,
-        "on B the group resumed at {firsts_on_b:?}, after its commits on A: {want:?}"
-    );
-    let resume_on_a = next_after_commit(&on_b, &b_log);
-    let sync_on_a = synced(&resume_on_a, &on_b);
+    for (((g, _), consumed), resume) in GROUPS.iter().zip(&on_b).zip(&resume_on_b) {
+        let (firsts_on_b, want) = firsts(consumed, resume, "b");
+        ensure!(
+            firsts_on_b == want,
+            "on B {g} resumed at {firsts_on_b:?}, after its commits on A: {want:?}"
+        );
+    }
+    let resume_on_a: Vec<Resume> = on_b.iter().map(|c| next_after_commit(c, &b_log)).collect();
+    let sync_on_a: Vec<Resume> = resume_on_a
+        .iter()
+        .zip(&on_b)
+        .map(|(r, c)| synced(r, c))
+        .collect();
 
     // 4. Failback.
     let pa = start_proxy(&a.bootstrap(), &link_env("b", ID_B, Some("PREPARING")))?;
@@ -453,32 +487,24 @@ fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Resu
         "B's own records only: {copied:?}"
     );
 
-    // 5. Home: link b fails over, producers and the group move back.
+    // 5. Home: link b fails over, producers and the groups move back.
     let (status, body) = pa.admin_post("/links/b/failover?wait=60", "")?;
     ensure!(status.contains("200"), "failover of b: {status} {body}");
     let idempotent_a = producer(&pa.bootstrap, &[])?;
     send(&idempotent_a, "a3", 5 * n)?;
     // 8n of B's own records and the 10n new ones remain.
-    let back = verifiable_consumer(&pa.bootstrap, &config, 18 * n)?;
-    let (firsts_on_a, want) = firsts(&back, &resume_on_a, "a3");
-    ensure!(
-        firsts_on_a == want,
-        "back on A the group resumed at {firsts_on_a:?}, after its commits on B: {want:?}"
-    );
-
-    // Every acknowledged record consumed once; A's past the divergence by
-    // the policy not at all.
-    let consumed: Vec<&str> = [&on_a, &on_b, &back]
+    let back: Vec<Consumed> = GROUPS
         .iter()
-        .flat_map(|c| c.records.iter().map(|(_, _, v)| v.as_str()))
-        .collect();
-    let once: BTreeSet<&str> = consumed.iter().copied().collect();
-    ensure!(
-        once.len() == consumed.len(),
-        "the group read {} records, {} of them twice",
-        consumed.len(),
-        consumed.len() - once.len()
-    );
+        .map(|(g, _)| verifiable_consumer(&pa.bootstrap, &config, g, 18 * n))
+        .collect::<Result<_>>()?;
+    for (((g, _), consumed), resume) in GROUPS.iter().zip(&back).zip(&resume_on_a) {
+        let (firsts_on_a, want) = firsts(consumed, resume, "a3");
+        ensure!(
+            firsts_on_a == want,
+            "back on A {g} resumed at {firsts_on_a:?}, after its commits on B: {want:?}"
+        );
+    }
+
     let a_final = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
     let on_a_now: Vec<&str> = a_final
         .values()
@@ -497,12 +523,27 @@ fn applications_move_a_to_b_to_a_and_the_group_reads_every_record_once() -> Resu
         .copied()
         .filter(|v| !v.starts_with("a-tail"))
         .collect();
-    ensure!(
-        once == expected,
-        "the group skipped {:?} and read {:?} it should not have",
-        expected.difference(&once).collect::<Vec<_>>(),
-        once.difference(&expected).collect::<Vec<_>>()
-    );
+    // Every group consumed every acknowledged record once; A's past the
+    // divergence by the policy not at all.
+    for (i, (g, _)) in GROUPS.iter().enumerate() {
+        let consumed: Vec<&str> = [&on_a[i], &on_b[i], &back[i]]
+            .iter()
+            .flat_map(|c| c.records.iter().map(|(_, _, v)| v.as_str()))
+            .collect();
+        let once: BTreeSet<&str> = consumed.iter().copied().collect();
+        ensure!(
+            once.len() == consumed.len(),
+            "{g} read {} records, {} of them twice",
+            consumed.len(),
+            consumed.len() - once.len()
+        );
+        ensure!(
+            once == expected,
+            "{g} skipped {:?} and read {:?} it should not have",
+            expected.difference(&once).collect::<Vec<_>>(),
+            once.difference(&expected).collect::<Vec<_>>()
+        );
+    }
     ensure!(
         !on_a_now.iter().any(|v| v.contains("aborted")),
         "no aborted record is read on A"

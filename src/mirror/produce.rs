@@ -32,6 +32,7 @@ use crate::mirror::producer_state::{BatchId, RefusalKind};
 use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
 pub use crate::wire::produce_walk::Index;
 use crate::wire::produce_walk::{IndexedPartition, IndexedTopic, Topic};
+use crate::wire::write;
 use crate::wire::{produce_walk, schema, walk};
 
 /// Why a Produce request could not be handled at all (the connection is
@@ -996,7 +997,7 @@ pub fn local_response(
     let mut out = BytesMut::new();
     encode_header(&mut out, correlation_id, version)?;
     let topics = by_topic(version, local, |_| true);
-    produce_walk::push_count(&mut out, topics.len(), version >= 9);
+    write::put_count(&mut out, topics.len(), version >= 9);
     put_local_topics(&mut out, version, local, &topics, 0);
     if version >= 1 {
         out.extend_from_slice(&0i32.to_be_bytes()); // throttle_time_ms
@@ -1048,7 +1049,7 @@ pub fn merge_response(
     let topics = by_topic(version, local, |l| !joins(l));
     let mut out = BytesMut::with_capacity(body.len() + 32 * (local.len() - joined) + 64);
     encode_header(&mut out, correlation_id, version)?;
-    produce_walk::push_count(&mut out, broker_topics + topics.len(), flexible);
+    write::put_count(&mut out, broker_topics + topics.len(), flexible);
     put_local_topics(&mut out, version, local, &topics, joined);
     out.extend_from_slice(&body[rest..]);
     Ok(out)
@@ -1105,22 +1106,6 @@ fn encode_header(
         })
 }
 
-/// A nullable string.
-fn put_string(out: &mut BytesMut, s: Option<&str>, flexible: bool) {
-    match (s, flexible) {
-        (None, true) => out.extend_from_slice(&[0]),
-        (None, false) => out.extend_from_slice(&(-1i16).to_be_bytes()),
-        (Some(s), true) => {
-            produce_walk::push_count(out, s.len(), true);
-            out.extend_from_slice(s.as_bytes());
-        }
-        (Some(s), false) => {
-            out.extend_from_slice(&(s.len() as i16).to_be_bytes());
-            out.extend_from_slice(s.as_bytes());
-        }
-    }
-}
-
 /// The topic entries of `topics` (places in `local`), as kafka-protocol
 /// encodes a `TopicProduceResponse` with these answers and no tagged
 /// fields. `answered_before` answers precede these in the response (their
@@ -1140,9 +1125,9 @@ fn put_local_topics(
         };
         match version >= 13 {
             true => out.extend_from_slice(first.topic.topic_id.as_bytes()),
-            false => put_string(out, Some(first.topic.name.0.as_str()), flexible),
+            false => write::put_string(out, Some(first.topic.name.0.as_str()), flexible),
         }
-        produce_walk::push_count(out, places.len(), flexible);
+        write::put_count(out, places.len(), flexible);
         for l in places.iter().filter_map(|i| local.get(*i as usize)) {
             let (code, base_offset, message) = match &l.outcome {
                 LocalOutcome::Refused { refusal, message } => {
@@ -1161,8 +1146,8 @@ fn put_local_topics(
                 out.extend_from_slice(&(-1i64).to_be_bytes()); // log_start_offset
             }
             if version >= 8 {
-                produce_walk::push_count(out, 0, flexible); // record_errors
-                put_string(out, message.filter(|_| n < MESSAGES_PER_RESPONSE), flexible);
+                write::put_count(out, 0, flexible); // record_errors
+                write::put_string(out, message.filter(|_| n < MESSAGES_PER_RESPONSE), flexible);
             }
             if flexible {
                 out.extend_from_slice(&[0]); // tagged fields

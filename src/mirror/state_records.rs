@@ -27,6 +27,7 @@ use uuid::Uuid;
 use crate::mirror::link_state::{LinkState, LinkStatus};
 use crate::mirror::pid::ClusterId;
 use crate::wire::cursor::Cursor;
+use crate::wire::write;
 
 /// Record type of `MirrorPidCollisionKey`.
 pub const COLLISION_TYPE: i16 = 3;
@@ -164,14 +165,14 @@ impl StateRecord {
             StateRecord::LinkState(link, _) => {
                 let mut out = Vec::with_capacity(2 + 2 + link.len());
                 out.extend_from_slice(&LINK_STATE_TYPE.to_be_bytes());
-                put_string(&mut out, link);
+                write::put_string(&mut out, Some(link), false);
                 out
             }
             StateRecord::Drained(k, _) => {
                 let mut out = Vec::with_capacity(2 + 2 + k.link.len() + 2 + k.instance.len());
                 out.extend_from_slice(&DRAINED_TYPE.to_be_bytes());
-                put_string(&mut out, &k.link);
-                put_string(&mut out, &k.instance);
+                write::put_string(&mut out, Some(&k.link), false);
+                write::put_string(&mut out, Some(&k.instance), false);
                 out
             }
         }
@@ -282,12 +283,6 @@ fn decode_barrier(mut r: Reader<'_>, value: Option<&[u8]>) -> Result<StateRecord
     Ok(StateRecord::Barrier(k, Some(v)))
 }
 
-/// An int16-length string (callers bound the length far below i16::MAX).
-fn put_string(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as i16).to_be_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
 /// The value reader after its version, which must be 0.
 fn value_v0(value: &[u8], record_type: i16) -> Result<Reader<'_>, RecordError> {
     let mut r = Reader::new(value, "value");
@@ -379,7 +374,7 @@ fn encode_barrier_value(v: &BarrierValue) -> Vec<u8> {
     out.push(u8::from(v.accepted));
     out.extend_from_slice(&v.error_code.to_be_bytes());
     // Compact bytes: length + 1 as an unsigned varint.
-    crate::wire::header::put_uvarint(&mut out, v.batch.len() as u64 + 1);
+    write::put_uvarint(&mut out, v.batch.len() as u64 + 1);
     out.extend_from_slice(&v.batch);
     out.push(0); // no tagged fields
     out

@@ -83,16 +83,6 @@ impl RequestHeaderPeek {
     }
 }
 
-/// Append `value` as an unsigned varint (read back by
-/// [`Cursor::uvarlong`], or by [`Cursor::uvarint`] when it fits 32 bits).
-pub fn put_uvarint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8 & 0x7F) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
 /// Offset of a response body, given its header version (0: correlation id
 /// only; 1: then tagged fields).
 pub fn response_body_offset(frame: &[u8], header_version: i16) -> Option<usize> {

@@ -19,3 +19,4 @@ pub mod records;
 pub mod sasl;
 pub mod schema;
 pub mod walk;
+pub mod write;

@@ -26,6 +26,7 @@ use smallvec::SmallVec;
 
 use super::cursor::Cursor;
 use super::walk::{read_error, WalkError};
+use super::write::put_count;
 
 /// The Produce versions this walk knows: those of the compiled-in schema.
 pub const VERSIONS: (i16, i16) = (3, 13);
@@ -253,14 +254,14 @@ impl Index {
         let mut out = Vec::with_capacity(input.len());
         out.extend_from_slice(input.get(..self.topics_at as usize).unwrap_or_default());
         let topics = self.topics.iter().filter(|t| kept_in(t) > 0).count();
-        push_count(&mut out, topics, flexible);
+        put_count(&mut out, topics, flexible);
         for topic in self.topics.iter() {
             let n = kept_in(topic);
             if n == 0 {
                 continue;
             }
             out.extend_from_slice(part(topic.key));
-            push_count(&mut out, n, flexible);
+            put_count(&mut out, n, flexible);
             for i in topic.partitions().filter(|i| kept[*i]) {
                 out.extend_from_slice(part(self.partitions[i].entry));
             }
@@ -321,14 +322,6 @@ fn name_bytes(key: &[u8], flexible: bool) -> &[u8] {
         false => 2,
     };
     key.get(skip..).unwrap_or_default()
-}
-
-/// An array's count: a varint of count + 1 when flexible, an i32 before.
-pub fn push_count(out: &mut impl Extend<u8>, count: usize, flexible: bool) {
-    match flexible {
-        true => super::walk::push_uvarint(out, (count as u32).saturating_add(1)),
-        false => out.extend((count as i32).to_be_bytes()),
-    }
 }
 
 /// The walk's reads, each naming its field in the error; the reading

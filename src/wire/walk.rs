@@ -18,6 +18,7 @@ use std::ops::Range;
 
 use super::cursor::{Cursor, CursorError};
 use super::schema::{Field, Message, Type};
+use super::write::put_uvarint;
 
 /// Why a body could not be walked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -295,7 +296,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
                 if len == data.len() {
                     size.extend_from_slice(&self.input[size_bytes]);
                 } else {
-                    push_uvarint(&mut size, u32::try_from(len).unwrap_or(u32::MAX));
+                    put_uvarint(&mut size, u64::from(u32::try_from(len).unwrap_or(u32::MAX)));
                 }
                 self.out.splice(out_data..out_data, size);
             }
@@ -452,7 +453,10 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
         if self.emit && kept != count {
             let mut encoded = Vec::with_capacity(5);
             if self.flexible {
-                push_uvarint(&mut encoded, u32::try_from(kept + 1).unwrap_or(u32::MAX));
+                put_uvarint(
+                    &mut encoded,
+                    u64::from(u32::try_from(kept + 1).unwrap_or(u32::MAX)),
+                );
             } else {
                 encoded.extend_from_slice(&(kept as i32).to_be_bytes());
             }
@@ -507,7 +511,7 @@ impl<'a, 'v, V: Visitor> Walker<'a, 'v, V> {
             });
         }
         if self.flexible {
-            push_uvarint(&mut self.out, len as u32 + 1);
+            put_uvarint(&mut self.out, u64::from(len as u32 + 1));
         } else {
             self.out.extend_from_slice(&(len as i16).to_be_bytes());
         }
@@ -537,15 +541,6 @@ pub(super) fn read_error(path: &str, at: usize, e: CursorError) -> WalkError {
 fn tagged_header() -> &'static Field {
     static FIELD: std::sync::OnceLock<Field> = std::sync::OnceLock::new();
     FIELD.get_or_init(|| Field::synthetic("(tagged fields)"))
-}
-
-/// Append an unsigned varint.
-pub fn push_uvarint(out: &mut impl Extend<u8>, mut v: u32) {
-    while v >= 0x80 {
-        out.extend([(v as u8) | 0x80]);
-        v >>= 7;
-    }
-    out.extend([v as u8]);
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 use super::{CRC_OFFSET, CRC_START, LOG_OVERHEAD, MAGIC_V2};
 use crate::wire::crc32c;
+use crate::wire::write::put_varlong;
 
 /// One record. Offsets are consecutive from 0 in the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,17 +84,17 @@ pub fn build(batch: &NewBatch, records: &[NewRecord<'_>]) -> Result<Vec<u8>, Bui
     for (delta, r) in records.iter().enumerate() {
         record.clear();
         record.push(0); // attributes
-        push_varlong(&mut record, r.timestamp.wrapping_sub(base_timestamp));
-        push_varlong(&mut record, delta as i64);
+        put_varlong(&mut record, r.timestamp.wrapping_sub(base_timestamp));
+        put_varlong(&mut record, delta as i64);
         push_nullable(&mut record, r.key)?;
         push_nullable(&mut record, r.value)?;
-        push_varlong(&mut record, r.headers.len() as i64);
+        put_varlong(&mut record, r.headers.len() as i64);
         for (k, v) in r.headers {
             push_nullable(&mut record, Some(k.as_bytes()))?;
             push_nullable(&mut record, *v)?;
         }
         let len = i32::try_from(record.len()).map_err(|_| BuildError::TooLarge)?;
-        push_varlong(&mut out, i64::from(len));
+        put_varlong(&mut out, i64::from(len));
         out.extend_from_slice(&record);
     }
     let batch_length = i32::try_from(out.len() - LOG_OVERHEAD).map_err(|_| BuildError::TooLarge)?;
@@ -103,22 +104,12 @@ pub fn build(batch: &NewBatch, records: &[NewRecord<'_>]) -> Result<Vec<u8>, Bui
     Ok(out)
 }
 
-/// Zigzag varint, as Kafka's records use for every length and delta.
-fn push_varlong(out: &mut Vec<u8>, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
-        out.push((z as u8) | 0x80);
-        z >>= 7;
-    }
-    out.push(z as u8);
-}
-
 fn push_nullable(out: &mut Vec<u8>, bytes: Option<&[u8]>) -> Result<(), BuildError> {
     match bytes {
-        None => push_varlong(out, -1),
+        None => put_varlong(out, -1),
         Some(b) => {
             let len = i32::try_from(b.len()).map_err(|_| BuildError::TooLarge)?;
-            push_varlong(out, i64::from(len));
+            put_varlong(out, i64::from(len));
             out.extend_from_slice(b);
         }
     }

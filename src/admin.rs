@@ -107,7 +107,11 @@ struct Failbacks(Option<Arc<dyn FailbackApi>>);
 
 /// The admin routes, behind the bearer token check when one is configured.
 pub fn router(shared: Arc<Shared>, failback: Option<Arc<dyn FailbackApi>>) -> Router {
-    let token = shared.config.admin_token.as_deref().map(Token::new);
+    let token = shared
+        .config
+        .admin_token
+        .as_ref()
+        .map(|t| Token::new(t.expose()));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))

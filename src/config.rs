@@ -114,8 +114,44 @@ impl fmt::Debug for StateKey {
     }
 }
 
-/// The validated configuration.
-#[derive(Clone)]
+/// A secret string (the admin token); never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+// The files, not the keys.
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("server_name", &self.server_name)
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The validated configuration. Its `Debug` is the startup log line: every
+/// setting, no secret (keys, certificates and the admin token print as
+/// set or not).
+#[derive(Clone, Debug)]
 pub struct Config {
     pub bootstrap_servers: Vec<String>,
     pub listen: SocketAddr,
@@ -125,7 +161,7 @@ pub struct Config {
     /// `None`: a port per node (ADVERTISED_HOST, BROKER_PORT_BASE).
     pub sni: Option<SniRouting>,
     pub admin_listen: SocketAddr,
-    pub admin_token: Option<String>,
+    pub admin_token: Option<Secret>,
     pub max_frame_bytes: usize,
     /// Bytes of client request frames held at once, over all connections.
     pub max_buffered_bytes: usize,
@@ -201,90 +237,6 @@ pub enum ReadOnlyError {
     /// READ_ONLY_TOPIC (134) at the Produce versions whose clients know it,
     /// POLICY_VIOLATION below.
     ReadOnlyTopic,
-}
-
-impl fmt::Debug for Config {
-    // Secrets stay out of logs: keys, certificates and the admin token are
-    // shown only as set or not. Every field is named here (no `..`), so a
-    // field added to `Config` does not compile until it is shown or hidden.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Config {
-            bootstrap_servers,
-            listen,
-            advertised_host,
-            broker_port_base,
-            sni,
-            admin_listen,
-            admin_token,
-            max_frame_bytes,
-            max_buffered_bytes,
-            max_buffered_response_bytes,
-            buffer_wait_timeout_ms,
-            write_timeout_ms,
-            max_connections,
-            worker_threads,
-            connections_max_idle_ms,
-            request_read_timeout_ms,
-            response_read_timeout_ms,
-            tls_handshake_timeout_ms,
-            shutdown_timeout_ms,
-            connect_timeout_ms,
-            log_format,
-            client_tls,
-            upstream_tls,
-            upstream_sasl,
-            links,
-            state_topic,
-            producer_expiration_ms,
-            state_key,
-            state_key_unsigned_before,
-            producer_state_max_entries,
-            read_only_error,
-            failover_drain_timeout_ms,
-            producer_state_rebuild_bytes,
-            unknown_outcome_wait_ms,
-            instance_id,
-            instance_session_timeout_ms,
-        } = self;
-        f.debug_struct("Config")
-            .field("bootstrap_servers", bootstrap_servers)
-            .field("listen", listen)
-            .field("advertised_host", advertised_host)
-            .field("broker_port_base", broker_port_base)
-            .field("sni", sni)
-            .field("admin_listen", admin_listen)
-            .field("admin_token", &admin_token.is_some())
-            .field("max_frame_bytes", max_frame_bytes)
-            .field("max_buffered_bytes", max_buffered_bytes)
-            .field("max_buffered_response_bytes", max_buffered_response_bytes)
-            .field("buffer_wait_timeout_ms", buffer_wait_timeout_ms)
-            .field("write_timeout_ms", write_timeout_ms)
-            .field("max_connections", max_connections)
-            .field("worker_threads", worker_threads)
-            .field("connections_max_idle_ms", connections_max_idle_ms)
-            .field("request_read_timeout_ms", request_read_timeout_ms)
-            .field("response_read_timeout_ms", response_read_timeout_ms)
-            .field("tls_handshake_timeout_ms", tls_handshake_timeout_ms)
-            .field("shutdown_timeout_ms", shutdown_timeout_ms)
-            .field("connect_timeout_ms", connect_timeout_ms)
-            .field("log_format", log_format)
-            .field("client_tls", &client_tls.is_some())
-            .field("upstream_tls", &upstream_tls.is_some())
-            .field("upstream_sasl", upstream_sasl)
-            .field("links", &links.names())
-            .field("state_topic", state_topic)
-            .field("producer_expiration_ms", producer_expiration_ms)
-            .field("state_key", &state_key.is_some())
-            .field("state_key_unsigned_before", state_key_unsigned_before)
-            .field("producer_state_max_entries", producer_state_max_entries)
-            .field("read_only_error", read_only_error)
-            .field("failover_drain_timeout_ms", failover_drain_timeout_ms)
-            .field("producer_state_rebuild_bytes", producer_state_rebuild_bytes)
-            .field("unknown_outcome_wait_ms", unknown_outcome_wait_ms)
-            .field("instance_id", instance_id)
-            .field("instance_session_timeout_ms", instance_session_timeout_ms)
-            .finish()
-    }
 }
 
 /// `STATE_TOPIC`'s default.
@@ -795,7 +747,7 @@ impl Config {
                 broker_port_base,
                 sni,
                 admin_listen,
-                admin_token,
+                admin_token: admin_token.map(Secret),
                 max_frame_bytes,
                 max_buffered_bytes,
                 max_buffered_response_bytes,
@@ -1195,6 +1147,9 @@ mod tests {
             ("UPSTREAM_SASL_PASSWORD", "sasl-password-secret-value"),
             ("CONNECT_TIMEOUT_MS", "4321"),
             ("LOG_FORMAT", "json"),
+            ("LINKS", "east"),
+            ("LINK_EAST_SOURCE_CLUSTER_ID", "MkU3OEVBNTcwNTJENDM2Qg"),
+            ("LINK_EAST_TOPICS", "orders"),
         ]))
         .expect("valid");
         let shown = format!("{c:?}");
@@ -1204,7 +1159,8 @@ mod tests {
         for setting in [
             "connect_timeout_ms: 4321",
             "log_format: Json",
-            "admin_token: true",
+            "admin_token: Some(Secret(..))",
+            "links: [\"east\"]",
         ] {
             assert!(shown.contains(setting), "{setting} missing: {shown}");
         }

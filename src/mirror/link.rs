@@ -321,10 +321,19 @@ pub enum Origin {
 }
 
 /// All configured links, looked up by client id.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Links {
     by_client_id: HashMap<String, Arc<Link>>,
     ordered: Vec<Arc<Link>>,
+}
+
+// Their names: the startup line stays one short line per setting.
+impl std::fmt::Debug for Links {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.ordered.iter().map(|l| l.name()))
+            .finish()
+    }
 }
 
 impl Links {

@@ -34,26 +34,26 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, ensure, Context, Result};
-use rdkafka::config::ClientConfig as RdConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
+use anyhow::{ensure, Context, Result};
+use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
+use support::records::{producer, Topic};
 use support::tools::{self, DumpedBatch};
 
 const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
 const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
 const TOPIC: &str = "payments";
 const PARTITIONS: i32 = 2;
+const T: Topic = Topic {
+    name: TOPIC,
+    partitions: PARTITIONS,
+};
 /// The consumer groups: each reads its own share of A's records (times
 /// the scale) before the failover, so that each moves from other points.
 const GROUPS: [(&str, usize); 2] = [("g-billing", 30), ("g-audit", 52)];
@@ -69,92 +69,16 @@ fn scale() -> usize {
         .unwrap_or(1)
 }
 
-fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
-    let mut c = RdConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "0")
-        .set("enable.idempotence", "true");
-    for (k, v) in extra {
-        c.set(*k, *v);
-    }
-    Ok(c.create()?)
-}
-
-/// `n` records per partition, values `<tag>-p<partition>-<i>`.
-fn send(p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
-    for partition in 0..PARTITIONS {
-        for i in 0..n {
-            let v = format!("{tag}-p{partition}-{i}");
-            p.send(
-                BaseRecord::<(), _>::to(TOPIC)
-                    .partition(partition)
-                    .payload(&v),
-            )
-            .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
-        }
-    }
-    p.flush(WAIT)?;
-    Ok(())
-}
-
 /// A committed transaction of `n` records per partition, then an aborted
 /// one of `aborted`.
 fn transactions(p: &BaseProducer, tag: &str, n: usize, aborted: usize) -> Result<()> {
     p.begin_transaction()?;
-    send(p, tag, n)?;
+    T.send(p, tag, n)?;
     p.commit_transaction(WAIT)?;
     p.begin_transaction()?;
-    send(p, &format!("aborted-{tag}"), aborted)?;
+    T.send(p, &format!("aborted-{tag}"), aborted)?;
     p.abort_transaction(WAIT)?;
     Ok(())
-}
-
-fn ends(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
-    let c = client(bootstrap);
-    (0..PARTITIONS)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
-}
-
-/// Every committed record's value, per partition, up to `ends`.
-fn read(bootstrap: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<(i64, String)>>> {
-    let consumer: BaseConsumer = RdConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "drill-verifier")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut out: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
-    let mut position = vec![0i64; ends.len()];
-    let deadline = Instant::now() + WAIT;
-    loop {
-        for e in consumer.position()?.elements() {
-            if let Offset::Offset(o) = e.offset() {
-                position[e.partition() as usize] = o;
-            }
-        }
-        if position.iter().zip(ends).all(|(p, e)| p >= e) {
-            return Ok(out);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "reading {bootstrap}: at {position:?} of {ends:?}"
-        );
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m?;
-            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-            out.entry(m.partition()).or_default().push((m.offset(), v));
-        }
-    }
 }
 
 /// What one run of the VerifiableConsumer consumed and committed.
@@ -377,14 +301,14 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     let idempotent = producer(&a.bootstrap(), &[])?;
     let tx = producer(&a.bootstrap(), &[("transactional.id", "drill-a")])?;
     tx.init_transactions(WAIT)?;
-    send(&idempotent, "a1", 20 * n)?;
+    T.send(&idempotent, "a1", 20 * n)?;
     transactions(&tx, "a-tx", 7 * n, 5 * n)?;
-    send(&idempotent, "a2", 10 * n)?;
+    T.send(&idempotent, "a2", 10 * n)?;
     let on_a: Vec<Consumed> = GROUPS
         .iter()
         .map(|(g, k)| verifiable_consumer(&a.bootstrap(), &config, g, k * n))
         .collect::<Result<_>>()?;
-    let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+    let a_log = T.read(&a.bootstrap(), &T.ends(&rt, &a.bootstrap())?)?;
     let resume_on_b: Vec<Resume> = on_a.iter().map(|c| next_after_commit(c, &a_log)).collect();
     let sync_on_b: Vec<Resume> = resume_on_b
         .iter()
@@ -392,13 +316,13 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         .map(|(r, c)| synced(r, c))
         .collect();
     replicate_until(&rt, &a.bootstrap(), &pb.bootstrap, "a", || {
-        let b_log = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+        let b_log = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
         let copied: usize = b_log.values().map(Vec::len).sum();
         Ok(copied == 74 * n && group_at(&rt, &b.bootstrap(), &b_log, &sync_on_b)?)
     })?;
 
     // 2. A goes on alone; failover.
-    send(&idempotent, "a-tail", 6 * n)?;
+    T.send(&idempotent, "a-tail", 6 * n)?;
     transactions(&tx, "a-tail-tx", 3 * n, 0)?;
     let (status, body) = pb.admin_post("/links/a/failover?wait=60", "")?;
     ensure!(status.contains("200"), "failover of a: {status} {body}");
@@ -407,7 +331,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     let idempotent_b = producer(&pb.bootstrap, &[])?;
     let tx_b = producer(&pb.bootstrap, &[("transactional.id", "drill-b")])?;
     tx_b.init_transactions(WAIT)?;
-    send(&idempotent_b, "b", 8 * n)?;
+    T.send(&idempotent_b, "b", 8 * n)?;
     transactions(&tx_b, "b-tx", 4 * n, 2 * n)?;
     // (74 - k)n of A's records and 24n of B's own remain for a group on
     // B; each leaves 8n of them for after the move home.
@@ -415,7 +339,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         .iter()
         .map(|(g, k)| verifiable_consumer(&pb.bootstrap, &config, g, (74 - k + 24 - 8) * n))
         .collect::<Result<_>>()?;
-    let b_log = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+    let b_log = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
     for (((g, _), consumed), resume) in GROUPS.iter().zip(&on_b).zip(&resume_on_b) {
         let (firsts_on_b, want) = firsts(consumed, resume, "b");
         ensure!(
@@ -456,7 +380,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     };
     let (code, report, out) = failback(true)?;
     ensure!(code == 0, "dry run: {out}");
-    let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+    let a_log = T.read(&a.bootstrap(), &T.ends(&rt, &a.bootstrap())?)?;
     for part in report["partitions"].as_array().context("partitions")? {
         let p = part["partition"].as_i64().context("partition")? as i32;
         let tail: Vec<i64> = a_log[&p]
@@ -474,7 +398,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     let (code, _, out) = failback(false)?;
     ensure!(code == 0, "failback: {out}");
     let copied = replicate_until(&rt, &b.bootstrap(), &pa.bootstrap, "b", || {
-        let a_log = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+        let a_log = T.read(&a.bootstrap(), &T.ends(&rt, &a.bootstrap())?)?;
         let own = a_log
             .values()
             .flatten()
@@ -491,7 +415,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     let (status, body) = pa.admin_post("/links/b/failover?wait=60", "")?;
     ensure!(status.contains("200"), "failover of b: {status} {body}");
     let idempotent_a = producer(&pa.bootstrap, &[])?;
-    send(&idempotent_a, "a3", 5 * n)?;
+    T.send(&idempotent_a, "a3", 5 * n)?;
     // 8n of B's own records and the 10n new ones remain.
     let back: Vec<Consumed> = GROUPS
         .iter()
@@ -505,7 +429,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         );
     }
 
-    let a_final = read(&a.bootstrap(), &ends(&rt, &a.bootstrap())?)?;
+    let a_final = T.read(&a.bootstrap(), &T.ends(&rt, &a.bootstrap())?)?;
     let on_a_now: Vec<&str> = a_final
         .values()
         .flatten()
@@ -551,7 +475,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
 
     // B: every record once, A's before the divergence and B's own, none
     // of A's past it (the policy), nothing A does not also hold.
-    let b_final = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+    let b_final = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
     let on_b_now: Vec<&str> = b_final
         .values()
         .flatten()

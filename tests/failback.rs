@@ -23,20 +23,16 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, ensure, Context, Result};
-use rdkafka::config::ClientConfig as RdConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
+use anyhow::{ensure, Context, Result};
+use rdkafka::producer::Producer;
 use serde_json::Value;
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
+use support::records::{producer, Topic};
 use support::tools::{self, DumpedBatch};
 use support::wire::{partition_result, record_batch, RawClient};
 
@@ -44,83 +40,11 @@ const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
 const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
 const TOPIC: &str = "orders";
 const PARTITIONS: i32 = 2;
+const T: Topic = Topic {
+    name: TOPIC,
+    partitions: PARTITIONS,
+};
 const WAIT: Duration = Duration::from_secs(60);
-
-fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
-    let mut c = RdConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "0")
-        .set("enable.idempotence", "true");
-    for (k, v) in extra {
-        c.set(*k, *v);
-    }
-    Ok(c.create()?)
-}
-
-/// `n` records per partition, values `<tag>-p<partition>-<i>`.
-fn send(p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
-    for partition in 0..PARTITIONS {
-        for i in 0..n {
-            let v = format!("{tag}-p{partition}-{i}");
-            p.send(
-                BaseRecord::<(), _>::to(TOPIC)
-                    .partition(partition)
-                    .payload(&v),
-            )
-            .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
-        }
-    }
-    p.flush(WAIT)?;
-    Ok(())
-}
-
-fn ends(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
-    let c = client(bootstrap);
-    (0..PARTITIONS)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
-}
-
-/// (offset, value) of every committed record, per partition, up to `ends`.
-fn read(bootstrap: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<(i64, String)>>> {
-    let consumer: BaseConsumer = RdConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "failback-verifier")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut out: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
-    let mut position = vec![0i64; ends.len()];
-    let deadline = Instant::now() + WAIT;
-    loop {
-        for e in consumer.position()?.elements() {
-            if let Offset::Offset(o) = e.offset() {
-                position[e.partition() as usize] = o;
-            }
-        }
-        if position.iter().zip(ends).all(|(p, e)| p >= e) {
-            return Ok(out);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "reading {bootstrap}: at {position:?} of {ends:?}"
-        );
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m?;
-            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-            out.entry(m.partition()).or_default().push((m.offset(), v));
-        }
-    }
-}
 
 fn bin() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
@@ -227,31 +151,31 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     // 1. A's records, with transactions (one aborted) between idempotent
     // ones, mirrored into B by link a.
     let idempotent = producer(&a.bootstrap(), &[])?;
-    send(&idempotent, "a1", 20)?;
+    T.send(&idempotent, "a1", 20)?;
     let tx = producer(&a.bootstrap(), &[("transactional.id", "failback-tx")])?;
     tx.init_transactions(WAIT)?;
     tx.begin_transaction()?;
-    send(&tx, "aborted", 5)?;
+    T.send(&tx, "aborted", 5)?;
     tx.abort_transaction(WAIT)?;
     tx.begin_transaction()?;
-    send(&tx, "a-tx", 7)?;
+    T.send(&tx, "a-tx", 7)?;
     tx.commit_transaction(WAIT)?;
-    send(&idempotent, "a2", 10)?;
+    T.send(&idempotent, "a2", 10)?;
     let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, None))?;
     let forward = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
     support::replicator::run(&rt, forward)?;
 
     // 2. A goes on alone (the link lags: B never gets these), then the
     // failover; B's producers write B.
-    send(&idempotent, "a-tail", 6)?;
+    T.send(&idempotent, "a-tail", 6)?;
     tx.begin_transaction()?;
-    send(&tx, "a-tail-tx", 3)?;
+    T.send(&tx, "a-tail-tx", 3)?;
     tx.commit_transaction(WAIT)?;
-    let a_ends_at_failover = ends(&rt, &a.bootstrap())?;
+    let a_ends_at_failover = T.ends(&rt, &a.bootstrap())?;
     let (status, body) = pb.admin_post("/links/a/failover?wait=60", "")?;
     ensure!(status.contains("200"), "failover: {status} {body}");
     let on_b = producer(&pb.bootstrap, &[])?;
-    send(&on_b, "b", 8)?;
+    T.send(&on_b, "b", 8)?;
 
     // 3. A's proxy: link b PREPARING, fenced and read-only.
     // With failback settings, its admin API runs the failback too.
@@ -270,9 +194,9 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     }
 
     // 4. The dry run names exactly A's records past the divergence.
-    let a_records = read(&a.bootstrap(), &a_ends_at_failover)?;
-    let b_ends = ends(&rt, &b.bootstrap())?;
-    let b_records = read(&b.bootstrap(), &b_ends)?;
+    let a_records = T.read(&a.bootstrap(), &a_ends_at_failover)?;
+    let b_ends = T.ends(&rt, &b.bootstrap())?;
+    let b_records = T.read(&b.bootstrap(), &b_ends)?;
     let (code, report, out) = failback(&a.bootstrap(), &b.bootstrap(), None, true)?;
     ensure!(code == 0, "dry run exit {code}: {out}");
     ensure!(report["unresolved"] == 0, "{out}");
@@ -325,7 +249,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     );
     // Nothing was written by the dry runs.
     ensure!(
-        ends(&rt, &a.bootstrap())? == a_ends_at_failover,
+        T.ends(&rt, &a.bootstrap())? == a_ends_at_failover,
         "the dry run wrote A"
     );
 
@@ -395,7 +319,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     let keys: Vec<(String, i32)> = (0..PARTITIONS).map(|p| (TOPIC.to_string(), p)).collect();
     let deadline = Instant::now() + WAIT;
     let (a_after, followed) = loop {
-        let a_end = ends(&rt, &a.bootstrap())?;
+        let a_end = T.ends(&rt, &a.bootstrap())?;
         let grown: i64 = a_end
             .iter()
             .zip(&a_ends_at_failover)
@@ -406,7 +330,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
         if grown >= 8 * PARTITIONS as i64 && own.len() == keys.len() && mirrored.len() == keys.len()
         {
             break (
-                read(&a.bootstrap(), &a_end)?,
+                T.read(&a.bootstrap(), &a_end)?,
                 [
                     ("g-own", own, &g_own),
                     ("g-mirrored", mirrored, &g_mirrored),
@@ -518,9 +442,9 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     // producers write A again.
     let (status, body) = pa.admin_post("/links/b/failover?wait=60", "")?;
     ensure!(status.contains("200"), "failover of b: {status} {body}");
-    let a_at_second_failover = ends(&rt, &a.bootstrap())?;
+    let a_at_second_failover = T.ends(&rt, &a.bootstrap())?;
     let on_a = producer(&pa.bootstrap, &[])?;
-    send(&on_a, "a3", 5)?;
+    T.send(&on_a, "a3", 5)?;
 
     // 7. A → B again: link a (STOPPED on B's proxy) fails back from link
     // b's failover. B got nothing A lacks; A's records since go to B.
@@ -561,7 +485,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
         copied.total_records == 5 * PARTITIONS as u64,
         "exactly A's new records copied to B: {copied:?}"
     );
-    let b_final = read(&b.bootstrap(), &ends(&rt, &b.bootstrap())?)?;
+    let b_final = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
     for p in 0..PARTITIONS {
         let values: Vec<&str> = b_final[&p].iter().map(|(_, v)| v.as_str()).collect();
         let unique: BTreeSet<&str> = values.iter().copied().collect();

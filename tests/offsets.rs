@@ -18,99 +18,23 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::Producer;
 
 use kafka_mirror_proxy::client::offsets::Offsets;
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{http_request, ProxyProcess};
+use support::records::{producer, Topic};
 
 const TOPIC: &str = "tx";
 const PARTITIONS: i32 = 2;
+const T: Topic = Topic {
+    name: TOPIC,
+    partitions: PARTITIONS,
+};
 const TRANSACTIONS: usize = 9;
 const WAIT: Duration = Duration::from_secs(60);
-
-fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
-    let mut c = RdConfig::new();
-    c.set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "0")
-        .set("enable.idempotence", "true");
-    for (k, v) in extra {
-        c.set(*k, *v);
-    }
-    Ok(c.create()?)
-}
-
-fn send(p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
-    for partition in 0..PARTITIONS {
-        for i in 0..n {
-            let v = format!("{tag}-p{partition}-{i}");
-            p.send(
-                BaseRecord::<(), _>::to(TOPIC)
-                    .partition(partition)
-                    .payload(&v),
-            )
-            .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
-        }
-    }
-    p.flush(WAIT)?;
-    Ok(())
-}
-
-/// (offset, value) of every record a read_committed consumer sees, per
-/// partition, up to `ends`.
-fn read(bootstrap: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<(i64, String)>>> {
-    let consumer: BaseConsumer = RdConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "offsets-verifier")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut out: BTreeMap<i32, Vec<(i64, String)>> = BTreeMap::new();
-    let mut position = vec![0i64; ends.len()];
-    let deadline = Instant::now() + WAIT;
-    // A committed record's offset reaches at most end - 1; the last marker
-    // is never delivered, so "done" is the consumer's position.
-    loop {
-        let positions = consumer.position()?;
-        for e in positions.elements() {
-            if let Offset::Offset(o) = e.offset() {
-                position[e.partition() as usize] = o;
-            }
-        }
-        if position.iter().zip(ends).all(|(p, e)| p >= e) {
-            return Ok(out);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "reading {bootstrap}: at {position:?} of {ends:?}"
-        );
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m?;
-            let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-            out.entry(m.partition()).or_default().push((m.offset(), v));
-        }
-    }
-}
-
-fn ends(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
-    let c = client(bootstrap);
-    (0..PARTITIONS)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
-}
 
 /// `kafka-mirror-proxy offsets ...`: (topic, partition, source) -> the
 /// printed destination offset.
@@ -158,25 +82,25 @@ fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
     let plain = producer(&a.bootstrap(), &[])?;
     let txn = producer(&a.bootstrap(), &[("transactional.id", "offsets-txn")])?;
     txn.init_transactions(WAIT)?;
-    send(&plain, "first", 3)?;
+    T.send(&plain, "first", 3)?;
     for t in 0..TRANSACTIONS {
         txn.begin_transaction()?;
-        send(&txn, &format!("txn{t}"), 4)?;
+        T.send(&txn, &format!("txn{t}"), 4)?;
         if t % 3 == 2 {
             txn.abort_transaction(WAIT)?;
         } else {
             txn.commit_transaction(WAIT)?;
         }
-        send(&plain, &format!("plain{t}"), 2)?;
+        T.send(&plain, &format!("plain{t}"), 2)?;
     }
-    let source_ends = ends(&rt, &a.bootstrap())?;
-    let source = read(&a.bootstrap(), &source_ends)?;
+    let source_ends = T.ends(&rt, &a.bootstrap())?;
+    let source = T.read(&a.bootstrap(), &source_ends)?;
 
     let config = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
     let report = support::replicator::run(&rt, config)?;
     ensure!(report.total_records > 0, "nothing copied: {report}");
-    let destination_ends = ends(&rt, &b.bootstrap())?;
-    let destination = read(&b.bootstrap(), &destination_ends)?;
+    let destination_ends = T.ends(&rt, &b.bootstrap())?;
+    let destination = T.read(&b.bootstrap(), &destination_ends)?;
     ensure!(
         destination_ends != source_ends,
         "the offsets should drift (markers and aborted batches stay behind)"

@@ -3,7 +3,8 @@
 //! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
 //! crate's own client set up for tests (`crate_client`), a TCP relay that
 //! breaks connections (`relay`), one that holds a request (`hold_relay`),
-//! the replicator (`replicator`) and free ports (`ports`).
+//! the replicator (`replicator`), a test topic's records (`records`) and
+//! free ports (`ports`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -15,6 +16,7 @@ pub mod hold_relay;
 pub mod kafka;
 pub mod ports;
 pub mod proxy;
+pub mod records;
 pub mod relay;
 pub mod replicator;
 pub mod tools;

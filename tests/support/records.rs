@@ -1,0 +1,114 @@
+//! One test topic's records as the drills write and check them: librdkafka
+//! producers (idempotent, transactional with extra settings), values
+//! `<tag>-p<partition>-<i>` so that a record is known by its value on
+//! either cluster, the partitions' log ends, and every committed record
+//! read back (read_committed).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, ensure, Result};
+use rdkafka::config::ClientConfig as RdConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use kafka_mirror_proxy::client::protocol::OffsetSpec;
+
+use super::crate_client::client;
+
+/// (offset, value) of each committed record, per partition.
+pub type Log = BTreeMap<i32, Vec<(i64, String)>>;
+
+/// How long a flush or a read may take.
+const WAIT: Duration = Duration::from_secs(90);
+
+/// An idempotent producer (`linger.ms=0`), with `extra` settings (e.g. a
+/// `transactional.id`).
+pub fn producer(bootstrap: &str, extra: &[(&str, &str)]) -> Result<BaseProducer> {
+    let mut c = RdConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "0")
+        .set("enable.idempotence", "true");
+    for (k, v) in extra {
+        c.set(*k, *v);
+    }
+    Ok(c.create()?)
+}
+
+/// A topic of `partitions` partitions.
+#[derive(Debug, Clone, Copy)]
+pub struct Topic {
+    pub name: &'static str,
+    pub partitions: i32,
+}
+
+impl Topic {
+    /// `n` records per partition, values `<tag>-p<partition>-<i>`, flushed.
+    pub fn send(&self, p: &BaseProducer, tag: &str, n: usize) -> Result<()> {
+        for partition in 0..self.partitions {
+            for i in 0..n {
+                let v = format!("{tag}-p{partition}-{i}");
+                p.send(
+                    BaseRecord::<(), _>::to(self.name)
+                        .partition(partition)
+                        .payload(&v),
+                )
+                .map_err(|(e, _)| anyhow!("queueing {v}: {e}"))?;
+            }
+        }
+        p.flush(WAIT)?;
+        Ok(())
+    }
+
+    /// Every partition's log end offset on `bootstrap`.
+    pub fn ends(&self, rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
+        let c = client(bootstrap);
+        (0..self.partitions)
+            .map(|p| {
+                Ok(rt
+                    .block_on(c.list_offset(self.name, p, OffsetSpec::Latest))?
+                    .offset)
+            })
+            .collect()
+    }
+
+    /// Every record a read_committed consumer sees on `bootstrap`, per
+    /// partition, up to `ends`.
+    pub fn read(&self, bootstrap: &str, ends: &[i64]) -> Result<Log> {
+        let consumer: BaseConsumer = RdConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "records-verifier")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..self.partitions {
+            tpl.add_partition_offset(self.name, p, Offset::Beginning)?;
+        }
+        consumer.assign(&tpl)?;
+        let mut out = Log::new();
+        let mut position = vec![0i64; ends.len()];
+        let deadline = Instant::now() + WAIT;
+        loop {
+            for e in consumer.position()?.elements() {
+                if let Offset::Offset(o) = e.offset() {
+                    position[e.partition() as usize] = o;
+                }
+            }
+            if position.iter().zip(ends).all(|(p, e)| p >= e) {
+                return Ok(out);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "reading {bootstrap}: at {position:?} of {ends:?}"
+            );
+            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+                let m = m?;
+                let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                out.entry(m.partition()).or_default().push((m.offset(), v));
+            }
+        }
+    }
+}

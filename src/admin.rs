@@ -94,19 +94,22 @@ pub enum FailbackAnswer {
 /// reads both clusters with the replicator's code, a layer above this one,
 /// so the binary supplies it (as `kafka-mirror-proxy failback` runs it).
 pub trait FailbackApi: Send + Sync {
-    /// The divergence report; changes nothing.
-    fn plan<'a>(&'a self, link: &'a str) -> BoxFuture<'a, Result<FailbackAnswer, BoxError>>;
-    /// Plans again and, when every partition is resolved, writes the
-    /// link's translation history and its replicator's starting points.
-    /// The caller has checked that the link is fenced.
-    fn apply<'a>(&'a self, link: &'a str) -> BoxFuture<'a, Result<FailbackAnswer, BoxError>>;
+    /// The divergence report; with `apply`, and when every partition is
+    /// resolved, also writes the link's translation history and its
+    /// replicator's starting points (the caller has checked that the link
+    /// is fenced).
+    fn failback<'a>(
+        &'a self,
+        link: &'a str,
+        apply: bool,
+    ) -> BoxFuture<'a, Result<FailbackAnswer, BoxError>>;
 }
 
 #[derive(Clone)]
 struct Failbacks(Option<Arc<dyn FailbackApi>>);
 
 /// The admin routes, behind the bearer token check when one is configured.
-pub fn router(shared: Arc<Shared>, failback: Option<Arc<dyn FailbackApi>>) -> Router {
+pub fn router(shared: Arc<Shared>, failbacks: Option<Arc<dyn FailbackApi>>) -> Router {
     let token = shared
         .config
         .admin_token
@@ -124,11 +127,8 @@ pub fn router(shared: Arc<Shared>, failback: Option<Arc<dyn FailbackApi>>) -> Ro
             post(failover).get(failover_dry_run),
         )
         .route("/links/{name}/start", post(start))
-        .route(
-            "/links/{name}/failback",
-            post(failback_apply).get(failback_dry_run),
-        )
-        .layer(Extension(Failbacks(failback)))
+        .route("/links/{name}/failback", get(failback).post(failback))
+        .layer(Extension(Failbacks(failbacks)))
         .layer(middleware::from_fn_with_state(token, authorize))
         .with_state(shared)
 }
@@ -551,30 +551,15 @@ fn failback_error(e: BoxError) -> Response {
     error(StatusCode::SERVICE_UNAVAILABLE, message)
 }
 
-/// The failback's divergence report (`kafka-mirror-proxy failback
-/// --dry-run`): 200 with it, 409 when the other side's link has not failed
-/// over; changes nothing.
-async fn failback_dry_run(
-    State(shared): State<Arc<Shared>>,
-    Extension(failbacks): Extension<Failbacks>,
-    Path(name): Path<String>,
-) -> Response {
-    let api = match failback_of(&shared, &failbacks, &name) {
-        Ok(api) => api,
-        Err(answer) => return *answer,
-    };
-    match api.plan(&name).await {
-        Ok(FailbackAnswer::Report { report, .. }) => json_response(StatusCode::OK, report),
-        Ok(FailbackAnswer::Refused(why)) => error(StatusCode::CONFLICT, why),
-        Err(e) => failback_error(e),
-    }
-}
-
-/// The failback: 409 unless the link is PREPARING or STOPPED, or while a
-/// partition's divergence cannot be told (the report says which; nothing
-/// is written); else the history and the starting points are written and
-/// the link starts: 200 with the report and the link.
-async fn failback_apply(
+/// `GET`: the failback's divergence report (`kafka-mirror-proxy failback
+/// --dry-run`), changing nothing: 200 with it. `POST`: the failback: 409
+/// unless the link is PREPARING or STOPPED, or while a partition's
+/// divergence cannot be told (the report says which; nothing is written);
+/// else the history and the starting points are written and the link
+/// starts: 200 with the report and the link. Either: 409 when the other
+/// side's link has not failed over.
+async fn failback(
+    method: axum::http::Method,
     State(shared): State<Arc<Shared>>,
     Extension(failbacks): Extension<Failbacks>,
     Path(name): Path<String>,
@@ -584,22 +569,30 @@ async fn failback_apply(
         Err(answer) => return *answer,
     };
     let control = &shared.ctx.control;
-    let state = match control.link(&name) {
-        Ok(report) => report
-            .get("state")
-            .and_then(|s| s.as_str())
-            .unwrap_or("")
-            .to_string(),
-        Err(e) => return control_error(e),
-    };
-    // Nothing is written while the link could be copying.
-    if state != "PREPARING" && state != "STOPPED" {
-        return error(
-            StatusCode::CONFLICT,
-            format!("link '{name}' is {state}: a failback starts a PREPARING (or STOPPED) link"),
-        );
+    let apply = method == axum::http::Method::POST;
+    if apply {
+        let state = match control.link(&name) {
+            Ok(report) => report
+                .get("state")
+                .and_then(|s| s.as_str())
+                .unwrap_or("")
+                .to_string(),
+            Err(e) => return control_error(e),
+        };
+        // Nothing is written while the link could be copying.
+        if state != "PREPARING" && state != "STOPPED" {
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "link '{name}' is {state}: a failback starts a PREPARING (or STOPPED) link"
+                ),
+            );
+        }
     }
-    let report = match api.apply(&name).await {
+    let report = match api.failback(&name, apply).await {
+        Ok(FailbackAnswer::Report { report, .. }) if !apply => {
+            return json_response(StatusCode::OK, report)
+        }
         Ok(FailbackAnswer::Report { report, unresolved }) if unresolved > 0 => {
             return json_response(
                 StatusCode::CONFLICT,

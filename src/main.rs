@@ -621,24 +621,15 @@ impl FailbackService {
 }
 
 impl kafka_mirror_proxy::admin::FailbackApi for FailbackService {
-    fn plan<'a>(
+    fn failback<'a>(
         &'a self,
         link: &'a str,
+        apply: bool,
     ) -> futures_util::future::BoxFuture<
         'a,
         Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>,
     > {
-        Box::pin(self.run(link, false))
-    }
-
-    fn apply<'a>(
-        &'a self,
-        link: &'a str,
-    ) -> futures_util::future::BoxFuture<
-        'a,
-        Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>,
-    > {
-        Box::pin(self.run(link, true))
+        Box::pin(self.run(link, apply))
     }
 }
 

@@ -40,7 +40,7 @@ use crate::proxy::Shared;
 
 /// Time bounds of the admin endpoint.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// From when the server waits for a request (a new connection, or the
     /// next request on a kept-alive one) until its whole head has arrived;
     /// then the connection is closed without an answer (slowloris).
@@ -109,7 +109,7 @@ pub trait FailbackApi: Send + Sync {
 struct Failbacks(Option<Arc<dyn FailbackApi>>);
 
 /// The admin routes, behind the bearer token check when one is configured.
-pub fn router(shared: Arc<Shared>, failbacks: Option<Arc<dyn FailbackApi>>) -> Router {
+pub(crate) fn router(shared: Arc<Shared>, failbacks: Option<Arc<dyn FailbackApi>>) -> Router {
     let token = shared
         .config
         .admin_token
@@ -134,7 +134,7 @@ pub fn router(shared: Arc<Shared>, failbacks: Option<Arc<dyn FailbackApi>>) -> R
 }
 
 /// Serve `app` on `listener` with `timeouts`, until the process ends.
-pub async fn serve_app(
+pub(crate) async fn serve_app(
     listener: TcpListener,
     app: Router,
     timeouts: Timeouts,
@@ -194,9 +194,9 @@ async fn authorize(State(token): State<Option<Token>>, request: Request, next: N
 }
 
 /// How long `POST /links/{name}/failover` waits when `wait` is not given.
-pub const FAILOVER_WAIT_DEFAULT: Duration = Duration::from_secs(60);
+pub(crate) const FAILOVER_WAIT_DEFAULT: Duration = Duration::from_secs(60);
 /// The longest `wait` honoured; a larger one is cut to this.
-pub const FAILOVER_WAIT_MAX: Duration = Duration::from_secs(600);
+pub(crate) const FAILOVER_WAIT_MAX: Duration = Duration::from_secs(600);
 /// Time beyond `wait` a failover request may take to answer (the state
 /// writes before and the report after).
 const FAILOVER_WAIT_SLACK: Duration = Duration::from_secs(15);

@@ -25,7 +25,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 /// Default admin URL: the default `MIRROR_PROXY_ADMIN_LISTEN`.
-pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9190";
+pub(crate) const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9190";
 
 /// Largest admin API answer read.
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -34,7 +34,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_ERROR: u8 = 1;
-pub const EXIT_INCOMPLETE: u8 = 2;
+pub(crate) const EXIT_INCOMPLETE: u8 = 2;
 pub const EXIT_REFUSED: u8 = 3;
 
 /// What went wrong talking to the admin API.
@@ -290,7 +290,7 @@ pub struct FailoverChecks {
 
 impl FailoverChecks {
     /// The query parameters of these checks (`&`-prefixed each).
-    pub fn query(&self) -> String {
+    pub(crate) fn query(&self) -> String {
         let mut q = String::new();
         if let Some(max) = self.max_delay {
             let _ = write!(q, "&max_delay={max}");
@@ -348,7 +348,7 @@ async fn dry_run(
 }
 
 /// A dry run's report as text.
-pub fn render_dry_run(r: &Value) -> String {
+pub(crate) fn render_dry_run(r: &Value) -> String {
     let mut out = String::new();
     let link = text(r.get("link"));
     let action = match r["action"].as_str() {
@@ -498,14 +498,14 @@ pub async fn failover(
 
 /// How far a link's failover is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub done: u64,
     pub total: u64,
     pub complete: bool,
 }
 
 /// The failover progress of a link document; `None` without a failover.
-pub fn failover_progress(link: &Value) -> Option<Progress> {
+pub(crate) fn failover_progress(link: &Value) -> Option<Progress> {
     let f = link.get("failover").filter(|f| f.is_object())?;
     Some(Progress {
         done: f
@@ -522,7 +522,7 @@ pub fn failover_progress(link: &Value) -> Option<Progress> {
 
 /// 0 when the failover completed with every partition accepted or refused
 /// (and recorded) and every instance confirmed; 2 otherwise.
-pub fn failover_exit_code(link: &Value) -> u8 {
+pub(crate) fn failover_exit_code(link: &Value) -> u8 {
     let Some(f) = link.get("failover").filter(|f| f.is_object()) else {
         return EXIT_INCOMPLETE;
     };
@@ -561,7 +561,7 @@ fn text(v: Option<&Value>) -> String {
 }
 
 /// A UTC time from milliseconds since the epoch, `YYYY-MM-DD HH:MM:SS UTC`.
-pub fn utc(ms: i64) -> String {
+pub(crate) fn utc(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
@@ -632,7 +632,7 @@ fn failover_summary(link: &Value) -> String {
 }
 
 /// `GET /links` as a table.
-pub fn render_links(doc: &Value) -> String {
+pub(crate) fn render_links(doc: &Value) -> String {
     let links = doc
         .get("links")
         .and_then(Value::as_array)
@@ -660,7 +660,7 @@ pub fn render_links(doc: &Value) -> String {
 }
 
 /// One link (`GET /links/{name}`), with its failover's partitions.
-pub fn render_link(link: &Value) -> String {
+pub(crate) fn render_link(link: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "link            {}", text(link.get("name")));
     let _ = match time(link.get("since_ms")).as_str() {

@@ -22,11 +22,11 @@ use crate::mirror::pid::ClusterId;
 use crate::wire::sasl::{Credentials, Mechanism};
 
 pub mod replicator;
-pub mod sni;
-pub use sni::{SniNames, SniRoute};
+pub(crate) mod sni;
+pub(crate) use sni::{SniNames, SniRoute};
 
 /// The prefix shared by every variable the proxy reads.
-pub const PREFIX: &str = "MIRROR_PROXY_";
+pub(crate) const PREFIX: &str = "MIRROR_PROXY_";
 
 /// One problem with one variable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,7 +101,7 @@ pub struct StateKey(Vec<u8>);
 
 impl StateKey {
     /// Shortest key accepted: as long as the HMAC-SHA256 output.
-    pub const MIN_LEN: usize = 32;
+    pub(crate) const MIN_LEN: usize = 32;
 
     pub fn expose(&self) -> &[u8] {
         &self.0

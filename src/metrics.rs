@@ -19,17 +19,17 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub mod mirrored;
+pub(crate) mod mirrored;
 use mirrored::LinkMirror;
 
 /// `Content-Type` of [`Metrics::render`]'s output.
-pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Value of the `api_key` label: the number of an API key `kafka-protocol`
 /// knows (as a number, so queries need no table of names), or
 /// `unknown` for any other value a client may put in a request header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ApiKeyLabel {
+pub(crate) enum ApiKeyLabel {
     Known(ApiKey),
     Unknown,
 }
@@ -52,7 +52,7 @@ impl EncodeLabelValue for ApiKeyLabel {
 /// Value of the `listener` label: `bootstrap` or `node-<id>`. Node ids come
 /// from broker responses, not from clients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Listener {
+pub(crate) enum Listener {
     Bootstrap,
     Node(i32),
 }
@@ -240,7 +240,7 @@ impl Default for Metrics {
 
 /// A client connection counted as active until this is dropped, so the gauge
 /// comes down on every path out of a session, panics included.
-pub struct ActiveConnection {
+pub(crate) struct ActiveConnection {
     gauge: Gauge,
 }
 
@@ -432,7 +432,7 @@ impl Metrics {
 
     /// A listener exists (the bootstrap one, or a node's once a response
     /// named it): its series are shown at zero from now on.
-    pub fn listener_known(&self, listener: Listener) {
+    pub(crate) fn listener_known(&self, listener: Listener) {
         let labels = ListenerLabels { listener };
         let _ = self.client_connections.get_or_create(&labels);
         let _ = self.broker_unreachable.get_or_create(&labels);
@@ -442,7 +442,7 @@ impl Metrics {
 
     /// `reasons` (fixed labels) can refuse connections to `listener`: each
     /// is shown at zero from now on.
-    pub fn refusal_reasons(
+    pub(crate) fn refusal_reasons(
         &self,
         listener: Listener,
         reasons: impl IntoIterator<Item = &'static str>,
@@ -456,7 +456,7 @@ impl Metrics {
 
     /// `reasons` (fixed labels) can close a client connection: each is
     /// shown at zero from now on.
-    pub fn close_reasons(&self, reasons: impl IntoIterator<Item = &'static str>) {
+    pub(crate) fn close_reasons(&self, reasons: impl IntoIterator<Item = &'static str>) {
         for reason in reasons {
             let _ = self
                 .connections_closed
@@ -466,7 +466,10 @@ impl Metrics {
 
     /// `reasons` (fixed labels) can refuse a link's partitions: each is
     /// shown at zero for every configured link from now on.
-    pub fn partition_refusal_reasons(&self, reasons: impl IntoIterator<Item = &'static str>) {
+    pub(crate) fn partition_refusal_reasons(
+        &self,
+        reasons: impl IntoIterator<Item = &'static str>,
+    ) {
         for reason in reasons {
             for link in self.links.values() {
                 let _ = self.partitions_refused.get_or_create(&RefusedLabels {
@@ -478,17 +481,17 @@ impl Metrics {
     }
 
     /// The gauge of request frame memory held (kept by `net::frame::Budget`).
-    pub fn buffered_request_bytes(&self) -> Gauge {
+    pub(crate) fn buffered_request_bytes(&self) -> Gauge {
         Gauge::clone(&self.buffered_request_bytes)
     }
 
     /// The gauge of response frame memory held (kept by `net::frame::Budget`).
-    pub fn buffered_response_bytes(&self) -> Gauge {
+    pub(crate) fn buffered_response_bytes(&self) -> Gauge {
         Gauge::clone(&self.buffered_response_bytes)
     }
 
     /// A client connection was accepted on `target`'s listener.
-    pub fn connection_opened(&self, listener: Listener) -> ActiveConnection {
+    pub(crate) fn connection_opened(&self, listener: Listener) -> ActiveConnection {
         let labels = ListenerLabels { listener };
         self.client_connections.get_or_create(&labels).inc();
         let gauge = self.client_connections_active.get_or_create_owned(&labels);
@@ -497,7 +500,7 @@ impl Metrics {
     }
 
     /// A client connection ended, for `reason` (a fixed label).
-    pub fn connection_closed(&self, reason: &'static str) {
+    pub(crate) fn connection_closed(&self, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ReasonLabels { reason })
             .inc();
@@ -505,28 +508,28 @@ impl Metrics {
 
     /// A client connection to `target`'s listener was refused, for
     /// `reason` (a fixed label).
-    pub fn connection_refused(&self, listener: Listener, reason: &'static str) {
+    pub(crate) fn connection_refused(&self, listener: Listener, reason: &'static str) {
         self.connections_refused
             .get_or_create(&RefusedConnectionLabels { listener, reason })
             .inc();
     }
 
     /// `target`'s broker became unreachable: its port is closed.
-    pub fn broker_down(&self, listener: Listener) {
+    pub(crate) fn broker_down(&self, listener: Listener) {
         let labels = ListenerLabels { listener };
         self.broker_unreachable.get_or_create(&labels).set(1);
         self.broker_outages.get_or_create(&labels).inc();
     }
 
     /// `target`'s broker answers again: its port is open.
-    pub fn broker_up(&self, listener: Listener) {
+    pub(crate) fn broker_up(&self, listener: Listener) {
         self.broker_unreachable
             .get_or_create(&ListenerLabels { listener })
             .set(0);
     }
 
     /// The proxy connected to `broker` for a client of `target`'s listener.
-    pub fn upstream_connected(&self, listener: Listener, broker: &str) {
+    pub(crate) fn upstream_connected(&self, listener: Listener, broker: &str) {
         self.upstream_connections
             .get_or_create(&UpstreamLabels {
                 listener,
@@ -537,7 +540,7 @@ impl Metrics {
 
     /// One request with this API key number from a request header: any i16,
     /// so numbers `kafka-protocol` does not know share the `unknown` series.
-    pub fn request(&self, api_key: i16) {
+    pub(crate) fn request(&self, api_key: i16) {
         self.request_counter(api_key).inc();
     }
 
@@ -561,7 +564,7 @@ impl Metrics {
     }
 
     /// `n` batches of `link` got a new producer id.
-    pub fn batches_remapped(&self, link: &str, n: u64) {
+    pub(crate) fn batches_remapped(&self, link: &str, n: u64) {
         match self.links.get(link) {
             Some(l) => l.remapped.inc_by(n),
             None => self
@@ -574,7 +577,7 @@ impl Metrics {
     }
 
     /// `n` control batches of `link` were acknowledged without writing.
-    pub fn control_batches_dropped(&self, link: &str, n: u64) {
+    pub(crate) fn control_batches_dropped(&self, link: &str, n: u64) {
         match self.links.get(link) {
             Some(l) => l.dropped.inc_by(n),
             None => self
@@ -588,7 +591,7 @@ impl Metrics {
 
     /// The proxy refused one partition of `link` for `reason` (a fixed label).
     /// Rare and logged anyway, so the family lookup here is fine.
-    pub fn partition_refused(&self, link: &str, reason: &'static str) {
+    pub(crate) fn partition_refused(&self, link: &str, reason: &'static str) {
         let link = match self.links.get(link) {
             Some(l) => Arc::clone(&l.name),
             None => Arc::from(link),
@@ -599,7 +602,7 @@ impl Metrics {
     }
 
     /// `n` batches of `link` were answered as duplicates.
-    pub fn duplicates_answered(&self, link: &str, n: u64) {
+    pub(crate) fn duplicates_answered(&self, link: &str, n: u64) {
         self.duplicates_answered
             .get_or_create(&LinkLabels {
                 link: Arc::from(link),
@@ -617,21 +620,21 @@ impl Metrics {
     }
 
     /// `link` is in the state with `code` (0 MIRRORING, 1 STOPPING, 2 STOPPED).
-    pub fn link_state(&self, link: &str, code: i8) {
+    pub(crate) fn link_state(&self, link: &str, code: i8) {
         self.control
             .link_state
             .get_or_create(&self.link_label(link))
             .set(i64::from(code));
     }
 
-    pub fn failover_started(&self, link: &str) {
+    pub(crate) fn failover_started(&self, link: &str) {
         self.control
             .failovers
             .get_or_create(&self.link_label(link))
             .inc();
     }
 
-    pub fn failover_finished(&self, link: &str, seconds: f64) {
+    pub(crate) fn failover_finished(&self, link: &str, seconds: f64) {
         self.control
             .failovers_completed
             .get_or_create(&self.link_label(link))
@@ -640,14 +643,14 @@ impl Metrics {
     }
 
     /// A partition barrier ended with `result` (a fixed label).
-    pub fn barrier(&self, result: &'static str) {
+    pub(crate) fn barrier(&self, result: &'static str) {
         self.control
             .barriers
             .get_or_create(&ResultLabels { result })
             .inc();
     }
 
-    pub fn state_topic_request_refused(&self, api: ApiKey) {
+    pub(crate) fn state_topic_request_refused(&self, api: ApiKey) {
         self.control
             .state_topic_requests_refused
             .get_or_create_owned(&RequestLabels {
@@ -656,14 +659,14 @@ impl Metrics {
             .inc();
     }
 
-    pub fn local_writes_refused(&self, link: &str, partitions: usize) {
+    pub(crate) fn local_writes_refused(&self, link: &str, partitions: usize) {
         self.control
             .local_writes_refused
             .get_or_create(&self.link_label(link))
             .inc_by(partitions as u64);
     }
 
-    pub fn link_connection_fenced(&self, link: &str) {
+    pub(crate) fn link_connection_fenced(&self, link: &str) {
         self.control
             .connections_fenced
             .get_or_create(&self.link_label(link))
@@ -671,14 +674,14 @@ impl Metrics {
     }
 
     /// `n` more mirrored producers were evicted from the producer state.
-    pub fn producer_state_evicted(&self, n: u64) {
+    pub(crate) fn producer_state_evicted(&self, n: u64) {
         self.producer_state_evictions.inc_by(n);
     }
 
     /// One rebuild of a partition's producer state ended with `result`
     /// (`complete`, `bounded`, `caught_up`, `failed`); a bounded one left
     /// `offsets_beyond_bound` log offsets unread.
-    pub fn producer_state_rebuilt(&self, result: &'static str, offsets_beyond_bound: u64) {
+    pub(crate) fn producer_state_rebuilt(&self, result: &'static str, offsets_beyond_bound: u64) {
         self.producer_state_rebuilds
             .get_or_create(&ResultLabels { result })
             .inc();
@@ -688,19 +691,19 @@ impl Metrics {
 
     /// A partition was marked for a new rebuild, for `reason`
     /// (`unknown_outcome`, `leader_moved`, `truncated`, `new_writer`).
-    pub fn producer_state_rebuild_marked(&self, reason: &'static str) {
+    pub(crate) fn producer_state_rebuild_marked(&self, reason: &'static str) {
         self.producer_state_rebuild_marks
             .get_or_create(&FixedLabels { reason })
             .inc();
     }
 
     /// What configured link `link` mirrored (`None`: no such link).
-    pub fn link_mirror(&self, link: &str) -> Option<&Arc<LinkMirror>> {
+    pub(crate) fn link_mirror(&self, link: &str) -> Option<&Arc<LinkMirror>> {
         self.links.get(link).map(|l| &l.mirror)
     }
 
     /// Everything, in the Prometheus text format 0.0.4.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         for link in self.links.values() {
             link.mirror.refresh_gauge();
         }
@@ -965,25 +968,25 @@ impl StateMetrics {
         m
     }
 
-    pub fn origins_known(&self, n: usize) {
+    pub(crate) fn origins_known(&self, n: usize) {
         self.origins_known.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
-    pub fn origins_persisted(&self, n: u64) {
+    pub(crate) fn origins_persisted(&self, n: u64) {
         self.origins_persisted.inc_by(n);
     }
-    pub fn collision(&self, cause: &'static str) {
+    pub(crate) fn collision(&self, cause: &'static str) {
         self.collisions.get_or_create(&CauseLabels { cause }).inc();
     }
-    pub fn write(&self, seconds: f64) {
+    pub(crate) fn write(&self, seconds: f64) {
         self.write_seconds.observe(seconds);
     }
-    pub fn write_failed(&self) {
+    pub(crate) fn write_failed(&self) {
         self.write_failures.inc();
     }
-    pub fn record_skipped(&self) {
+    pub(crate) fn record_skipped(&self) {
         self.records_skipped.inc();
     }
-    pub fn loaded(&self, seconds: f64) {
+    pub(crate) fn loaded(&self, seconds: f64) {
         self.load_seconds.set(seconds);
     }
     /// The gauge `control::members` keeps at 1 while a member.

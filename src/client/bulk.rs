@@ -28,7 +28,7 @@ use super::{lock, millis_i32, Client};
 
 /// One partition of a Fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FetchPart<'a> {
+pub(crate) struct FetchPart<'a> {
     pub from: PartitionRef<'a>,
     pub offset: i64,
     /// This partition's share of the answer (`partition_max_bytes`).
@@ -37,7 +37,7 @@ pub struct FetchPart<'a> {
 
 /// The request-wide settings of a Fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FetchSpec {
+pub(crate) struct FetchSpec {
     pub max_wait_ms: i32,
     pub min_bytes: i32,
     pub max_bytes: i32,
@@ -62,7 +62,7 @@ enum TopicKey {
 
 /// A sessionless Fetch of `parts` (each partition at most once), topics
 /// in the order they first appear.
-pub fn fetch_request_many(
+pub(crate) fn fetch_request_many(
     version: i16,
     parts: &[FetchPart<'_>],
     spec: &FetchSpec,
@@ -107,7 +107,7 @@ pub fn fetch_request_many(
 
 /// Each part's answer, in the order of `parts`; a request-wide error as
 /// the outer `Err`.
-pub fn fetch_result_many(
+pub(crate) fn fetch_result_many(
     r: &FetchResponse,
     version: i16,
     parts: &[FetchPart<'_>],
@@ -145,7 +145,7 @@ pub fn fetch_result_many(
 
 /// One partition of a Produce: exactly one record batch (Produce v3+).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProducePart<'a> {
+pub(crate) struct ProducePart<'a> {
     pub to: PartitionRef<'a>,
     pub records: Bytes,
 }
@@ -153,7 +153,7 @@ pub struct ProducePart<'a> {
 /// A Produce of `parts` (each partition at most once) with `acks=all`,
 /// carrying `transactional_id` when one of the batches is transactional
 /// (brokers require one then, whatever the batch's producer id).
-pub fn produce_request_many(
+pub(crate) fn produce_request_many(
     version: i16,
     parts: &[ProducePart<'_>],
     timeout_ms: i32,
@@ -194,7 +194,7 @@ pub fn produce_request_many(
 
 /// Each part's outcome, in the order of `parts`: retriable errors as
 /// `Err`, the rest as [`Produced`].
-pub fn produce_result_many(
+pub(crate) fn produce_result_many(
     r: &ProduceResponse,
     version: i16,
     parts: &[ProducePart<'_>],
@@ -225,7 +225,7 @@ pub fn produce_result_many(
 
 /// One ListOffsets for many partitions of one leader (by name: every
 /// version names topics).
-pub fn list_offsets_request_many(
+pub(crate) fn list_offsets_request_many(
     version: i16,
     parts: &[PartitionRef<'_>],
     spec: OffsetSpec,
@@ -257,7 +257,7 @@ pub fn list_offsets_request_many(
 }
 
 /// Each part's offset, in the order of `parts`.
-pub fn list_offsets_result_many(
+pub(crate) fn list_offsets_result_many(
     r: &ListOffsetsResponse,
     parts: &[PartitionRef<'_>],
 ) -> Vec<Result<i64, ClientError>> {
@@ -285,7 +285,7 @@ impl Client {
     /// The offset `spec` names in each of `partitions`: one request per
     /// leader, all retried until every partition is answered (or the
     /// operation timeout).
-    pub async fn list_offsets(
+    pub(crate) async fn list_offsets(
         &self,
         partitions: &[(String, i32)],
         spec: OffsetSpec,

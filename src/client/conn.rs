@@ -62,7 +62,7 @@ impl Connection {
     }
 
     /// The SASL session is over or about to be: open a new connection.
-    pub fn expired(&self, now: Instant) -> bool {
+    pub(crate) fn expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|t| now >= t)
     }
 
@@ -256,7 +256,7 @@ fn handshake_refused(code: i16, enabled: &[&str]) -> String {
 /// The write half of a pipelined connection ([`Connection::pipeline`]):
 /// requests go out one after another without waiting for answers; the
 /// broker answers them in the order they were written.
-pub struct Sender {
+pub(crate) struct Sender {
     broker: String,
     writer: WriteHalf<BoxStream>,
     correlation_id: i32,
@@ -267,13 +267,13 @@ pub struct Sender {
 /// A request written by a [`Sender`], for its [`Receiver`] to read the
 /// answer of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sent {
+pub(crate) struct Sent {
     pub version: i16,
     pub correlation_id: i32,
 }
 
 /// The read half of a pipelined connection: answers in request order.
-pub struct Receiver {
+pub(crate) struct Receiver {
     broker: String,
     reader: FrameReader<ReadHalf<BoxStream>>,
     request_timeout: Duration,
@@ -283,7 +283,7 @@ impl Connection {
     /// Split into halves that keep several requests in flight, as Kafka's
     /// producers do (`max.in.flight.requests.per.connection`). The caller
     /// keeps the [`Sent`] tickets in order and bounds how many are out.
-    pub fn pipeline(self) -> (Sender, Receiver) {
+    pub(crate) fn pipeline(self) -> (Sender, Receiver) {
         let writer = self.writer;
         let reader = self.reader;
         (
@@ -304,17 +304,17 @@ impl Connection {
 }
 
 impl Sender {
-    pub fn broker(&self) -> &str {
-        &self.broker
-    }
-
     /// The version of `R` this connection speaks.
-    pub fn version<R: Rpc>(&self) -> Result<i16, ClientError> {
+    pub(crate) fn version<R: Rpc>(&self) -> Result<i16, ClientError> {
         self.versions.pick::<R>(&self.broker)
     }
 
     /// Write one request built at `version` (from [`Sender::version`]).
-    pub async fn send<R: Rpc>(&mut self, body: &R, version: i16) -> Result<Sent, ClientError> {
+    pub(crate) async fn send<R: Rpc>(
+        &mut self,
+        body: &R,
+        version: i16,
+    ) -> Result<Sent, ClientError> {
         self.correlation_id = self.correlation_id.wrapping_add(1);
         let correlation_id = self.correlation_id;
         let request = protocol::encode_request(body, version, correlation_id, &self.client_id)?;
@@ -334,7 +334,7 @@ impl Sender {
 impl Receiver {
     /// The answer to `sent`, which must be the oldest request not yet
     /// answered; bounded by the request timeout plus `extra_wait`.
-    pub async fn recv<R: Rpc>(
+    pub(crate) async fn recv<R: Rpc>(
         &mut self,
         sent: Sent,
         extra_wait: Duration,

@@ -79,7 +79,7 @@ pub enum ClientError {
 }
 
 /// Kafka's name for an error code, e.g. `NOT_LEADER_OR_FOLLOWER`.
-pub fn error_name(code: i16) -> String {
+pub(crate) fn error_name(code: i16) -> String {
     match ResponseError::try_from_code(code) {
         Some(ResponseError::Unknown(_)) | None => format!("error {code}"),
         Some(e) => screaming_snake(&format!("{e:?}")),
@@ -100,13 +100,13 @@ fn screaming_snake(camel: &str) -> String {
 /// Error codes retried by the client. Kafka's own list (`RetriableException`
 /// subclasses, as `kafka-protocol` records them), except `CORRUPT_MESSAGE`:
 /// the client sends raw bytes, and the same bytes get the same answer.
-pub fn is_retriable_code(code: i16) -> bool {
+pub(crate) fn is_retriable_code(code: i16) -> bool {
     code != 2 && ResponseError::try_from_code(code).is_some_and(|e| e.is_retriable())
 }
 
 /// Error codes after which the cached leader of a partition is not to be
 /// trusted (Kafka's `InvalidMetadataException` subclasses).
-pub fn invalidates_metadata(code: i16) -> bool {
+pub(crate) fn invalidates_metadata(code: i16) -> bool {
     matches!(
         code,
         3   // UNKNOWN_TOPIC_OR_PARTITION
@@ -125,7 +125,7 @@ pub fn invalidates_metadata(code: i16) -> bool {
 impl ClientError {
     /// Worth another attempt, after a backoff and (see
     /// [`ClientError::invalidates_metadata`]) a metadata refresh.
-    pub fn is_retriable(&self) -> bool {
+    pub(crate) fn is_retriable(&self) -> bool {
         match self {
             ClientError::Connect(_)
             | ClientError::Io { .. }
@@ -138,7 +138,7 @@ impl ClientError {
     }
 
     /// The cached metadata (leaders, broker addresses) may be what is wrong.
-    pub fn invalidates_metadata(&self) -> bool {
+    pub(crate) fn invalidates_metadata(&self) -> bool {
         match self {
             ClientError::Kafka { code, .. } => invalidates_metadata(*code),
             // A broker that went away may have moved or lost its leaderships.
@@ -165,7 +165,7 @@ impl ClientError {
     /// ended retries. Kafka never retries it (SASL_AUTHENTICATION_FAILED is
     /// not retriable): the same credentials get the same answer, so a
     /// long-running caller stops instead of trying forever.
-    pub fn is_authentication(&self) -> bool {
+    pub(crate) fn is_authentication(&self) -> bool {
         match self {
             ClientError::Authentication { .. } => true,
             // SASL_AUTHENTICATION_FAILED, should a broker name it elsewhere.

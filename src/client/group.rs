@@ -72,31 +72,30 @@ impl Rpc for DescribeGroupsRequest {
 }
 
 /// The group's protocol type: Kafka's consumer protocol.
-pub const PROTOCOL_TYPE: &str = "consumer";
+pub(crate) const PROTOCOL_TYPE: &str = "consumer";
 /// The one protocol (for consumers: the assignor) every instance offers.
-pub const PROTOCOL_NAME: &str = "kafka-mirror-proxy-instances";
+pub(crate) const PROTOCOL_NAME: &str = "kafka-mirror-proxy-instances";
 /// Client ids of membership connections: this prefix, then the instance id.
-pub const MEMBER_CLIENT_ID_PREFIX: &str = "kafka-mirror-proxy/";
+pub(crate) const MEMBER_CLIENT_ID_PREFIX: &str = "kafka-mirror-proxy/";
 
 /// Kafka error codes the membership loop acts on.
-pub mod codes {
-    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
-    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-    pub const NOT_COORDINATOR: i16 = 16;
-    pub const ILLEGAL_GENERATION: i16 = 22;
-    pub const UNKNOWN_MEMBER_ID: i16 = 25;
-    pub const REBALANCE_IN_PROGRESS: i16 = 27;
-    pub const MEMBER_ID_REQUIRED: i16 = 79;
+pub(crate) mod codes {
+    pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub(crate) const NOT_COORDINATOR: i16 = 16;
+    pub(crate) const ILLEGAL_GENERATION: i16 = 22;
+    pub(crate) const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub(crate) const REBALANCE_IN_PROGRESS: i16 = 27;
+    pub(crate) const MEMBER_ID_REQUIRED: i16 = 79;
 }
 
 /// The client id of an instance's membership connection.
-pub fn member_client_id(instance_id: &str) -> String {
+pub(crate) fn member_client_id(instance_id: &str) -> String {
     format!("{MEMBER_CLIENT_ID_PREFIX}{instance_id}")
 }
 
 /// The instance id in a member's client id; `None` for members that are
 /// not proxy instances.
-pub fn instance_of_client_id(client_id: &str) -> Option<&str> {
+pub(crate) fn instance_of_client_id(client_id: &str) -> Option<&str> {
     client_id
         .strip_prefix(MEMBER_CLIENT_ID_PREFIX)
         .filter(|id| !id.is_empty())
@@ -104,7 +103,7 @@ pub fn instance_of_client_id(client_id: &str) -> Option<&str> {
 
 /// The member metadata: `ConsumerProtocolSubscription` v0 with its version
 /// prefix, subscribed to `topic`, the instance id as user data.
-pub fn subscription_metadata(topic: &str, instance_id: &str) -> Result<Bytes, ClientError> {
+pub(crate) fn subscription_metadata(topic: &str, instance_id: &str) -> Result<Bytes, ClientError> {
     let subscription = ConsumerProtocolSubscription::default()
         .with_topics(vec![StrBytes::from_string(topic.to_string())])
         .with_user_data(Some(Bytes::copy_from_slice(instance_id.as_bytes())));
@@ -138,7 +137,7 @@ fn kafka_error(context: String, code: i16, message: Option<&StrBytes>) -> Client
 
 /// FindCoordinator for a group (key type 0), in the layout of `version`
 /// (v4 and later batch the keys).
-pub fn find_coordinator_request(version: i16, group: &str) -> FindCoordinatorRequest {
+pub(crate) fn find_coordinator_request(version: i16, group: &str) -> FindCoordinatorRequest {
     let r = FindCoordinatorRequest::default().with_key_type(0);
     if version >= 4 {
         r.with_coordinator_keys(vec![s(group)])
@@ -148,7 +147,7 @@ pub fn find_coordinator_request(version: i16, group: &str) -> FindCoordinatorReq
 }
 
 /// The coordinator's `host:port`.
-pub fn find_coordinator_result(
+pub(crate) fn find_coordinator_result(
     r: &FindCoordinatorResponse,
     version: i16,
     group: &str,
@@ -172,7 +171,7 @@ pub fn find_coordinator_result(
 
 /// What a member asks to join with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JoinSpec {
+pub(crate) struct JoinSpec {
     pub group: String,
     /// The one protocol offered (for consumers: the assignor's name).
     pub protocol: String,
@@ -182,7 +181,7 @@ pub struct JoinSpec {
     pub metadata: Bytes,
 }
 
-pub fn join_group_request(spec: &JoinSpec, member_id: &str) -> JoinGroupRequest {
+pub(crate) fn join_group_request(spec: &JoinSpec, member_id: &str) -> JoinGroupRequest {
     JoinGroupRequest::default()
         .with_group_id(group_id(&spec.group))
         .with_session_timeout_ms(spec.session_timeout_ms)
@@ -196,7 +195,7 @@ pub fn join_group_request(spec: &JoinSpec, member_id: &str) -> JoinGroupRequest 
 
 /// How a JoinGroup ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JoinOutcome {
+pub(crate) enum JoinOutcome {
     /// A member of generation `generation`.
     Joined {
         generation: i32,
@@ -210,7 +209,10 @@ pub enum JoinOutcome {
     MemberIdRequired(String),
 }
 
-pub fn join_group_result(r: &JoinGroupResponse, group: &str) -> Result<JoinOutcome, ClientError> {
+pub(crate) fn join_group_result(
+    r: &JoinGroupResponse,
+    group: &str,
+) -> Result<JoinOutcome, ClientError> {
     match r.error_code {
         0 => Ok(JoinOutcome::Joined {
             generation: r.generation_id,
@@ -233,7 +235,7 @@ pub fn join_group_result(r: &JoinGroupResponse, group: &str) -> Result<JoinOutco
 /// others send none. With none at all every member gets an empty
 /// assignment (the coordinator fills in those the leader leaves out):
 /// membership is all the proxy wants from its group.
-pub fn sync_group_request(
+pub(crate) fn sync_group_request(
     group: &str,
     generation: i32,
     member_id: &str,
@@ -259,21 +261,21 @@ pub fn sync_group_request(
 }
 
 /// This member's assignment.
-pub fn sync_group_result(r: &SyncGroupResponse, group: &str) -> Result<Bytes, ClientError> {
+pub(crate) fn sync_group_result(r: &SyncGroupResponse, group: &str) -> Result<Bytes, ClientError> {
     match r.error_code {
         0 => Ok(r.assignment.clone()),
         code => Err(kafka_error(format!("sync group {group}"), code, None)),
     }
 }
 
-pub fn heartbeat_request(group: &str, generation: i32, member_id: &str) -> HeartbeatRequest {
+pub(crate) fn heartbeat_request(group: &str, generation: i32, member_id: &str) -> HeartbeatRequest {
     HeartbeatRequest::default()
         .with_group_id(group_id(group))
         .with_generation_id(generation)
         .with_member_id(s(member_id))
 }
 
-pub fn heartbeat_result(r: &HeartbeatResponse, group: &str) -> Result<(), ClientError> {
+pub(crate) fn heartbeat_result(r: &HeartbeatResponse, group: &str) -> Result<(), ClientError> {
     match r.error_code {
         0 => Ok(()),
         code => Err(kafka_error(
@@ -284,7 +286,7 @@ pub fn heartbeat_result(r: &HeartbeatResponse, group: &str) -> Result<(), Client
     }
 }
 
-pub fn leave_group_request(group: &str, member_id: &str) -> LeaveGroupRequest {
+pub(crate) fn leave_group_request(group: &str, member_id: &str) -> LeaveGroupRequest {
     LeaveGroupRequest::default()
         .with_group_id(group_id(group))
         .with_members(vec![MemberIdentity::default()
@@ -293,7 +295,7 @@ pub fn leave_group_request(group: &str, member_id: &str) -> LeaveGroupRequest {
 }
 
 /// Left, or already gone (UNKNOWN_MEMBER_ID: the session had expired).
-pub fn leave_group_result(
+pub(crate) fn leave_group_result(
     r: &LeaveGroupResponse,
     group: &str,
     member_id: &str,
@@ -314,7 +316,7 @@ pub fn leave_group_result(
 }
 
 /// The groups one broker coordinates (every state, every type).
-pub fn list_groups_result(r: &ListGroupsResponse) -> Result<Vec<String>, ClientError> {
+pub(crate) fn list_groups_result(r: &ListGroupsResponse) -> Result<Vec<String>, ClientError> {
     if r.error_code != 0 {
         return Err(kafka_error("list groups".to_string(), r.error_code, None));
     }
@@ -324,7 +326,7 @@ pub fn list_groups_result(r: &ListGroupsResponse) -> Result<Vec<String>, ClientE
         .collect())
 }
 
-pub fn describe_groups_request(group: &str) -> DescribeGroupsRequest {
+pub(crate) fn describe_groups_request(group: &str) -> DescribeGroupsRequest {
     DescribeGroupsRequest::default().with_groups(vec![group_id(group)])
 }
 
@@ -360,7 +362,7 @@ impl GroupDescription {
     }
 }
 
-pub fn describe_groups_result(
+pub(crate) fn describe_groups_result(
     r: &DescribeGroupsResponse,
     group: &str,
 ) -> Result<GroupDescription, ClientError> {

@@ -123,7 +123,7 @@ impl ClusterInfo {
 
 /// Where to send a request for one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Leader {
+pub(crate) struct Leader {
     pub node_id: i32,
     pub address: String,
     pub topic_id: Uuid,
@@ -132,7 +132,7 @@ pub struct Leader {
 
 /// The answer of a cache lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     Found(Leader),
     /// Not known, or known too long ago, or marked stale: ask a broker.
     Refresh,
@@ -152,7 +152,7 @@ struct Cached {
 
 /// The cache.
 #[derive(Debug, Clone)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     max_age: Duration,
     controller_id: i32,
     brokers: BTreeMap<i32, Broker>,
@@ -213,7 +213,7 @@ impl Cluster {
     }
 
     /// The leader of `topic`-`partition`, if known well enough.
-    pub fn leader(&self, topic: &str, partition: i32, now: Instant) -> Lookup {
+    pub(crate) fn leader(&self, topic: &str, partition: i32, now: Instant) -> Lookup {
         let Some(cached) = self.topics.get(topic) else {
             return Lookup::Refresh;
         };
@@ -243,14 +243,14 @@ impl Cluster {
 
     /// Forget what is known about every topic's leaders (brokers stay, as
     /// places to ask).
-    pub fn invalidate(&mut self) {
+    pub(crate) fn invalidate(&mut self) {
         for c in self.topics.values_mut() {
             c.stale = true;
         }
     }
 
     /// Known broker addresses, the controller first.
-    pub fn broker_addresses(&self) -> Vec<String> {
+    pub(crate) fn broker_addresses(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .brokers
             .get(&self.controller_id)
@@ -266,7 +266,7 @@ impl Cluster {
         out
     }
 
-    pub fn controller_address(&self) -> Option<String> {
+    pub(crate) fn controller_address(&self) -> Option<String> {
         self.brokers.get(&self.controller_id).map(Broker::address)
     }
 }

@@ -21,10 +21,10 @@
 //! operation timeout. Records go out and come back as raw bytes: the client
 //! never builds, decompresses or re-encodes a record batch.
 
-pub mod bulk;
+pub(crate) mod bulk;
 pub mod conn;
-pub mod error;
-pub mod group;
+pub(crate) mod error;
+pub(crate) mod group;
 pub mod metadata;
 pub mod offsets;
 pub mod protocol;
@@ -149,7 +149,7 @@ impl Client {
         }
     }
 
-    pub fn config(&self) -> &ClientConfig {
+    pub(crate) fn config(&self) -> &ClientConfig {
         &self.inner.config
     }
 
@@ -157,7 +157,7 @@ impl Client {
     /// connection carries one request at a time: a long poll (a tailer's
     /// Fetch) on a shared one would hold every other request to that broker
     /// for its whole wait.
-    pub fn sibling(&self) -> Client {
+    pub(crate) fn sibling(&self) -> Client {
         Client::new(self.inner.config.clone())
     }
 
@@ -306,7 +306,7 @@ impl Client {
     /// [`produce`](Self::produce) with a transactional id in the request,
     /// which brokers require when a batch has the transactional attribute
     /// (the replicator copies such batches as they are).
-    pub async fn produce_transactional(
+    pub(crate) async fn produce_transactional(
         &self,
         topic: &str,
         partition: i32,
@@ -409,7 +409,7 @@ impl Client {
 
     /// The `host:port` of a group's coordinator (FindCoordinator to any
     /// broker, retried while the coordinator is not available).
-    pub async fn group_coordinator(&self, group: &str) -> Result<String, ClientError> {
+    pub(crate) async fn group_coordinator(&self, group: &str) -> Result<String, ClientError> {
         self.retrying(&format!("find coordinator of {group}"), || async move {
             let (version, r) = self
                 .call_any(None, |v| Ok(group::find_coordinator_request(v, group)))
@@ -422,7 +422,7 @@ impl Client {
     /// One JoinGroup to `coordinator` (not retried: the caller decides,
     /// see `control::members`). The coordinator answers when the rebalance
     /// completes, so the round trip may take up to the rebalance timeout.
-    pub async fn join_group(
+    pub(crate) async fn join_group(
         &self,
         coordinator: &str,
         spec: &group::JoinSpec,
@@ -439,7 +439,7 @@ impl Client {
 
     /// One SyncGroup to `coordinator`: this member's assignment (the
     /// leader sends everyone's, see `client::group`).
-    pub async fn sync_group(
+    pub(crate) async fn sync_group(
         &self,
         coordinator: &str,
         group_id: &str,
@@ -456,7 +456,7 @@ impl Client {
         .await
     }
 
-    pub async fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         coordinator: &str,
         group_id: &str,
@@ -472,7 +472,7 @@ impl Client {
     }
 
     /// One LeaveGroup to `coordinator`.
-    pub async fn leave_group(
+    pub(crate) async fn leave_group(
         &self,
         coordinator: &str,
         group_id: &str,
@@ -505,7 +505,7 @@ impl Client {
     /// each attempt; retried while it moves or loads).
     /// Every consumer group of the cluster: ListGroups to each broker
     /// (each lists the groups it coordinates).
-    pub async fn list_groups(&self) -> Result<Vec<String>, ClientError> {
+    pub(crate) async fn list_groups(&self) -> Result<Vec<String>, ClientError> {
         let brokers = self.brokers().await?;
         let mut groups = Vec::new();
         for broker in brokers {

@@ -58,7 +58,7 @@ fn kafka_error(context: String, code: i16) -> ClientError {
 }
 
 /// Committed offsets with the metadata string committed beside them.
-pub type Marked = BTreeMap<(String, i32), (i64, String)>;
+pub(crate) type Marked = BTreeMap<(String, i32), (i64, String)>;
 
 /// A standalone commit of `offsets` to `group`.
 pub fn offset_commit_request(group: &str, offsets: &Offsets) -> OffsetCommitRequest {
@@ -67,7 +67,7 @@ pub fn offset_commit_request(group: &str, offsets: &Offsets) -> OffsetCommitRequ
 
 /// [`offset_commit_request`] with `metadata` beside every offset (empty:
 /// none sent).
-pub fn offset_commit_request_marked(
+pub(crate) fn offset_commit_request_marked(
     group: &str,
     offsets: &Offsets,
     metadata: &str,
@@ -102,7 +102,7 @@ pub fn offset_commit_request_marked(
 
 /// Every partition of the request committed; the first error otherwise
 /// (a partition the answer leaves out counts as not committed).
-pub fn offset_commit_result(
+pub(crate) fn offset_commit_result(
     r: &OffsetCommitResponse,
     group: &str,
     offsets: &Offsets,
@@ -126,7 +126,10 @@ pub fn offset_commit_result(
 }
 
 /// The committed offsets of `partitions` in `group` (v8+ layout).
-pub fn offset_fetch_request(group: &str, partitions: &[(String, i32)]) -> OffsetFetchRequest {
+pub(crate) fn offset_fetch_request(
+    group: &str,
+    partitions: &[(String, i32)],
+) -> OffsetFetchRequest {
     let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
     for (topic, partition) in partitions {
         topics.entry(topic).or_default().push(*partition);
@@ -163,7 +166,7 @@ pub fn offset_fetch_result(
 }
 
 /// [`offset_fetch_result`] with each offset's metadata string.
-pub fn offset_fetch_marked(
+pub(crate) fn offset_fetch_marked(
     r: &OffsetFetchResponse,
     group: &str,
     partitions: &[(String, i32)],
@@ -217,7 +220,7 @@ impl Client {
 
     /// [`commit_offsets`](Self::commit_offsets) with `metadata` beside
     /// every offset.
-    pub async fn commit_offsets_marked(
+    pub(crate) async fn commit_offsets_marked(
         &self,
         group: &str,
         offsets: &Offsets,
@@ -255,7 +258,7 @@ impl Client {
 
     /// [`committed_offsets`](Self::committed_offsets) with each offset's
     /// metadata string.
-    pub async fn committed_marked(
+    pub(crate) async fn committed_marked(
         &self,
         group: &str,
         partitions: &[(String, i32)],

@@ -30,7 +30,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, Str
 use uuid::Uuid;
 
 use super::error::{is_retriable_code, ClientError};
-pub use crate::wire::aborted::AbortedTransaction;
+pub(crate) use crate::wire::aborted::AbortedTransaction;
 use crate::wire::{header, schema, walk};
 
 /// A request the client sends: its name in errors, the schema its response
@@ -270,7 +270,7 @@ pub(super) fn text(s: &Option<StrBytes>) -> Option<String> {
 }
 
 /// `topics`: `None` asks for every topic, `Some(&[])` for brokers only.
-pub fn metadata_request(topics: Option<&[String]>) -> MetadataRequest {
+pub(crate) fn metadata_request(topics: Option<&[String]>) -> MetadataRequest {
     MetadataRequest::default()
         .with_topics(topics.map(|names| {
             names
@@ -290,7 +290,7 @@ pub struct NewTopic {
     pub configs: Vec<(String, String)>,
 }
 
-pub fn create_topics_request(topic: &NewTopic, timeout_ms: i32) -> CreateTopicsRequest {
+pub(crate) fn create_topics_request(topic: &NewTopic, timeout_ms: i32) -> CreateTopicsRequest {
     let configs = topic
         .configs
         .iter()
@@ -349,7 +349,7 @@ pub(super) fn missing(api: &str, what: &str) -> ClientError {
 /// Kafka's resource type for topics in DescribeConfigs.
 const RESOURCE_TOPIC: i8 = 2;
 
-pub fn describe_topic_config_request(topic: &str, keys: &[&str]) -> DescribeConfigsRequest {
+pub(crate) fn describe_topic_config_request(topic: &str, keys: &[&str]) -> DescribeConfigsRequest {
     DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
         .with_resource_type(RESOURCE_TOPIC)
         .with_resource_name(StrBytes::from_string(topic.to_string()))
@@ -445,7 +445,7 @@ pub fn produce_request(
 
 /// [`produce_request`] carrying a transactional id, which a broker requires
 /// of a request holding a transactional batch (whatever its producer id).
-pub fn produce_request_transactional(
+pub(crate) fn produce_request_transactional(
     version: i16,
     to: &PartitionRef<'_>,
     records: Bytes,
@@ -572,7 +572,7 @@ pub fn fetch_request(
 }
 
 /// [`fetch_request`] at an isolation level.
-pub fn fetch_request_isolated(
+pub(crate) fn fetch_request_isolated(
     version: i16,
     from: &PartitionRef<'_>,
     offset: i64,
@@ -696,7 +696,7 @@ impl OffsetSpec {
     }
 }
 
-pub fn list_offsets_request(
+pub(crate) fn list_offsets_request(
     version: i16,
     of: &PartitionRef<'_>,
     spec: OffsetSpec,
@@ -759,14 +759,14 @@ pub fn list_offsets_result(
 /// Replication settings for a compacted internal topic on a cluster of
 /// `brokers` brokers: replication factor min(3, brokers), min.insync.replicas
 /// min(2, replication factor).
-pub fn compacted_topic_settings(brokers: usize) -> (i16, i16) {
+pub(crate) fn compacted_topic_settings(brokers: usize) -> (i16, i16) {
     let rf = brokers.clamp(1, 3) as i16;
     (rf, rf.min(2))
 }
 
 /// Whether a `cleanup.policy` value includes compaction (`compact` or
 /// `compact,delete` in either order).
-pub fn is_compacted(policy: &str) -> bool {
+pub(crate) fn is_compacted(policy: &str) -> bool {
     policy.split(',').any(|p| p.trim() == "compact")
 }
 

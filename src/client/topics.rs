@@ -37,7 +37,7 @@ pub enum ConfigChange {
 }
 
 /// Every configuration value of a topic.
-pub fn describe_topic_request(topic: &str) -> DescribeConfigsRequest {
+pub(crate) fn describe_topic_request(topic: &str) -> DescribeConfigsRequest {
     DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
         .with_resource_type(RESOURCE_TOPIC)
         .with_resource_name(StrBytes::from_string(topic.to_string()))
@@ -59,7 +59,7 @@ pub fn topic_overrides(
 }
 
 /// Grow `topic` to `count` partitions in all.
-pub fn create_partitions_request(
+pub(crate) fn create_partitions_request(
     topic: &str,
     count: i32,
     timeout_ms: i32,
@@ -74,7 +74,7 @@ pub fn create_partitions_request(
 
 /// `Ok(true)` when partitions were added, `Ok(false)` when the topic had
 /// `count` already (INVALID_PARTITIONS: another instance was first).
-pub fn create_partitions_result(
+pub(crate) fn create_partitions_result(
     r: &CreatePartitionsResponse,
     topic: &str,
 ) -> Result<bool, ClientError> {
@@ -94,7 +94,7 @@ pub fn create_partitions_result(
     }
 }
 
-pub fn alter_topic_configs_request(
+pub(crate) fn alter_topic_configs_request(
     topic: &str,
     changes: &[ConfigChange],
 ) -> IncrementalAlterConfigsRequest {
@@ -117,7 +117,7 @@ pub fn alter_topic_configs_request(
         .with_configs(configs)])
 }
 
-pub fn alter_topic_configs_result(
+pub(crate) fn alter_topic_configs_result(
     r: &IncrementalAlterConfigsResponse,
     topic: &str,
 ) -> Result<(), ClientError> {

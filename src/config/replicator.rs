@@ -381,19 +381,19 @@ impl ReplicatorConfig {
     /// Whether `topic` is one of the link's topics.
     /// The group on the source through which the link's instances share
     /// its partitions.
-    pub fn instances_group(&self) -> String {
+    pub(crate) fn instances_group(&self) -> String {
         format!("{}.instances", self.group_id)
     }
 
     /// Whether `group`'s offsets follow onto the destination (never the
     /// replicator's own groups).
-    pub fn syncs_group(&self, group: &str) -> bool {
+    pub(crate) fn syncs_group(&self, group: &str) -> bool {
         group != self.group_id
             && group != self.instances_group()
             && self.groups.iter().any(|re| re.is_match(group))
     }
 
-    pub fn copies_topic(&self, topic: &str) -> bool {
+    pub(crate) fn copies_topic(&self, topic: &str) -> bool {
         self.topics.iter().any(|re| re.is_match(topic))
     }
 }

@@ -10,11 +10,11 @@
 use rustls_pki_types::DnsName;
 
 /// The placeholder the pattern holds once (Kroxylicious spells it the same).
-pub const NODE_ID_PLACEHOLDER: &str = "$(nodeId)";
+pub(crate) const NODE_ID_PLACEHOLDER: &str = "$(nodeId)";
 
 /// Where a ClientHello's server name routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SniRoute {
+pub(crate) enum SniRoute {
     /// The bootstrap name: any configured bootstrap broker.
     Bootstrap,
     /// The name advertised for this broker node.
@@ -52,7 +52,7 @@ pub enum SniError {
 
 impl SniError {
     /// Whether the bootstrap name is at fault (else the pattern).
-    pub fn is_bootstrap(&self) -> bool {
+    pub(crate) fn is_bootstrap(&self) -> bool {
         matches!(
             self,
             SniError::BootstrapNotDns | SniError::BootstrapIsNode { .. }
@@ -92,17 +92,17 @@ impl SniNames {
     }
 
     /// The host name advertised for broker `node`.
-    pub fn node_host(&self, node: i32) -> String {
+    pub(crate) fn node_host(&self, node: i32) -> String {
         format!("{}{node}{}", self.prefix, self.suffix)
     }
 
     /// The bootstrap name.
-    pub fn bootstrap_host(&self) -> &str {
+    pub(crate) fn bootstrap_host(&self) -> &str {
         &self.bootstrap
     }
 
     /// Where a ClientHello's server name routes; `None`: nowhere.
-    pub fn route(&self, name: &str) -> Option<SniRoute> {
+    pub(crate) fn route(&self, name: &str) -> Option<SniRoute> {
         let name = name.to_ascii_lowercase();
         // A DNS name may end in the root's dot.
         let name = name.strip_suffix('.').unwrap_or(&name);

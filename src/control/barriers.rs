@@ -32,7 +32,7 @@ pub enum BarrierResult {
 }
 
 impl BarrierResult {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             BarrierResult::Accepted => "accepted",
             BarrierResult::Refused => "refused",

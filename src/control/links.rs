@@ -41,7 +41,7 @@ use crate::net::tasks::Tasks;
 use crate::state::{now_ms, StateStore};
 
 mod precheck;
-pub use precheck::{partition_row, Precheck};
+pub(crate) use precheck::{partition_row, Precheck};
 
 #[cfg(test)]
 mod tests;
@@ -57,7 +57,7 @@ const MEMBERS_POLL: Duration = Duration::from_millis(500);
 
 /// Why a control operation failed.
 #[derive(Debug, thiserror::Error)]
-pub enum ControlError {
+pub(crate) enum ControlError {
     #[error("no mirror link named '{0}'")]
     UnknownLink(String),
     #[error(transparent)]
@@ -75,7 +75,7 @@ pub enum ControlError {
 /// Why a failover run stopped short; the next `POST
 /// /links/{name}/failover` resumes it.
 #[derive(Debug, thiserror::Error)]
-pub enum FailoverError {
+pub(crate) enum FailoverError {
     #[error(transparent)]
     Control(#[from] ControlError),
     #[error("listing the link's topics: {0}")]
@@ -94,7 +94,7 @@ pub enum FailoverError {
 
 /// One partition of a failover, as the operator sees it.
 #[derive(Debug, Clone)]
-pub enum PartitionProgress {
+pub(crate) enum PartitionProgress {
     Pending { topic: String, partition: i32 },
     Done(BarrierOutcome),
 }
@@ -145,7 +145,7 @@ pub struct Control<S = StateStore, G = Members, B = StateStore> {
 }
 
 /// One connection's place among a link's connections, given back on drop.
-pub struct LinkSession {
+pub(crate) struct LinkSession {
     sessions: Arc<watch::Sender<HashMap<String, usize>>>,
     link: String,
 }
@@ -210,7 +210,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     /// The control over any store, group and barrier placer; background
     /// work goes to `tasks`.
     #[allow(clippy::too_many_arguments)]
-    pub fn with(
+    pub(crate) fn with(
         links: Links,
         state: Option<Arc<S>>,
         members: Option<Arc<G>>,
@@ -261,7 +261,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
 
     /// The link's status: its latest state record, or its initial state
     /// (`MIRROR_PROXY_LINK_<NAME>_INITIAL_STATE`) while there is none.
-    pub fn status(&self, link: &Link) -> LinkStatus {
+    pub(crate) fn status(&self, link: &Link) -> LinkStatus {
         self.state
             .as_ref()
             .and_then(|s| s.link_status(link.name()))
@@ -269,14 +269,14 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// Changes whenever a link state is applied (sessions watch it to fence).
-    pub fn changes(&self) -> Option<watch::Receiver<u64>> {
+    pub(crate) fn changes(&self) -> Option<watch::Receiver<u64>> {
         self.state.as_ref().map(|s| s.control_changes())
     }
 
     // ---- the Produce path (no await, no allocation unless refusing) ----
 
     /// Whether `link`'s own requests are refused now, with the message.
-    pub fn fenced(&self, link: &Link) -> Option<String> {
+    pub(crate) fn fenced(&self, link: &Link) -> Option<String> {
         let status = self.status(link);
         if !status.state.fences_link() {
             return None;
@@ -300,7 +300,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
 
     /// A local Produce to `topic` at `version`: the refusal if the topic is
     /// a read-only mirrored topic (of a link that is not `STOPPED`).
-    pub fn read_only(&self, topic: &str, version: i16) -> Option<(Refusal, String)> {
+    pub(crate) fn read_only(&self, topic: &str, version: i16) -> Option<(Refusal, String)> {
         let link = self.links.iter().find(|l| l.mirrors_topic(topic))?;
         // Until the state topic is loaded the link's state is unknown (it
         // may be STOPPED, or MIRRORING): a retriable refusal either way.
@@ -352,7 +352,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// Count `partitions` refused local partition writes to `topic`.
-    pub fn local_writes_refused(&self, topic: &str, partitions: usize) {
+    pub(crate) fn local_writes_refused(&self, topic: &str, partitions: usize) {
         if let Some(link) = self.links.iter().find(|l| l.mirrors_topic(topic)) {
             if let Some(c) = self.counters.get(link.name()) {
                 c.local_writes_refused
@@ -363,14 +363,14 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// Count a refused request of a fenced link.
-    pub fn link_request_refused(&self, link: &str) {
+    pub(crate) fn link_request_refused(&self, link: &str) {
         if let Some(c) = self.counters.get(link) {
             c.link_requests_refused.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     /// A connection of `link` was closed by fencing.
-    pub fn connection_fenced(&self, link: &str) {
+    pub(crate) fn connection_fenced(&self, link: &str) {
         if let Some(c) = self.counters.get(link) {
             c.connections_fenced.fetch_add(1, Ordering::Relaxed);
         }
@@ -383,7 +383,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     /// count and the link state sit behind locks, so a request that found
     /// the link not fenced is one the drain loop (which reads the state,
     /// then the count) waits for.
-    pub fn link_session(&self, link: &str) -> LinkSession {
+    pub(crate) fn link_session(&self, link: &str) -> LinkSession {
         self.sessions
             .send_modify(|m| *m.entry(link.to_string()).or_insert(0) += 1);
         LinkSession {
@@ -513,18 +513,18 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// Every link's report.
-    pub fn links(&self) -> Vec<Value> {
+    pub(crate) fn links(&self) -> Vec<Value> {
         self.links.iter().map(|l| self.report(l)).collect()
     }
 
     /// One link's report.
-    pub fn link(&self, name: &str) -> Result<Value, ControlError> {
+    pub(crate) fn link(&self, name: &str) -> Result<Value, ControlError> {
         Ok(self.report(self.link_by_name(name)?))
     }
 
     /// Fail `name` over (or resume its failover) and wait up to `wait` for
     /// it to finish. Returns the report and whether the failover is complete.
-    pub async fn failover(
+    pub(crate) async fn failover(
         self: &Arc<Self>,
         name: &str,
         wait: Duration,
@@ -761,7 +761,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// `STOPPED` → `MIRRORING`, optionally with a new source cluster id.
-    pub async fn start_link(
+    pub(crate) async fn start_link(
         &self,
         name: &str,
         new_source: Option<ClusterId>,

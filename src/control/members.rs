@@ -24,7 +24,7 @@ use crate::client::{Client, ClientError};
 use crate::net::backoff::Backoff;
 
 /// Default session timeout (`MIRROR_PROXY_INSTANCE_SESSION_TIMEOUT_MS`).
-pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The group of the instances sharing `state_topic`.
 pub fn group_name(state_topic: &str) -> String {

@@ -9,8 +9,8 @@
 //!   and draining every instance does, and the failover runner.
 
 pub mod barriers;
-pub mod io;
-pub mod links;
+pub(crate) mod io;
+pub(crate) mod links;
 pub mod members;
 
-pub use links::Control;
+pub(crate) use links::Control;

@@ -57,14 +57,14 @@ pub struct Advertised {
 
 impl Advertised {
     /// The host clients are told broker `node` is at.
-    pub fn host(&self, node: i32) -> std::borrow::Cow<'_, str> {
+    pub(crate) fn host(&self, node: i32) -> std::borrow::Cow<'_, str> {
         match &self.sni {
             Some((names, _)) => names.node_host(node).into(),
             None => self.host.as_str().into(),
         }
     }
 
-    pub fn port(&self, node: i32) -> Result<u16, RewriteError> {
+    pub(crate) fn port(&self, node: i32) -> Result<u16, RewriteError> {
         if let Some((_, port)) = &self.sni {
             return Ok(*port);
         }
@@ -94,7 +94,7 @@ impl Learnt {
     }
 
     /// Add what `other` taught.
-    pub fn absorb(&mut self, other: Learnt) {
+    pub(crate) fn absorb(&mut self, other: Learnt) {
         self.brokers.extend(other.brokers);
         self.topics.extend(other.topics);
     }
@@ -166,7 +166,7 @@ pub fn response_schema(api: ApiKey) -> Option<&'static str> {
 }
 
 /// Whether responses of this API and version can carry broker addresses.
-pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
+pub(crate) fn carries_addresses(api: ApiKey, version: i16) -> bool {
     match api {
         ApiKey::Produce => version >= 10,
         ApiKey::Fetch => version >= 16,
@@ -177,7 +177,7 @@ pub fn carries_addresses(api: ApiKey, version: i16) -> bool {
 
 /// The version range the proxy can walk for an API whose messages it
 /// interprets; `None` for APIs it passes through untouched.
-pub fn parseable_versions(api: ApiKey) -> Option<(i16, i16)> {
+pub(crate) fn parseable_versions(api: ApiKey) -> Option<(i16, i16)> {
     // Asked for every request of an API that carries addresses (every local
     // Produce v10+): the schema table is searched by name once per API, not
     // per request (it showed in the passthrough profile).
@@ -206,7 +206,7 @@ fn schema_versions(api: ApiKey) -> Option<(i16, i16)> {
 /// connection rather than pass on what it cannot rewrite.
 #[derive(Debug, thiserror::Error)]
 #[error("{api:?} v{version} is newer than the proxy parses (up to v{max}); the proxy never advertised it")]
-pub struct UnsupportedVersion {
+pub(crate) struct UnsupportedVersion {
     pub api: ApiKey,
     pub version: i16,
     pub max: i16,
@@ -440,14 +440,14 @@ pub fn clamp_api_versions(version: i16, frame: &[u8]) -> Result<Option<BytesMut>
 }
 
 /// The highest ApiVersions version the proxy walks.
-pub fn api_versions_max() -> i16 {
+pub(crate) fn api_versions_max() -> i16 {
     parseable_versions(ApiKey::ApiVersions).map_or(0, |(_, max)| max)
 }
 
 /// The answer to an ApiVersions request newer than the proxy walks: what a
 /// broker says in that case (UNSUPPORTED_VERSION, v0 layout, with the range
 /// it supports), so the client retries with a version both understand.
-pub fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, RewriteError> {
+pub(crate) fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, RewriteError> {
     use kafka_protocol::messages::api_versions_response::ApiVersion;
     let api = ApiKey::ApiVersions;
     let body = ApiVersionsResponse::default()
@@ -470,7 +470,7 @@ pub fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, Rewrite
     Ok(out)
 }
 
-pub struct AddressesLayer<'a> {
+pub(crate) struct AddressesLayer<'a> {
     advertised: &'a Advertised,
 }
 
@@ -492,7 +492,7 @@ impl<'a, S> tower::Layer<S> for AddressesLayer<'a> {
 }
 
 /// The filter: responses that can name brokers are rewritten.
-pub struct Addresses<'a, S> {
+pub(crate) struct Addresses<'a, S> {
     advertised: &'a Advertised,
     inner: S,
 }
@@ -528,7 +528,7 @@ impl<'a, S: Service> Service for Addresses<'a, S> {
 }
 
 /// The response half: broker addresses replaced.
-pub struct Rewrite<'a> {
+pub(crate) struct Rewrite<'a> {
     api: ApiKey,
     version: i16,
     advertised: &'a Advertised,

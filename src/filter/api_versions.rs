@@ -13,7 +13,7 @@ use tower::Layer;
 use super::addresses::{self, Learnt};
 use super::{pass, FilterError, Outcome, Pending, Request, ResponseHalf, Service, Step, Then};
 
-pub struct ApiVersionsLayer;
+pub(crate) struct ApiVersionsLayer;
 
 impl<S> Layer<S> for ApiVersionsLayer {
     type Service = ApiVersions<S>;
@@ -23,7 +23,7 @@ impl<S> Layer<S> for ApiVersionsLayer {
     }
 }
 
-pub struct ApiVersions<S> {
+pub(crate) struct ApiVersions<S> {
     inner: S,
 }
 
@@ -54,7 +54,7 @@ impl<S: Service> Service for ApiVersions<S> {
 }
 
 /// The response half: the broker's version ranges clamped.
-pub struct Clamp {
+pub(crate) struct Clamp {
     version: i16,
 }
 

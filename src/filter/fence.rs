@@ -21,7 +21,7 @@ use super::{Context, FilterError, Outcome, Pending, Request, Service, Step};
 use crate::mirror::link::{Link, Origin};
 use crate::mirror::produce::Refusal;
 
-pub struct FenceLayer<'a> {
+pub(crate) struct FenceLayer<'a> {
     ctx: &'a Context,
 }
 
@@ -42,7 +42,7 @@ impl<'a, S> Layer<S> for FenceLayer<'a> {
     }
 }
 
-pub struct Fence<'a, S> {
+pub(crate) struct Fence<'a, S> {
     ctx: &'a Context,
     inner: S,
 }

@@ -31,7 +31,7 @@ use crate::wire::{schema, walk};
 /// A request this layer had to read and could not, or an answer it could
 /// not encode: the connection closes, nothing is forwarded.
 #[derive(Debug, thiserror::Error)]
-pub enum GuardError {
+pub(crate) enum GuardError {
     #[error("cannot read {api:?} v{version} request: {reason}")]
     Request {
         api: ApiKey,
@@ -54,7 +54,7 @@ fn is_topic(resource_type: i8, name: &StrBytes, topic: &str) -> bool {
     resource_type == TOPIC_RESOURCE && name.as_str() == topic
 }
 
-pub struct GuardLayer<'a> {
+pub(crate) struct GuardLayer<'a> {
     ctx: &'a Context,
 }
 
@@ -75,7 +75,7 @@ impl<'a, S> Layer<S> for GuardLayer<'a> {
     }
 }
 
-pub struct Guard<'a, S> {
+pub(crate) struct Guard<'a, S> {
     ctx: &'a Context,
     inner: S,
 }
@@ -147,7 +147,7 @@ impl<S: Service> Guard<'_, S> {
 
 /// A request as its header names it.
 #[derive(Debug, Clone, Copy)]
-pub struct Asked {
+pub(crate) struct Asked {
     pub api: ApiKey,
     pub version: i16,
     pub correlation_id: i32,
@@ -158,7 +158,7 @@ pub struct Asked {
 /// `id`; `None`: unknown, so any id), every entry refused; `None` when the
 /// request does not name it. A request that cannot be read is an error:
 /// the connection closes, nothing is forwarded.
-pub fn refusal(
+pub(crate) fn refusal(
     asked: Asked,
     frame: &[u8],
     body_offset: usize,

@@ -8,7 +8,7 @@ use tower::Layer;
 use super::{FilterError, Outcome, Request, Service, Step};
 use crate::metrics::Metrics;
 
-pub struct CountLayer<'a> {
+pub(crate) struct CountLayer<'a> {
     metrics: &'a Metrics,
 }
 
@@ -29,7 +29,7 @@ impl<'a, S> Layer<S> for CountLayer<'a> {
     }
 }
 
-pub struct Count<'a, S> {
+pub(crate) struct Count<'a, S> {
     metrics: &'a Metrics,
     inner: S,
 }

@@ -35,13 +35,13 @@
 //! broker stays the proxy's job.
 
 pub mod addresses;
-pub mod api_versions;
-pub mod broker;
-pub mod fence;
-pub mod guard;
-pub mod metrics;
+pub(crate) mod api_versions;
+pub(crate) mod broker;
+pub(crate) mod fence;
+pub(crate) mod guard;
+pub(crate) mod metrics;
 pub mod produce;
-pub mod rebuild;
+pub(crate) mod rebuild;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -66,7 +66,7 @@ use crate::wire::header::{HeaderError, RequestHeaderPeek};
 use addresses::{Advertised, Learnt, RewriteError, UnsupportedVersion};
 
 /// One client request on its way through the filters.
-pub struct Request {
+pub(crate) struct Request {
     /// The header, peeked once.
     pub header: RequestHeaderPeek,
     /// `None` for an API key this proxy does not know: passed on untouched.
@@ -79,7 +79,7 @@ pub struct Request {
 }
 
 /// What became of a request.
-pub enum Outcome<P> {
+pub(crate) enum Outcome<P> {
     /// The client is owed a response: `P` produces it.
     Owed(P),
     /// Nothing is owed (Produce with `acks=0`).
@@ -92,7 +92,7 @@ pub enum Outcome<P> {
 impl<P> Outcome<P> {
     /// The same outcome with nothing owed (the client expects no answer).
     #[inline]
-    pub fn discard<Q>(self) -> Outcome<Q> {
+    pub(crate) fn discard<Q>(self) -> Outcome<Q> {
         match self {
             Outcome::Owed(_) | Outcome::NotOwed => Outcome::NotOwed,
             Outcome::Fenced { link, .. } => Outcome::Fenced { owed: None, link },
@@ -101,7 +101,7 @@ impl<P> Outcome<P> {
 
     /// The same outcome with the pending response mapped by `f`.
     #[inline]
-    pub fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Outcome<Q> {
+    pub(crate) fn map<Q>(self, f: impl FnOnce(P) -> Q) -> Outcome<Q> {
         match self {
             Outcome::Owed(p) => Outcome::Owed(f(p)),
             Outcome::NotOwed => Outcome::NotOwed,
@@ -122,7 +122,7 @@ impl<P> Outcome<P> {
 /// service keeps the frame it was handed; [`flush`](Self::flush) writes it
 /// to the broker. The session calls them for one request at a time, in the
 /// order they came, so requests reach the broker in that order.
-pub trait Service: Send {
+pub(crate) trait Service: Send {
     type Pending: Pending;
 
     fn call(&mut self, request: Request) -> Step<'_, Outcome<Self::Pending>>;
@@ -134,7 +134,7 @@ pub trait Service: Send {
 
 /// What a filter's `call` gives back: its outcome, decided now, or a future
 /// that decides it after waiting.
-pub enum Step<'s, T> {
+pub(crate) enum Step<'s, T> {
     Ready(Result<T, FilterError>),
     Wait(Pin<Box<dyn Future<Output = Result<T, FilterError>> + Send + 's>>),
 }
@@ -143,7 +143,7 @@ impl<'s, T: 's> Step<'s, T> {
     /// The step's outcome mapped by `f` (a waiting step is boxed anew: only
     /// waits pay for it).
     #[inline]
-    pub fn map<U>(self, f: impl FnOnce(T) -> U + Send + 's) -> Step<'s, U> {
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U + Send + 's) -> Step<'s, U> {
         match self {
             Step::Ready(r) => Step::Ready(r.map(f)),
             Step::Wait(w) => Step::Wait(Box::pin(w.map(|r| r.map(f)))),
@@ -151,7 +151,7 @@ impl<'s, T: 's> Step<'s, T> {
     }
 
     /// The outcome, once decided.
-    pub async fn decided(self) -> Result<T, FilterError> {
+    pub(crate) async fn decided(self) -> Result<T, FilterError> {
         match self {
             Step::Ready(r) => r,
             Step::Wait(w) => w.await,
@@ -171,7 +171,7 @@ fn pass<'s, S: Service, Q: 's>(
 }
 
 /// A response the client is owed, queued in request order.
-pub trait Pending: Send + Sized {
+pub(crate) trait Pending: Send + Sized {
     /// A response the proxy made itself: no response half runs on it.
     fn local(frame: BytesMut) -> Self;
 
@@ -192,7 +192,7 @@ pub trait Pending: Send + Sized {
 /// The pending response of a filter with a response half: the inner
 /// service's, then `half` on it (none on a response made above the inner
 /// service, or one the filter leaves alone).
-pub struct Then<P, H> {
+pub(crate) struct Then<P, H> {
     inner: P,
     half: Option<H>,
 }
@@ -209,13 +209,13 @@ impl<P, H> Then<P, H> {
 
     /// `inner`'s response, as it comes.
     #[inline]
-    pub fn inner(inner: P) -> Then<P, H> {
+    pub(crate) fn inner(inner: P) -> Then<P, H> {
         Then { inner, half: None }
     }
 }
 
 /// A filter's response half: runs on the inner service's response.
-pub trait ResponseHalf: Send {
+pub(crate) trait ResponseHalf: Send {
     fn respond(self, frame: BytesMut, learnt: &mut Learnt) -> Result<BytesMut, FilterError>;
 }
 
@@ -245,7 +245,7 @@ impl<P: Pending, H: ResponseHalf> Pending for Then<P, H> {
 /// Why a request or its response could not be handled: the session closes
 /// the connection.
 #[derive(Debug, thiserror::Error)]
-pub enum FilterError {
+pub(crate) enum FilterError {
     #[error("malformed request header: {0}")]
     Header(#[from] HeaderError),
     #[error(transparent)]
@@ -264,7 +264,7 @@ pub enum FilterError {
 
 /// The filter stack of one connection (whose client presented `subject`),
 /// over the write half of its broker connection.
-pub fn stack<'a, W>(
+pub(crate) fn stack<'a, W>(
     ctx: &'a Context,
     subject: Option<&'a CertSubject>,
     upstream: W,
@@ -301,7 +301,7 @@ pub struct Context {
 
 impl Context {
     /// Resolves once shutdown has begun (at once if it already has).
-    pub async fn shutting_down(&self) {
+    pub(crate) async fn shutting_down(&self) {
         let mut rx = self.shutdown.clone();
         if rx.wait_for(|stop| *stop).await.is_err() {
             // The sender lives as long as the proxy: not reached.
@@ -327,7 +327,7 @@ const ASK_INTERVAL: Duration = Duration::from_secs(1);
 
 impl TopicTable {
     /// The id of a topic named in a Metadata response (no allocation).
-    pub fn id(&self, name: &str) -> Option<Uuid> {
+    pub(crate) fn id(&self, name: &str) -> Option<Uuid> {
         crate::sync::read(&self.ids).get(name).copied()
     }
 
@@ -338,7 +338,7 @@ impl TopicTable {
 
     /// Whether the broker may be asked for every topic's id now (at most
     /// once per [`ASK_INTERVAL`]); if so, the asking is counted as done.
-    pub fn may_ask(&self, now: Instant) -> bool {
+    pub(crate) fn may_ask(&self, now: Instant) -> bool {
         let mut asked = crate::sync::lock(&self.asked);
         match *asked {
             Some(at) if now.saturating_duration_since(at) < ASK_INTERVAL => false,
@@ -350,7 +350,7 @@ impl TopicTable {
     }
 
     /// Remember `topics` (id, name).
-    pub fn learn(&self, topics: Vec<(Uuid, String)>) {
+    pub(crate) fn learn(&self, topics: Vec<(Uuid, String)>) {
         if topics.is_empty() {
             return;
         }

@@ -41,7 +41,7 @@ use crate::wire::produce_response_walk::Walked;
 use smallvec::SmallVec;
 
 /// What becomes of a Produce request.
-pub enum ProduceAction {
+pub(crate) enum ProduceAction {
     /// The proxy answered every partition itself: the response, unless
     /// `acks=0`.
     Answered(Option<BytesMut>),
@@ -62,7 +62,7 @@ pub enum ProduceAction {
 
 /// The per-request state between the two halves: the partitions the proxy
 /// answered itself and the tracked batches to settle.
-pub struct ProduceState {
+pub(crate) struct ProduceState {
     version: i16,
     local: Vec<LocalPartition>,
     /// What a link write (or a local one with tracked batches) settles once
@@ -80,7 +80,7 @@ struct LinkWrite {
 }
 
 /// The Produce filter of a connection: both halves of the Produce path.
-pub struct ProduceFilter<'a> {
+pub(crate) struct ProduceFilter<'a> {
     ctx: &'a Context,
 }
 
@@ -92,7 +92,7 @@ impl<'a> ProduceFilter<'a> {
 
     /// The request half: what to answer and what to forward for a Produce
     /// request (`frame`, whose header is `h`).
-    pub async fn request(
+    pub(crate) async fn request(
         &self,
         writer: Writer,
         origin: &Origin,
@@ -360,7 +360,7 @@ impl<'a> ProduceFilter<'a> {
     /// topic: unless `learnt` (the broker was just asked), the frame comes
     /// back for the caller to learn the ids first; after that, what stays
     /// unknown is refused (retriable).
-    pub fn local_now(
+    pub(crate) fn local_now(
         &self,
         h: &RequestHeaderPeek,
         frame: Bytes,
@@ -454,7 +454,7 @@ impl<'a> ProduceFilter<'a> {
     /// Produce response and the request's state, and the brokers the
     /// response named (KIP-951: a leader moved), for the proxy to open
     /// listeners for before the client hears of them.
-    pub fn response(
+    pub(crate) fn response(
         &self,
         state: ProduceState,
         frame: BytesMut,
@@ -553,7 +553,7 @@ fn merged(
 }
 
 /// What becomes of a local Produce without waiting.
-pub enum LocalStep {
+pub(crate) enum LocalStep {
     Done(ProduceAction),
     /// The request names topic ids the proxy has not seen: learn them
     /// from the broker, then decide (the frame, untouched).
@@ -639,7 +639,7 @@ impl Replies {
     }
 }
 
-pub struct ProduceLayer<'a> {
+pub(crate) struct ProduceLayer<'a> {
     ctx: &'a Context,
     subject: Option<&'a CertSubject>,
 }
@@ -665,7 +665,7 @@ impl<'a, S> Layer<S> for ProduceLayer<'a> {
 }
 
 /// The filter: Produce requests go through [`ProduceFilter`].
-pub struct Produce<'a, S> {
+pub(crate) struct Produce<'a, S> {
     filter: ProduceFilter<'a>,
     /// This connection, for the mirrored partitions it may write without
     /// a rebuild.
@@ -774,7 +774,7 @@ impl<'a, S: Service> Produce<'a, S> {
 }
 
 /// The response half of one Produce request.
-pub struct ProduceHalf<'a> {
+pub(crate) struct ProduceHalf<'a> {
     ctx: &'a Context,
     state: ProduceState,
 }
@@ -792,7 +792,7 @@ impl ResponseHalf for ProduceHalf<'_> {
 
 /// Every partition of a Produce answered here with `refusal` (a request of
 /// a fenced link): the response, unless `acks=0`.
-pub fn refuse_every_partition(
+pub(crate) fn refuse_every_partition(
     ctx: &Context,
     link: &str,
     h: &RequestHeaderPeek,

@@ -22,7 +22,7 @@ const UNREPLICATED_POLL: Duration = Duration::from_millis(20);
 
 /// Errors of a tail read.
 #[derive(Debug, thiserror::Error)]
-pub enum TailError {
+pub(crate) enum TailError {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(
@@ -52,7 +52,7 @@ pub struct Tail {
 /// Nothing below `floor` is read: the log end offset the partition's
 /// latest failover barrier recorded (0 if none), below which every
 /// mirrored producer was expired.
-pub async fn read_tail(
+pub(crate) async fn read_tail(
     client: &Client,
     topic: &str,
     partition: i32,
@@ -98,7 +98,7 @@ pub async fn read_tail(
 /// truncated; or more was appended than `max_bytes` holds), and the
 /// caller rebuilds from the tail instead. Read up to the high watermark
 /// once it covers the leader's log end, like [`read_tail`].
-pub async fn read_since(
+pub(crate) async fn read_since(
     client: &Client,
     topic: &str,
     partition: i32,
@@ -172,7 +172,7 @@ async fn replicated_end(client: &Client, topic: &str, partition: i32) -> Result<
 /// (a stable tail: nothing was appended while it was read), at most
 /// `attempts` times. Returns the last tail read, when it was begun, and
 /// whether it was stable (`false` when `attempts` is 0).
-pub async fn read_tail_stable(
+pub(crate) async fn read_tail_stable(
     client: &Client,
     topic: &str,
     partition: i32,
@@ -214,7 +214,7 @@ fn whole_end(records: &[u8]) -> Option<i64> {
 
 /// Whether a partition's log holds a batch at an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Held {
+pub(crate) enum Held {
     /// The log holds that very batch there (same producer id, epoch and
     /// first sequence).
     Yes,
@@ -236,7 +236,7 @@ const HOLDS_BYTES: i32 = 1024;
 /// from `offset`, waiting up to `wait` if nothing is readable there yet (a
 /// batch appended with `acks=1` is readable once the high watermark passes
 /// it, which an in-sync follower makes happen in a moment).
-pub async fn holds(
+pub(crate) async fn holds(
     client: &Client,
     topic: &str,
     partition: i32,

@@ -30,7 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 
 /// Partitions one link keeps figures for, at most.
-pub const MAX_PARTITIONS: usize = 100_000;
+pub(crate) const MAX_PARTITIONS: usize = 100_000;
 
 /// The timestamp-type bit of a record batch's attributes (set: LogAppendTime).
 const LOG_APPEND_TIME_FLAG: i16 = 0x08;
@@ -66,7 +66,7 @@ impl Default for MirroredBatches {
 impl MirroredBatches {
     /// Add one batch, from its header fields.
     #[inline]
-    pub fn add(
+    pub(crate) fn add(
         &mut self,
         len: usize,
         record_count: i32,
@@ -87,7 +87,7 @@ impl MirroredBatches {
 
 /// One partition's figures on this instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionFigures {
+pub(crate) struct PartitionFigures {
     /// Offset of the last record the broker acknowledged (`-1`: none yet).
     pub last_offset: i64,
     /// The newest CreateTime timestamp mirrored (`-1`: none).
@@ -123,7 +123,7 @@ impl Default for PartitionFigures {
 type Table = HashMap<Arc<str>, HashMap<i32, PartitionFigures>>;
 
 /// One link's figures.
-pub struct LinkMirror {
+pub(crate) struct LinkMirror {
     records: Counter,
     batches: Counter,
     bytes: Counter,
@@ -210,7 +210,7 @@ impl LinkMirror {
 
     /// The broker acknowledged `m` of `topic`-`partition` (its name, when
     /// known) at `base_offset`, answering at `now_ms`.
-    pub fn acknowledged(
+    pub(crate) fn acknowledged(
         &self,
         topic: Option<&str>,
         partition: i32,
@@ -246,7 +246,7 @@ impl LinkMirror {
     }
 
     /// `batches` of `topic`-`partition` were answered as duplicates.
-    pub fn duplicates(&self, topic: &str, partition: i32, batches: u64) {
+    pub(crate) fn duplicates(&self, topic: &str, partition: i32, batches: u64) {
         self.with_partition(topic, partition, |f| f.duplicates_answered += batches);
     }
 

@@ -19,9 +19,9 @@ use crate::wire::records::Records;
 
 /// Control record type of the barrier (Kafka's own: 0 abort, 1 commit,
 /// 2–6 KRaft and leader-change records).
-pub const MIRROR_PID_RESET: i16 = 7;
+pub(crate) const MIRROR_PID_RESET: i16 = 7;
 /// The control key: int16 version 0, int16 type 7.
-pub const CONTROL_KEY: [u8; 4] = [0, 0, 0, MIRROR_PID_RESET as u8];
+pub(crate) const CONTROL_KEY: [u8; 4] = [0, 0, 0, MIRROR_PID_RESET as u8];
 
 /// The barrier's control batch header fields.
 const BARRIER: NewBatch = NewBatch {
@@ -33,7 +33,7 @@ const BARRIER: NewBatch = NewBatch {
 };
 
 /// `MirrorPidResetRecord` v0 for `source`.
-pub fn reset_record_value(source: &ClusterId) -> Vec<u8> {
+pub(crate) fn reset_record_value(source: &ClusterId) -> Vec<u8> {
     let id = source.to_string();
     let mut out = Vec::with_capacity(4 + id.len());
     out.extend_from_slice(&0i16.to_be_bytes()); // Version

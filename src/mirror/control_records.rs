@@ -23,7 +23,7 @@ use crate::mirror::link_state::{consistent, follows, LinkState, LinkStatus};
 
 /// What an instance knows of a link when one of its records arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Prior<'a> {
+pub(crate) enum Prior<'a> {
     /// The link's current status: its latest applied record, or its
     /// initial status when none was applied after a full load.
     Known(&'a LinkStatus),
@@ -34,7 +34,7 @@ pub enum Prior<'a> {
 
 /// Why a link-control record is skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Skip {
+pub(crate) enum Skip {
     #[error("a tombstone: the proxy never deletes link state or barrier records, nor drained records during a failover")]
     Tombstone,
     #[error("a link state the proxy could not have written (its fields contradict each other)")]
@@ -48,7 +48,7 @@ pub enum Skip {
 }
 
 /// Whether a link state record (`None`: a tombstone) applies after `prior`.
-pub fn check_link_state(prior: Prior<'_>, next: Option<&LinkStatus>) -> Result<(), Skip> {
+pub(crate) fn check_link_state(prior: Prior<'_>, next: Option<&LinkStatus>) -> Result<(), Skip> {
     let next = next.ok_or(Skip::Tombstone)?;
     if !consistent(next) {
         return Err(Skip::Inconsistent);
@@ -68,7 +68,7 @@ pub fn check_link_state(prior: Prior<'_>, next: Option<&LinkStatus>) -> Result<(
 /// Whether a barrier or drained record of failover `failover_id` (`None`
 /// value: a tombstone) applies after `prior`: the link must be STOPPING
 /// under that failover.
-pub fn check_failover_record(
+pub(crate) fn check_failover_record(
     prior: Prior<'_>,
     failover_id: i64,
     tombstone: bool,
@@ -89,7 +89,7 @@ pub fn check_failover_record(
 
 /// Whether a drained tombstone applies after `prior`: not while the link
 /// is STOPPING, when it would erase a confirmation the failover waits for.
-pub fn check_drained_tombstone(prior: Prior<'_>) -> Result<(), Skip> {
+pub(crate) fn check_drained_tombstone(prior: Prior<'_>) -> Result<(), Skip> {
     match prior {
         Prior::Known(s) if s.state == LinkState::Stopping => Err(Skip::Tombstone),
         _ => Ok(()),

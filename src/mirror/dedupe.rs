@@ -131,7 +131,7 @@ struct Inner {
 
 /// Why a partition needs its state rebuilt again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RebuildReason {
+pub(crate) enum RebuildReason {
     /// A link batch was sent and its answer never came (connection lost,
     /// undecodable answer), or came as a timeout: it may be in the log.
     UnknownOutcome,
@@ -144,7 +144,7 @@ pub enum RebuildReason {
 }
 
 impl RebuildReason {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             RebuildReason::UnknownOutcome => "unknown_outcome",
             RebuildReason::LeaderMoved => "leader_moved",
@@ -192,7 +192,7 @@ struct BegunPartition {
 /// A partition answered as a duplicate: its first batch, which the log
 /// must hold at `base_offset`.
 #[derive(Debug, Clone)]
-pub struct DuplicateAnswer {
+pub(crate) struct DuplicateAnswer {
     pub topic: Arc<TopicRef>,
     pub partition: PartitionId,
     pub batch: BatchId,
@@ -244,7 +244,7 @@ impl RebuildClaim {
 
     /// `Some(offset)` for a catch-up from `offset` (see
     /// [`RebuildClaim::full`] when that cannot be read).
-    pub fn since(&self) -> Option<i64> {
+    pub(crate) fn since(&self) -> Option<i64> {
         self.since
     }
 
@@ -252,7 +252,7 @@ impl RebuildClaim {
     /// below the offset, or more was appended than a read holds): the
     /// partition's appended batches are forgotten now, before the tail is
     /// read.
-    pub fn full(&mut self) {
+    pub(crate) fn full(&mut self) {
         if self.since.take().is_none() {
             return;
         }
@@ -264,7 +264,7 @@ impl RebuildClaim {
     }
 
     /// How many bytes of the log tail a rebuild may read.
-    pub fn rebuild_bytes(&self) -> i32 {
+    pub(crate) fn rebuild_bytes(&self) -> i32 {
         self.dedupe.rebuild_bytes
     }
 
@@ -272,7 +272,7 @@ impl RebuildClaim {
     /// wait is over: the tail must then be read stable (the log end the
     /// same when read again), and what it does not hold of them is taken
     /// as never appended.
-    pub fn confirming(&self) -> bool {
+    pub(crate) fn confirming(&self) -> bool {
         self.dedupe
             .lock()
             .doubts
@@ -410,7 +410,7 @@ impl Dedupe {
     /// `partition`'s state may miss what the log holds: the next request
     /// for it rebuilds it from the log tail first (merging into what is
     /// held), and one being rebuilt now is rebuilt again after.
-    pub fn mark_for_rebuild(&self, partition: PartitionId, reason: RebuildReason) {
+    pub(crate) fn mark_for_rebuild(&self, partition: PartitionId, reason: RebuildReason) {
         let mut inner = self.lock();
         mark(&mut inner, partition);
         drop(inner);
@@ -420,7 +420,11 @@ impl Dedupe {
     /// Answer `partition` of `plan` locally (its state could not be
     /// rebuilt): retriable ([`Refusal::StateNotRebuilt`]), nothing of it
     /// forwarded.
-    pub fn refuse_partition(plan: &mut ProducePlan, partition: PartitionId, message: String) {
+    pub(crate) fn refuse_partition(
+        plan: &mut ProducePlan,
+        partition: PartitionId,
+        message: String,
+    ) {
         let Some(i) = plan.tracked.iter().position(|t| t.partition == partition) else {
             return;
         };
@@ -443,7 +447,7 @@ impl Dedupe {
 
     /// Producers held now, per partition (a scan of every producer under
     /// the lock, bounded by `PRODUCER_STATE_MAX_ENTRIES`: for the admin API).
-    pub fn producers_by_partition(&self) -> HashMap<PartitionId, usize> {
+    pub(crate) fn producers_by_partition(&self) -> HashMap<PartitionId, usize> {
         let inner = self.lock();
         let mut out = HashMap::new();
         for (partition, _) in inner.states.partition_keys() {
@@ -465,7 +469,7 @@ impl Dedupe {
     /// barrier, SPEC §7); returns how many. Meant for once the link's
     /// requests have drained: an answer settled later records its batch
     /// again.
-    pub fn expire_partition(&self, partition: PartitionId) -> usize {
+    pub(crate) fn expire_partition(&self, partition: PartitionId) -> usize {
         let mut inner = self.lock();
         let n = inner.states.clear_where(|(p, _)| *p == partition);
         inner.doubts.clear(&partition);
@@ -477,7 +481,7 @@ impl Dedupe {
     /// Notified whenever batches leave flight (appended or failed), for a
     /// request waiting on [`Dedupe::begin`] returning `None`. Create (and
     /// enable) it before calling `begin`, so no change is missed.
-    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
         self.changed.notified()
     }
 
@@ -743,7 +747,7 @@ impl Dedupe {
 
 impl Tracked {
     /// Nothing tracked (not a link request).
-    pub fn none() -> Tracked {
+    pub(crate) fn none() -> Tracked {
         Tracked {
             dedupe: None,
             partitions: Vec::new(),
@@ -757,7 +761,7 @@ impl Tracked {
     /// when the loss is seen. Kafka bounds no request's time in its queue,
     /// so the cap is what bounds the wait; the request's own timeout only
     /// shortens it.
-    pub fn set_timeout_ms(&mut self, timeout_ms: i32) {
+    pub(crate) fn set_timeout_ms(&mut self, timeout_ms: i32) {
         let ms = u64::try_from(timeout_ms).unwrap_or(0);
         self.wait = self.wait.min(Duration::from_millis(ms));
     }
@@ -767,7 +771,7 @@ impl Tracked {
     /// base offset); one it does not hold is marked
     /// ([`Dedupe::mark_for_rebuild`], [`RebuildReason::Truncated`]) and the
     /// request begun again.
-    pub fn duplicates(&self) -> &[DuplicateAnswer] {
+    pub(crate) fn duplicates(&self) -> &[DuplicateAnswer] {
         &self.duplicates
     }
 
@@ -778,7 +782,7 @@ impl Tracked {
 
     /// The begun partitions as the request names them, in the order
     /// [`settle`](Self::settle) takes their answers.
-    pub fn asked(&self) -> impl Iterator<Item = (&TopicRef, i32)> + '_ {
+    pub(crate) fn asked(&self) -> impl Iterator<Item = (&TopicRef, i32)> + '_ {
         self.partitions
             .iter()
             .map(|bp| (&*bp.topic, bp.partition.partition))
@@ -930,7 +934,7 @@ impl Tracked {
     /// No answer will come and none is awaited (`acks=0`): the batches'
     /// flight ends without recording them, and, no client retrying what it
     /// never heard about, their partitions are not marked for a rebuild.
-    pub fn unanswered(mut self) {
+    pub(crate) fn unanswered(mut self) {
         let Some(dedupe) = self.dedupe.take() else {
             return;
         };

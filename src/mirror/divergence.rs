@@ -27,7 +27,7 @@ use super::translation::{Segment, Segments};
 
 /// What the failover's barrier recorded in one partition of B.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Barrier {
+pub(crate) struct Barrier {
     /// B's log end offset after the barrier was answered.
     pub log_end_offset: i64,
     /// Whether B's log appended the barrier batch (a stock broker refuses
@@ -60,7 +60,7 @@ pub enum Unresolved {
 /// The divergence of one partition from the link's translation (`None`:
 /// nothing of it was ever copied), the replicator's resume point on A
 /// (`None`: none committed), the barrier, and A's log start offset.
-pub fn divergence(
+pub(crate) fn divergence(
     translation: Option<&Segments>,
     resume: Option<i64>,
     barrier: Barrier,
@@ -96,7 +96,11 @@ pub fn divergence(
 /// translation read backwards (B offsets of A's records → A offsets), then
 /// a segment of no records at `point.b_start` placing B's own records at
 /// `a_end` (A's log end: A's records past the divergence stay before them).
-pub fn failback_history(translation: Option<&Segments>, point: Point, a_end: i64) -> Vec<Segment> {
+pub(crate) fn failback_history(
+    translation: Option<&Segments>,
+    point: Point,
+    a_end: i64,
+) -> Vec<Segment> {
     let mut out: Vec<Segment> = translation
         .into_iter()
         .flat_map(Segments::iter)

@@ -36,7 +36,7 @@ struct PartitionDoubt<K> {
 
 /// What [`Doubts::check`] says of a producer's batch on a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// No batch of this producer is in doubt there: go on.
     Clear,
     /// A lost batch of this producer may still be appended, until
@@ -60,7 +60,7 @@ pub struct Resolved {
 
 /// Every partition's doubted batches.
 #[derive(Debug)]
-pub struct Doubts<K> {
+pub(crate) struct Doubts<K> {
     partitions: HashMap<PartitionId, PartitionDoubt<K>>,
 }
 
@@ -76,7 +76,13 @@ impl<K: Copy + Eq + Hash> Doubts<K> {
     /// `batch` of producer `key` was sent on `partition` and its answer
     /// will never come; it may be appended until `deadline` (the latest of
     /// the partition's lost requests counts).
-    pub fn lost(&mut self, partition: PartitionId, key: K, batch: BatchId, deadline: Instant) {
+    pub(crate) fn lost(
+        &mut self,
+        partition: PartitionId,
+        key: K,
+        batch: BatchId,
+        deadline: Instant,
+    ) {
         let d = self
             .partitions
             .entry(partition)
@@ -91,7 +97,7 @@ impl<K: Copy + Eq + Hash> Doubts<K> {
     }
 
     /// Whether anything is in doubt on `partition`.
-    pub fn any(&self, partition: &PartitionId) -> bool {
+    pub(crate) fn any(&self, partition: &PartitionId) -> bool {
         self.partitions.contains_key(partition)
     }
 
@@ -115,7 +121,7 @@ impl<K: Copy + Eq + Hash> Doubts<K> {
     /// Whether a tail read of `partition` begun at `now` must be a stable
     /// one (its wait is over: what it does not hold is taken as never
     /// appended).
-    pub fn confirming(&self, partition: &PartitionId, now: Instant) -> bool {
+    pub(crate) fn confirming(&self, partition: &PartitionId, now: Instant) -> bool {
         self.partitions
             .get(partition)
             .is_some_and(|d| now >= d.deadline)
@@ -127,7 +133,7 @@ impl<K: Copy + Eq + Hash> Doubts<K> {
     /// that tail) holds a batch as appended. Found batches are settled;
     /// the others are taken as never appended only if the read began at
     /// or after the deadline and was stable.
-    pub fn after_tail(
+    pub(crate) fn after_tail(
         &mut self,
         partition: &PartitionId,
         read_at: Instant,
@@ -159,7 +165,7 @@ impl<K: Copy + Eq + Hash> Doubts<K> {
 
     /// Forget `partition`'s doubts (its producers were expired by a
     /// failover barrier: nothing of them is deduplicated any more).
-    pub fn clear(&mut self, partition: &PartitionId) {
+    pub(crate) fn clear(&mut self, partition: &PartitionId) {
         self.partitions.remove(partition);
     }
 }

@@ -107,7 +107,7 @@ impl Link {
 
     /// A failback link's settings (`LINK_<NAME>_REVERSE_OF`,
     /// `LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS`).
-    pub fn with_failback(mut self, failback: Option<Failback>) -> Link {
+    pub(crate) fn with_failback(mut self, failback: Option<Failback>) -> Link {
         self.failback = failback;
         self
     }
@@ -118,12 +118,12 @@ impl Link {
 
     /// The state the link has while the state topic has no record of it
     /// (`MIRROR_PROXY_LINK_<NAME>_INITIAL_STATE`).
-    pub fn with_initial_state(mut self, state: LinkState) -> Link {
+    pub(crate) fn with_initial_state(mut self, state: LinkState) -> Link {
         self.initial_state = state;
         self
     }
 
-    pub fn initial_state(&self) -> LinkState {
+    pub(crate) fn initial_state(&self) -> LinkState {
         self.initial_state
     }
 
@@ -132,7 +132,7 @@ impl Link {
     /// an id whose last base64 character carries unused bits (the demo id
     /// `...Qk`, canonically `...Qg`) and a broker reports the one it was
     /// formatted with, while [`ClusterId`] keeps only the 16 bytes.
-    pub fn with_source_cluster_spelling(mut self, spelling: &str) -> Link {
+    pub(crate) fn with_source_cluster_spelling(mut self, spelling: &str) -> Link {
         if ClusterId::parse(spelling).is_ok_and(|id| id == self.source_cluster_id) {
             self.source_cluster_spelling = spelling.to_string();
         }
@@ -148,7 +148,7 @@ impl Link {
     /// How to show `id`, a source cluster of this link, to an operator: as
     /// configured when it is the configured cluster, else canonically (an
     /// id given to `start` reaches the state topic as 16 bytes only).
-    pub fn show_source_cluster(&self, id: &ClusterId) -> String {
+    pub(crate) fn show_source_cluster(&self, id: &ClusterId) -> String {
         if *id == self.source_cluster_id {
             self.source_cluster_spelling.clone()
         } else {
@@ -166,11 +166,11 @@ impl Link {
     /// The source cluster whose producers the link maps now: origins are
     /// keyed by it, so the producers of a new source never share a mapped
     /// PID with the old source's.
-    pub fn current_source(&self) -> ClusterId {
+    pub(crate) fn current_source(&self) -> ClusterId {
         *crate::sync::read(&self.current_source)
     }
     /// The source cluster of the link's latest applied state record.
-    pub fn set_current_source(&self, source: ClusterId) {
+    pub(crate) fn set_current_source(&self, source: ClusterId) {
         *crate::sync::write(&self.current_source) = source;
     }
     /// The 32-bit region of the bit-field mapping (the source cluster hash).
@@ -180,7 +180,7 @@ impl Link {
     pub fn client_id(&self) -> &str {
         &self.client_id
     }
-    pub fn control_batches(&self) -> ControlBatchPolicy {
+    pub(crate) fn control_batches(&self) -> ControlBatchPolicy {
         self.control_batches
     }
     pub fn tls_subject(&self) -> Option<&str> {
@@ -189,14 +189,14 @@ impl Link {
 
     /// Whether `topic` is one of the link's mirrored topics (each pattern is
     /// anchored at both ends).
-    pub fn mirrors_topic(&self, topic: &str) -> bool {
+    pub(crate) fn mirrors_topic(&self, topic: &str) -> bool {
         self.literal_topics.contains(topic)
             || self.topic_patterns.iter().any(|re| re.is_match(topic))
     }
 
     /// Whether a connection whose client certificate has `subject` may act
     /// as this link.
-    pub fn admits(&self, subject: Option<&CertSubject>) -> bool {
+    pub(crate) fn admits(&self, subject: Option<&CertSubject>) -> bool {
         match (&self.tls_subject, subject) {
             (None, _) => true,
             (Some(_), None) => false,
@@ -207,7 +207,7 @@ impl Link {
 
 /// The subject of a verified client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertSubject {
+pub(crate) struct CertSubject {
     /// RFC 4514-style, attributes in certificate order, e.g. `CN=r,O=acme`
     /// (for logs: values are not escaped there).
     pub full: String,
@@ -223,7 +223,7 @@ impl CertSubject {
     /// case) and value equal. Both sides are compared parsed, never as
     /// text: a common name `replicator, O=acme` is one value, and never
     /// equals the two attributes `CN=replicator,O=acme`.
-    pub fn matches(&self, configured: &str) -> bool {
+    pub(crate) fn matches(&self, configured: &str) -> bool {
         let Some(want) = parse_dn(configured) else {
             return false;
         };
@@ -244,7 +244,7 @@ impl CertSubject {
 /// attributes as (type, value), in order; `None` when malformed. `,` and
 /// `+` separate attributes; a character after `\` (or two hex digits, one
 /// byte) is part of the value; spaces around types and values are not.
-pub fn parse_dn(s: &str) -> Option<Vec<(String, String)>> {
+pub(crate) fn parse_dn(s: &str) -> Option<Vec<(String, String)>> {
     let mut attributes = Vec::new();
     for part in split_unescaped(s)? {
         let (ty, value) = part.split_once('=')?;
@@ -310,7 +310,7 @@ fn unescape(v: &str) -> Option<String> {
 
 /// Whom a request speaks for.
 #[derive(Debug, Clone)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// Not mirrored traffic.
     Local,
     /// The named link's replicator.
@@ -371,7 +371,11 @@ impl Links {
     }
 
     /// Classify a request by its client id and the connection's certificate.
-    pub fn classify(&self, client_id: Option<&str>, subject: Option<&CertSubject>) -> Origin {
+    pub(crate) fn classify(
+        &self,
+        client_id: Option<&str>,
+        subject: Option<&CertSubject>,
+    ) -> Origin {
         match client_id.and_then(|id| self.by_client_id.get(id)) {
             None => Origin::Local,
             Some(link) if link.admits(subject) => Origin::Link(Arc::clone(link)),

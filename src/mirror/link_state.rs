@@ -35,7 +35,7 @@ impl LinkState {
         }
     }
 
-    pub fn from_code(code: i8) -> Option<LinkState> {
+    pub(crate) fn from_code(code: i8) -> Option<LinkState> {
         match code {
             0 => Some(LinkState::Mirroring),
             1 => Some(LinkState::Stopping),
@@ -46,7 +46,7 @@ impl LinkState {
     }
 
     /// As the admin API and the configuration spell it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             LinkState::Mirroring => "MIRRORING",
             LinkState::Stopping => "STOPPING",
@@ -67,12 +67,12 @@ impl LinkState {
     }
 
     /// Whether the link's own traffic is refused (and its connections closed).
-    pub fn fences_link(self) -> bool {
+    pub(crate) fn fences_link(self) -> bool {
         self != LinkState::Mirroring
     }
 
     /// Whether local producers may not write the link's topics.
-    pub fn read_only(self) -> bool {
+    pub(crate) fn read_only(self) -> bool {
         self != LinkState::Stopped
     }
 }
@@ -95,7 +95,7 @@ pub struct LinkStatus {
 
 impl LinkStatus {
     /// The status a link has before any record names it.
-    pub fn initial(state: LinkState, source: ClusterId) -> LinkStatus {
+    pub(crate) fn initial(state: LinkState, source: ClusterId) -> LinkStatus {
         LinkStatus {
             state,
             since_ms: -1,
@@ -109,7 +109,7 @@ impl LinkStatus {
 
 /// Why an operator's transition cannot happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Conflict {
+pub(crate) enum Conflict {
     #[error("link '{link}' is already STOPPED (failover {failover_id} finished); `POST /links/{link}/start` makes it MIRRORING again")]
     AlreadyStopped { link: String, failover_id: i64 },
     #[error("link '{link}' is {state}; only a STOPPED or PREPARING link can be started (`POST /links/{link}/failover` first)")]
@@ -122,7 +122,7 @@ pub enum Conflict {
 
 /// What `failover` does from `current`: `Ok(true)` start a new failover,
 /// `Ok(false)` resume the one in progress.
-pub fn failover_from(link: &str, current: &LinkStatus) -> Result<bool, Conflict> {
+pub(crate) fn failover_from(link: &str, current: &LinkStatus) -> Result<bool, Conflict> {
     match current.state {
         LinkState::Mirroring => Ok(true),
         LinkState::Stopping => Ok(false),
@@ -138,7 +138,7 @@ pub fn failover_from(link: &str, current: &LinkStatus) -> Result<bool, Conflict>
 
 /// Whether `start` may leave `current` (for `PREPARING`: the operator's
 /// word that the failback's divergence is handled).
-pub fn start_from(link: &str, current: &LinkStatus) -> Result<(), Conflict> {
+pub(crate) fn start_from(link: &str, current: &LinkStatus) -> Result<(), Conflict> {
     match current.state {
         LinkState::Stopped | LinkState::Preparing => Ok(()),
         state => Err(Conflict::NotStopped {
@@ -150,7 +150,7 @@ pub fn start_from(link: &str, current: &LinkStatus) -> Result<(), Conflict> {
 
 /// A failover id for a failover starting at `now_ms` after `current`:
 /// its start time, strictly greater than any id the link had.
-pub fn next_failover_id(current: &LinkStatus, now_ms: i64) -> i64 {
+pub(crate) fn next_failover_id(current: &LinkStatus, now_ms: i64) -> i64 {
     now_ms.max(current.failover_id.saturating_add(1))
 }
 
@@ -159,7 +159,7 @@ pub fn next_failover_id(current: &LinkStatus, now_ms: i64) -> i64 {
 /// STOPPING or STOPPED one the
 /// failover (id and start time) it belongs to, only a STOPPED one (or a
 /// MIRRORING one after it) a finish time, and no failover id is below -1.
-pub fn consistent(s: &LinkStatus) -> bool {
+pub(crate) fn consistent(s: &LinkStatus) -> bool {
     use LinkState::*;
     let failover = s.failover_id >= 0 && s.failover_started_ms >= 0;
     let none = s.failover_id == -1 && s.failover_started_ms == -1 && s.failover_finished_ms == -1;
@@ -181,7 +181,7 @@ pub fn consistent(s: &LinkStatus) -> bool {
 /// STOPPING of a failover wins a race: a second one with another id, or a
 /// STOPPED of another failover, is ignored; so is any `next` that is not
 /// [`consistent`].
-pub fn follows(current: &LinkStatus, next: &LinkStatus) -> bool {
+pub(crate) fn follows(current: &LinkStatus, next: &LinkStatus) -> bool {
     use LinkState::*;
     if !consistent(next) {
         return false;

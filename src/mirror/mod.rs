@@ -11,10 +11,10 @@
 //! connection's requests, `state` and `control` persist their outcomes.
 
 pub mod barrier;
-pub mod control_records;
+pub(crate) mod control_records;
 pub mod dedupe;
-pub mod divergence;
-pub mod doubt;
+pub(crate) mod divergence;
+pub(crate) mod doubt;
 pub mod link;
 pub mod link_state;
 pub mod origins;

@@ -74,7 +74,7 @@ pub fn fold32(salt: i64) -> u32 {
 }
 
 /// The region a salt moves a cluster's PIDs to.
-pub fn salted_region(hash: u32, salt: i64) -> u32 {
+pub(crate) fn salted_region(hash: u32, salt: i64) -> u32 {
     hash ^ fold32(salt)
 }
 
@@ -82,7 +82,7 @@ pub fn salted_region(hash: u32, salt: i64) -> u32 {
 /// (without a salt, the natural mapping; a chain's own PID), below -1. A
 /// record written by anything else (a forged one: any non-negative PID, -1,
 /// another cluster's region) claims nothing.
-pub fn is_valid_mapping(k: &OriginKey, v: &OriginValue) -> bool {
+pub(crate) fn is_valid_mapping(k: &OriginKey, v: &OriginValue) -> bool {
     let hash = cluster_hash(&k.source);
     let expected = match (v.salt, k.original_pid) {
         (0, pid) if pid < 0 => pid,
@@ -102,7 +102,7 @@ pub fn compose(region: u32, pid: i64) -> i64 {
 
 /// What made an origin need a salt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     /// Its natural slot is held by another origin.
     Hash,
     /// PID >= 2^31: the identity field cannot hold it.
@@ -112,7 +112,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Cause::Hash => "hash",
             Cause::OversizedPid => "oversized_pid",
@@ -123,7 +123,7 @@ impl Cause {
 
 /// A slot an origin may claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Proposal {
+pub(crate) struct Proposal {
     pub mapped: i64,
     /// 0: natural (unsalted).
     pub salt: i64,
@@ -140,7 +140,7 @@ pub struct Proposal {
 #[error(
     "no free slot found for producer id {pid} of cluster {cluster} after {SALT_ATTEMPTS} salts"
 )]
-pub struct NoSlot {
+pub(crate) struct NoSlot {
     pub cluster: ClusterId,
     pub pid: i64,
 }
@@ -159,14 +159,14 @@ pub struct Claim {
 }
 
 impl Claim {
-    pub fn last_seen_ms(&self) -> i64 {
+    pub(crate) fn last_seen_ms(&self) -> i64 {
         self.last_seen_ms.load(Ordering::Relaxed)
     }
 }
 
 /// Tombstones remembered to ignore refreshes that raced them (about
 /// 100 bytes each).
-pub const MAX_TOMBSTONES: usize = 100_000;
+pub(crate) const MAX_TOMBSTONES: usize = 100_000;
 
 /// The view.
 #[derive(Debug, Default)]
@@ -206,14 +206,14 @@ impl Origins {
 
     /// Count `c` among the known source clusters (its natural region is
     /// then never a salted origin's).
-    pub fn know_cluster(&mut self, c: ClusterId) {
+    pub(crate) fn know_cluster(&mut self, c: ClusterId) {
         if self.clusters.insert(c) {
             self.regions.insert(cluster_hash(&c));
         }
     }
 
     /// Whether `region` is the natural region of a known cluster.
-    pub fn is_natural_region(&self, region: u32) -> bool {
+    pub(crate) fn is_natural_region(&self, region: u32) -> bool {
         self.regions.contains(&region)
     }
 
@@ -324,7 +324,7 @@ impl Origins {
     /// that compaction, which keeps only the latest record of a key, never
     /// brings the dead claim back. Taken once: each instance that saw the
     /// refresh writes its own, which is harmless.
-    pub fn take_stale_refreshes(&mut self) -> Vec<OriginKey> {
+    pub(crate) fn take_stale_refreshes(&mut self) -> Vec<OriginKey> {
         let stale = std::mem::take(&mut self.stale_refreshes);
         stale
             .into_iter()
@@ -352,7 +352,7 @@ impl Origins {
     }
 
     /// The origin that owns `mapped` in `p`.
-    pub fn owner(&self, p: PartitionId, mapped: i64) -> Option<OriginId> {
+    pub(crate) fn owner(&self, p: PartitionId, mapped: i64) -> Option<OriginId> {
         self.slots
             .get(&(p, mapped))
             .and_then(|c| c.first())
@@ -397,7 +397,7 @@ impl Origins {
     /// A slot for `o` in `p`: its known salt, else its natural slot, else a
     /// new salt from `random`. `taken` holds slots proposed to other
     /// origins but not yet written.
-    pub fn propose(
+    pub(crate) fn propose(
         &self,
         p: PartitionId,
         o: OriginId,
@@ -471,7 +471,11 @@ impl Origins {
 
     /// Owned claims whose last-seen time (here or persisted) is older than
     /// `now_ms - period_ms`, with whether they have a salt record.
-    pub fn expired(&self, now_ms: i64, period_ms: i64) -> Vec<(PartitionId, OriginId, bool)> {
+    pub(crate) fn expired(
+        &self,
+        now_ms: i64,
+        period_ms: i64,
+    ) -> Vec<(PartitionId, OriginId, bool)> {
         let mut out: Vec<_> = self
             .claims
             .iter()
@@ -493,7 +497,10 @@ impl Origins {
 
     /// Claims seen here more than `interval_ms` after their persisted
     /// last-seen time: the refresh records to write.
-    pub fn due_refresh(&self, interval_ms: i64) -> Vec<(PartitionId, OriginId, OriginValue)> {
+    pub(crate) fn due_refresh(
+        &self,
+        interval_ms: i64,
+    ) -> Vec<(PartitionId, OriginId, OriginValue)> {
         self.claims
             .iter()
             .filter(|(&(p, o), c)| {

@@ -15,7 +15,7 @@ use base64::{alphabet, Engine};
 use thiserror::Error;
 
 /// Kafka's "no producer" id.
-pub const NO_PRODUCER_ID: i64 = -1;
+pub(crate) const NO_PRODUCER_ID: i64 = -1;
 const IDENTITY_MASK: i64 = 0x7FFF_FFFF;
 const SIGN: u64 = 1 << 63;
 const ENCODED_LEN: usize = 22;
@@ -92,7 +92,7 @@ impl ClusterId {
 
     /// Like [`ClusterId::parse`], but also rejects non-zero trailing bits, so
     /// every id has exactly one spelling.
-    pub fn parse_canonical(s: &str) -> Result<Self, ClusterIdError> {
+    pub(crate) fn parse_canonical(s: &str) -> Result<Self, ClusterIdError> {
         let id = Self::parse(s)?;
         if id.to_string() != s {
             let character = s.chars().last().unwrap_or_default();

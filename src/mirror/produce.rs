@@ -30,7 +30,7 @@ use crate::mirror::origins::{OriginId, Origins, PartitionId};
 use crate::mirror::pid::{cluster_hash, map_pid, Mapping, NO_PRODUCER_ID};
 use crate::mirror::producer_state::{BatchId, RefusalKind};
 use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batches, PidPatch};
-pub use crate::wire::produce_walk::Index;
+pub(crate) use crate::wire::produce_walk::Index;
 use crate::wire::produce_walk::{IndexedPartition, IndexedTopic, Topic};
 use crate::wire::write;
 use crate::wire::{produce_walk, schema, walk};
@@ -126,12 +126,12 @@ pub enum Refusal {
 /// READ_ONLY_TOPIC as the issue names it. Not in Kafka 4.4.0's `Errors`
 /// (nor in kafka-protocol 0.18), where code 134 is GROUP_DELETION_FAILED:
 /// a Java client reading 134 from a Produce would report that.
-pub const READ_ONLY_TOPIC: i16 = 134;
+pub(crate) const READ_ONLY_TOPIC: i16 = 134;
 /// The first Produce version whose clients know READ_ONLY_TOPIC. Kafka
 /// 4.4.0 defines Produce up to v13 (ProduceRequest.json, "3-13") and no
 /// READ_ONLY_TOPIC: no KIP or Produce version introduced it there, so
 /// every version the proxy parses falls back to POLICY_VIOLATION.
-pub const READ_ONLY_TOPIC_MIN_PRODUCE_VERSION: i16 = 14;
+pub(crate) const READ_ONLY_TOPIC_MIN_PRODUCE_VERSION: i16 = 14;
 
 impl From<RefusalKind> for Refusal {
     fn from(kind: RefusalKind) -> Refusal {
@@ -147,7 +147,7 @@ impl Refusal {
     /// Every refusal, so that each reason's series can be shown at zero
     /// before it first happens (a new variant belongs here and in
     /// [`label`](Self::label)).
-    pub const ALL: &[Refusal] = &[
+    pub(crate) const ALL: &[Refusal] = &[
         Refusal::TopicNotMirrored,
         Refusal::UnknownTopicId,
         Refusal::MalformedBatch,
@@ -168,7 +168,7 @@ impl Refusal {
         Refusal::OutcomeUnknown,
     ];
 
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Refusal::TopicNotMirrored => "topic_not_mirrored",
             Refusal::UnknownTopicId => "unknown_topic_id",
@@ -314,7 +314,7 @@ pub struct MirroredPartition {
 /// producer sends at most one batch per partition per request. (The plan
 /// itself keeps its vectors on the heap: it lives in every connection's
 /// task, whose size idle connections pay for.)
-pub type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
+pub(crate) type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
 
 /// A forwarded partition whose batches the mirrored producer state checks.
 #[derive(Debug, Clone, PartialEq)]
@@ -361,7 +361,7 @@ pub trait OriginLookup {
 
 /// The bit-field mapping alone, with no collision detection: every PID
 /// maps to its natural slot; unplaceable ones are unresolved. For tests.
-pub struct Natural;
+pub(crate) struct Natural;
 
 impl OriginLookup for Natural {
     fn mapped(&self, _: PartitionId, o: OriginId) -> Option<i64> {
@@ -1013,7 +1013,7 @@ pub fn local_response(
 /// topic's entry; the others are entries of their own, written directly
 /// ahead of the broker's (only the topic count of the broker's body
 /// changes), so they cost no decoded structures.
-pub fn merge_response(
+pub(crate) fn merge_response(
     frame: &Bytes,
     version: i16,
     local: &[LocalPartition],

@@ -47,14 +47,14 @@ use std::hash::Hash;
 use crate::wire::batch::{BatchHeader, Batches};
 
 /// Batches kept per producer, as Kafka does (`NUM_BATCHES_TO_RETAIN`).
-pub const RETAINED_BATCHES: usize = 5;
+pub(crate) const RETAINED_BATCHES: usize = 5;
 /// Batches of one producer in one partition that may be in flight at once:
 /// Kafka's idempotent producers send at most 5
 /// (`max.in.flight.requests.per.connection`).
-pub const MAX_IN_FLIGHT: usize = 5;
+pub(crate) const MAX_IN_FLIGHT: usize = 5;
 /// Kafka's "no epoch" / "no sequence".
-pub const NO_EPOCH: i16 = -1;
-pub const NO_SEQUENCE: i32 = -1;
+pub(crate) const NO_EPOCH: i16 = -1;
+pub(crate) const NO_SEQUENCE: i32 = -1;
 
 /// Kafka error codes of the refusals.
 pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
@@ -79,7 +79,7 @@ pub struct BatchId {
 
 impl BatchId {
     /// From a batch header; the last sequence wraps like Kafka's.
-    pub fn from_header(h: &BatchHeader<'_>) -> BatchId {
+    pub(crate) fn from_header(h: &BatchHeader<'_>) -> BatchId {
         BatchId {
             producer_id: h.producer_id(),
             epoch: h.producer_epoch(),
@@ -91,7 +91,7 @@ impl BatchId {
 
 /// `base_seq + last_offset_delta`, wrapping past `i32::MAX` to 0 like
 /// Kafka's `DefaultRecordBatch.incrementSequence`. `NO_SEQUENCE` stays.
-pub fn last_sequence(base_seq: i32, last_offset_delta: i32) -> i32 {
+pub(crate) fn last_sequence(base_seq: i32, last_offset_delta: i32) -> i32 {
     if base_seq == NO_SEQUENCE {
         return NO_SEQUENCE;
     }
@@ -105,7 +105,7 @@ pub fn last_sequence(base_seq: i32, last_offset_delta: i32) -> i32 {
 
 /// Whether `next` comes after `last` in the wrapping sequence space, gaps
 /// allowed (see the module doc).
-pub fn is_after(last: i32, next: i32) -> bool {
+pub(crate) fn is_after(last: i32, next: i32) -> bool {
     let d = (i64::from(next) - i64::from(last) - 1).rem_euclid(SEQUENCE_SPACE);
     d < HALF_SEQUENCE_SPACE
 }
@@ -155,7 +155,7 @@ pub enum Check {
 
 /// One appended batch, as Kafka's `BatchMetadata`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AppendedBatch {
+pub(crate) struct AppendedBatch {
     pub first_seq: i32,
     pub last_seq: i32,
     /// Base offset the broker assigned.
@@ -182,7 +182,7 @@ struct InFlightBatch {
 /// What the proxy knows of one mapped producer in one partition, like
 /// Kafka's `ProducerStateEntry`.
 #[derive(Debug, Clone)]
-pub struct ProducerStateEntry {
+pub(crate) struct ProducerStateEntry {
     /// Epoch of the appended batches; `NO_EPOCH` before the first append.
     epoch: i16,
     /// Oldest first; `batches[..len]` are valid.
@@ -202,17 +202,18 @@ impl ProducerStateEntry {
     }
 
     /// The epoch of the appended batches (`NO_EPOCH` if none yet).
+    #[cfg(test)]
     pub fn epoch(&self) -> i16 {
         self.epoch
     }
 
     /// The retained appended batches, oldest first.
-    pub fn batches(&self) -> &[AppendedBatch] {
+    pub(crate) fn batches(&self) -> &[AppendedBatch] {
         &self.batches[..self.len]
     }
 
     /// Batches in flight.
-    pub fn in_flight_count(&self) -> usize {
+    pub(crate) fn in_flight_count(&self) -> usize {
         self.in_flight.iter().flatten().count()
     }
 
@@ -429,7 +430,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
 
     /// The partition key of every producer held (a scan: for the admin
     /// API, not the hot path).
-    pub fn partition_keys(&self) -> impl Iterator<Item = &P> + '_ {
+    pub(crate) fn partition_keys(&self) -> impl Iterator<Item = &P> + '_ {
         self.entries.iter().map(|(k, _)| &k.0)
     }
 
@@ -450,7 +451,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// New producers refused (or replayed batches not taken) since
     /// creation because the bound was reached with every producer held
     /// having a batch in flight.
-    pub fn full_refusals(&self) -> u64 {
+    pub(crate) fn full_refusals(&self) -> u64 {
         self.full_refusals
     }
 
@@ -460,13 +461,13 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     }
 
     /// The state of one producer, if held (does not count as a use).
-    pub fn entry(&self, partition: &P, producer_id: i64) -> Option<&ProducerStateEntry> {
+    pub(crate) fn entry(&self, partition: &P, producer_id: i64) -> Option<&ProducerStateEntry> {
         self.entries.peek(&(*partition, producer_id))
     }
 
     /// Whether `batch` is one of the producer's retained appended batches
     /// (does not count as a use).
-    pub fn holds_appended(&self, partition: &P, batch: &BatchId) -> bool {
+    pub(crate) fn holds_appended(&self, partition: &P, batch: &BatchId) -> bool {
         self.entry(partition, batch.producer_id)
             .is_some_and(|e| e.find_duplicate(batch).is_some())
     }
@@ -574,7 +575,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// [`MAX_IN_FLIGHT`] batches in flight already (out of order), or is new
     /// while the bound is reached and every producer held has a batch in
     /// flight ([`RefusalKind::StateFull`]).
-    pub fn mark_in_flight(
+    pub(crate) fn mark_in_flight(
         &mut self,
         partition: &P,
         batch: &BatchId,
@@ -682,7 +683,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
 
     /// [`replay_records`](Self::replay_records) with the key chosen per
     /// batch from its (mapped) producer id; `None` skips the batch.
-    pub fn replay_records_keyed(
+    pub(crate) fn replay_records_keyed(
         &mut self,
         records: &[u8],
         key: impl Fn(i64) -> Option<P>,
@@ -723,7 +724,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// held instead of merging into it, so a batch the log lost in a
     /// truncation is no longer answered as a duplicate. A producer left with
     /// nothing is dropped. Returns how many producers had batches forgotten.
-    pub fn forget_appended_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
+    pub(crate) fn forget_appended_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
         let mut forgot = 0;
         let mut gone: Vec<(P, i64)> = Vec::new();
         for (k, e) in self.entries.iter_mut() {
@@ -748,7 +749,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// Forgets every producer whose partition key matches `which` (for a
     /// partition key that is a partition plus more, like an origin).
     /// Returns how many were dropped.
-    pub fn clear_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
+    pub(crate) fn clear_where(&mut self, mut which: impl FnMut(&P) -> bool) -> usize {
         let gone: Vec<(P, i64)> = self
             .entries
             .iter()

@@ -30,21 +30,21 @@ use crate::wire::cursor::Cursor;
 use crate::wire::write;
 
 /// Record type of `MirrorPidCollisionKey`.
-pub const COLLISION_TYPE: i16 = 3;
+pub(crate) const COLLISION_TYPE: i16 = 3;
 /// Record type of `MirrorPidOriginKey`.
-pub const ORIGIN_TYPE: i16 = 4;
+pub(crate) const ORIGIN_TYPE: i16 = 4;
 /// Record type of `MirrorLinkStateKey`: a link's state.
-pub const LINK_STATE_TYPE: i16 = 5;
+pub(crate) const LINK_STATE_TYPE: i16 = 5;
 /// Record type of `MirrorBarrierKey`: a failover's barrier in one partition.
-pub const BARRIER_TYPE: i16 = 6;
+pub(crate) const BARRIER_TYPE: i16 = 6;
 /// Record type of `MirrorLinkDrainedKey`: an instance drained a link's
 /// connections for a failover.
-pub const DRAINED_TYPE: i16 = 7;
+pub(crate) const DRAINED_TYPE: i16 = 7;
 /// Longest instance id a drained key may carry.
-pub const MAX_INSTANCE_ID: usize = 249;
+pub(crate) const MAX_INSTANCE_ID: usize = 249;
 /// Longest link name a barrier key may carry (names come from the
 /// configuration, which allows far less).
-pub const MAX_LINK_NAME: usize = 249;
+pub(crate) const MAX_LINK_NAME: usize = 249;
 
 /// The key of both record types: one origin in one destination partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -197,7 +197,10 @@ impl StateRecord {
     }
 
     /// Decode one record from its key and value.
-    pub fn decode(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<StateRecord, RecordError> {
+    pub(crate) fn decode(
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<StateRecord, RecordError> {
         let key = key.ok_or(RecordError::NoKey)?;
         let mut r = Reader::new(key, "key");
         let record_type = r.i16()?;

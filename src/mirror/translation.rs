@@ -70,7 +70,7 @@ impl Segments {
 
     /// A map begun mid-history (a replicator's run): offsets before its
     /// first segment have no answer here.
-    pub fn partial(max: usize) -> Segments {
+    pub(crate) fn partial(max: usize) -> Segments {
         Segments {
             complete: false,
             ..Segments::new(max)
@@ -80,7 +80,12 @@ impl Segments {
     /// A batch of source offsets `source_base..=source_last` is on the
     /// destination from `destination_base`. Returns whether a new segment
     /// began (false: the last one grew, or the batch was known already).
-    pub fn record(&mut self, source_base: i64, source_last: i64, destination_base: i64) -> bool {
+    pub(crate) fn record(
+        &mut self,
+        source_base: i64,
+        source_last: i64,
+        destination_base: i64,
+    ) -> bool {
         let end = source_last.saturating_add(1);
         if let Some(last) = self.segments.back_mut() {
             if end <= last.source_end {
@@ -105,7 +110,7 @@ impl Segments {
     }
 
     /// Adds a segment read back from storage, keeping source order.
-    pub fn restore(&mut self, segment: Segment) {
+    pub(crate) fn restore(&mut self, segment: Segment) {
         let at = self
             .segments
             .partition_point(|s| s.source_start < segment.source_start);
@@ -119,7 +124,7 @@ impl Segments {
         }
     }
 
-    pub fn last(&self) -> Option<&Segment> {
+    pub(crate) fn last(&self) -> Option<&Segment> {
         self.segments.back()
     }
 
@@ -138,7 +143,7 @@ impl Segments {
     /// The destination offset of the next record at or after source offset
     /// `offset`, given that every source offset below `resume` is on the
     /// destination or was passed over (the replicator's resume point).
-    pub fn translate(&self, offset: i64, resume: i64) -> Translation {
+    pub(crate) fn translate(&self, offset: i64, resume: i64) -> Translation {
         let Some(first) = self.segments.front() else {
             return Translation::NotYet;
         };
@@ -198,7 +203,7 @@ pub fn encode_value(segment: &Segment) -> Vec<u8> {
 
 /// A key read back: (link, topic, partition, source start).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentKey {
+pub(crate) struct SegmentKey {
     pub link: String,
     pub topic: String,
     pub partition: i32,
@@ -207,7 +212,7 @@ pub struct SegmentKey {
 
 /// Why a record of the offsets topic was not understood.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SegmentRecordError {
+pub(crate) enum SegmentRecordError {
     #[error("offsets record {0} of an unknown version")]
     Version(&'static str),
     #[error("offsets record {0} cut short or too long")]
@@ -238,7 +243,7 @@ fn int<const N: usize>(b: &mut &[u8], what: &'static str) -> Result<[u8; N], Seg
         .map_err(|_| SegmentRecordError::Length(what))
 }
 
-pub fn decode_key(mut b: &[u8]) -> Result<SegmentKey, SegmentRecordError> {
+pub(crate) fn decode_key(mut b: &[u8]) -> Result<SegmentKey, SegmentRecordError> {
     if i16::from_be_bytes(int(&mut b, "key")?) != 0 {
         return Err(SegmentRecordError::Version("key"));
     }
@@ -262,7 +267,7 @@ pub fn decode_key(mut b: &[u8]) -> Result<SegmentKey, SegmentRecordError> {
     })
 }
 
-pub fn decode_value(key: &SegmentKey, mut b: &[u8]) -> Result<Segment, SegmentRecordError> {
+pub(crate) fn decode_value(key: &SegmentKey, mut b: &[u8]) -> Result<Segment, SegmentRecordError> {
     if i16::from_be_bytes(int(&mut b, "value")?) != 0 {
         return Err(SegmentRecordError::Version("value"));
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 const JITTER: f64 = 0.2;
 
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     /// The nominal delay of the next wait.
@@ -29,7 +29,7 @@ impl Backoff {
     }
 
     /// The next wait, and the one after it doubled.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let nominal = self.next;
         self.next = nominal.saturating_mul(2).min(self.max);
         let factor = 1.0 - JITTER + 2.0 * JITTER * fastrand::f64();
@@ -37,12 +37,13 @@ impl Backoff {
     }
 
     /// The nominal delay of the next wait (without jitter), for log lines.
+    #[cfg(test)]
     pub fn peek(&self) -> Duration {
         self.next
     }
 
     /// Start again from `min` (after a success).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.min;
     }
 }

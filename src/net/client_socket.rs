@@ -19,12 +19,12 @@ use tokio::net::TcpStream;
 
 /// The client's socket as a stream; the same socket as its
 /// [`ResetWatch`].
-pub struct ClientSocket(Arc<TcpStream>);
+pub(crate) struct ClientSocket(Arc<TcpStream>);
 
 /// Resolves [`reset`](ResetWatch::reset) when the client's socket is in
 /// error.
 #[derive(Clone)]
-pub struct ResetWatch(Arc<TcpStream>);
+pub(crate) struct ResetWatch(Arc<TcpStream>);
 
 impl ClientSocket {
     pub fn new(tcp: TcpStream) -> (ClientSocket, ResetWatch) {
@@ -35,7 +35,7 @@ impl ClientSocket {
 
 impl ResetWatch {
     /// Resolves once the socket is in error (the client reset it).
-    pub async fn reset(&self) {
+    pub(crate) async fn reset(&self) {
         // Only the error state wakes this wait; an error getting it means
         // the socket is gone too.
         let _ = self.0.ready(Interest::ERROR).await;

@@ -128,7 +128,7 @@ impl Budget {
         })
     }
 
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.total
     }
 
@@ -214,7 +214,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Charge frame memory to `budget`.
-    pub fn with_budget(mut self, budget: Arc<Budget>) -> Self {
+    pub(crate) fn with_budget(mut self, budget: Arc<Budget>) -> Self {
         self.budget = Some(budget);
         self
     }
@@ -224,19 +224,19 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// or held back by the caller, does not count). Whole-frame, not
     /// progress: a peer that trickles a byte now and then would otherwise
     /// keep the frame's memory for as long as it liked.
-    pub fn with_frame_timeout(mut self, timeout: Duration, setting: &'static str) -> Self {
+    pub(crate) fn with_frame_timeout(mut self, timeout: Duration, setting: &'static str) -> Self {
         self.frame_timeout = Some(timeout);
         self.timeout_setting = setting;
         self
     }
 
     /// Whether part of a frame has arrived.
-    pub fn mid_frame(&self) -> bool {
+    pub(crate) fn mid_frame(&self) -> bool {
         self.head_len > 0 || self.body.is_some() || !self.buffered.is_empty()
     }
 
     /// When bytes last arrived (or the reader was made).
-    pub fn last_read(&self) -> Instant {
+    pub(crate) fn last_read(&self) -> Instant {
         self.last_read
     }
 
@@ -245,7 +245,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// charged yet: the caller may hold the frame back (see
     /// [`pause`](Self::pause)) before [`read_frame`](Self::read_frame)
     /// takes it.
-    pub async fn next_size(&mut self) -> Result<Option<usize>, FrameError> {
+    pub(crate) async fn next_size(&mut self) -> Result<Option<usize>, FrameError> {
         self.release_returned();
         while self.body.is_none() {
             if self.head_len < 4 {
@@ -280,12 +280,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// own: until [`resume`](Self::resume) (or the next `read_frame`) that
     /// time does not count against the frame timeout. Repeated calls keep
     /// the first instant, so a wait cancelled and begun again counts whole.
-    pub fn pause(&mut self) {
+    pub(crate) fn pause(&mut self) {
         self.paused_since.get_or_insert_with(Instant::now);
     }
 
     /// The hold of [`pause`](Self::pause) is over.
-    pub fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         if let Some(since) = self.paused_since.take() {
             if let Some(deadline) = self.deadline.as_mut() {
                 *deadline += since.elapsed();
@@ -403,7 +403,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// written on): give its budget back now rather than at the next
     /// `read_frame`, which may be a long way off (a full queue of
     /// responses owed, a broker sitting on a long poll).
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         self.release_returned();
     }
 
@@ -611,7 +611,10 @@ async fn timed(
 
 /// Write one frame with its size prefix, in one vectored write where the
 /// stream supports it (one syscall per frame instead of two).
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> std::io::Result<()> {
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frame: &[u8],
+) -> std::io::Result<()> {
     let size = i32::try_from(frame.len())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "frame over 2 GiB"))?;
     let prefix = size.to_be_bytes();

@@ -32,15 +32,15 @@ use tokio::sync::watch;
 
 /// First delay between probes of a down broker; doubled up to [`PROBE_MAX`]
 /// (with jitter, see [`Backoff`]).
-pub const PROBE_MIN: Duration = Duration::from_millis(200);
-pub const PROBE_MAX: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_MIN: Duration = Duration::from_millis(200);
+pub(crate) const PROBE_MAX: Duration = Duration::from_secs(5);
 /// A probe is a TCP connect: a broker that does not accept within this long
 /// (or the connect timeout, if shorter) counts as unreachable for now.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A probe's connection must not be closed by the broker within this long.
 /// Brokers never close a fresh connection on their own, so a close this
 /// soon means the listener went away with the connection in its backlog.
-pub const PROBE_HOLD: Duration = Duration::from_millis(100);
+pub(crate) const PROBE_HOLD: Duration = Duration::from_millis(100);
 /// After an upstream connection was lost: the waits before each probe that
 /// must all succeed for the broker to count as still there (about 1.5 s in
 /// all, so a dying broker is caught while it tears down).
@@ -54,7 +54,7 @@ const LOSS_PROBES: [Duration; 5] = [
 
 /// Reachability of one target (a broker node, or the bootstrap brokers).
 #[derive(Debug)]
-pub struct Health {
+pub(crate) struct Health {
     up: watch::Sender<bool>,
     /// A probe task is running for this target.
     probing: AtomicBool,
@@ -68,17 +68,17 @@ impl Health {
         })
     }
 
-    pub fn is_up(&self) -> bool {
+    pub(crate) fn is_up(&self) -> bool {
         *self.up.borrow()
     }
 
     /// Resolves when the target is (or becomes) down.
-    pub async fn down(&self) {
+    pub(crate) async fn down(&self) {
         self.wait_for(false).await
     }
 
     /// Resolves when the target is (or becomes) up.
-    pub async fn up(&self) {
+    pub(crate) async fn up(&self) {
         self.wait_for(true).await
     }
 
@@ -91,28 +91,28 @@ impl Health {
     }
 
     /// Marks the target down; true if it was up.
-    pub fn mark_down(&self) -> bool {
+    pub(crate) fn mark_down(&self) -> bool {
         self.up.send_if_modified(|up| std::mem::replace(up, false))
     }
 
     /// Marks the target up; true if it was down.
-    pub fn mark_up(&self) -> bool {
+    pub(crate) fn mark_up(&self) -> bool {
         self.up.send_if_modified(|up| !std::mem::replace(up, true))
     }
 
     /// Claims the right to run the one probe task of this target.
-    pub fn start_probing(&self) -> bool {
+    pub(crate) fn start_probing(&self) -> bool {
         !self.probing.swap(true, Ordering::AcqRel)
     }
 
-    pub fn stop_probing(&self) {
+    pub(crate) fn stop_probing(&self) {
         self.probing.store(false, Ordering::Release);
     }
 }
 
 /// Can any of `addrs` be reached with a TCP connect? (Reachability only:
 /// TLS and SASL are the sessions' business.)
-pub async fn reachable(addrs: &[String], connect_timeout: Duration) -> bool {
+pub(crate) async fn reachable(addrs: &[String], connect_timeout: Duration) -> bool {
     let timeout = connect_timeout.min(PROBE_TIMEOUT);
     for addr in addrs {
         if let Ok(Ok(tcp)) = tokio::time::timeout(timeout, TcpStream::connect(addr.as_str())).await
@@ -127,7 +127,7 @@ pub async fn reachable(addrs: &[String], connect_timeout: Duration) -> bool {
 
 /// [`reachable`], checked by every probe of [`LOSS_PROBES`]: false as soon
 /// as one fails. For a target whose upstream connection just ended.
-pub async fn confirmed_reachable(addrs: &[String], connect_timeout: Duration) -> bool {
+pub(crate) async fn confirmed_reachable(addrs: &[String], connect_timeout: Duration) -> bool {
     for wait in LOSS_PROBES {
         tokio::time::sleep(wait).await;
         if !reachable(addrs, connect_timeout).await {
@@ -149,7 +149,7 @@ async fn stays_open(tcp: &TcpStream) -> bool {
 }
 
 /// The waits between probes of a down broker.
-pub fn probe_backoff() -> Backoff {
+pub(crate) fn probe_backoff() -> Backoff {
     Backoff::new(PROBE_MIN, PROBE_MAX)
 }
 

@@ -7,11 +7,11 @@
 //! make no progress (`write_timeout`); a client's socket shared with the
 //! watch for its reset (`client_socket`).
 
-pub mod backoff;
-pub mod client_socket;
+pub(crate) mod backoff;
+pub(crate) mod client_socket;
 pub mod frame;
-pub mod health;
+pub(crate) mod health;
 pub mod tasks;
 pub mod tls;
 pub mod upstream;
-pub mod write_timeout;
+pub(crate) mod write_timeout;

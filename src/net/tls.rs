@@ -39,7 +39,7 @@ pub enum TlsSetupError {
 
 /// Why certificate files could not be loaded again.
 #[derive(Debug, thiserror::Error)]
-pub enum ReloadError {
+pub(crate) enum ReloadError {
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
@@ -75,7 +75,7 @@ fn roots(certs: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsSetupErr
 }
 
 /// The acceptor for every client listener.
-pub fn acceptor(tls: &ClientTls) -> Result<TlsAcceptor, TlsSetupError> {
+pub(crate) fn acceptor(tls: &ClientTls) -> Result<TlsAcceptor, TlsSetupError> {
     let builder =
         ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match &tls.client_ca {
@@ -94,7 +94,7 @@ pub fn acceptor(tls: &ClientTls) -> Result<TlsAcceptor, TlsSetupError> {
 }
 
 /// The connector towards the brokers.
-pub fn connector(tls: &UpstreamTls) -> Result<TlsConnector, TlsSetupError> {
+pub(crate) fn connector(tls: &UpstreamTls) -> Result<TlsConnector, TlsSetupError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots(&tls.ca)?);
@@ -106,7 +106,7 @@ pub fn connector(tls: &UpstreamTls) -> Result<TlsConnector, TlsSetupError> {
 }
 
 /// The subject of a (verified) client certificate.
-pub fn subject(cert: &CertificateDer<'_>) -> Option<CertSubject> {
+pub(crate) fn subject(cert: &CertificateDer<'_>) -> Option<CertSubject> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let name = parsed.subject();
     let registry = x509_parser::objects::oid_registry();
@@ -209,7 +209,10 @@ impl ServerTls {
     }
 
     /// A TLS handshake with the certificate current now.
-    pub fn accept<IO: AsyncRead + AsyncWrite + Unpin>(&self, io: IO) -> tokio_rustls::Accept<IO> {
+    pub(crate) fn accept<IO: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        io: IO,
+    ) -> tokio_rustls::Accept<IO> {
         self.0.current().accept(io)
     }
 
@@ -218,7 +221,7 @@ impl ServerTls {
     /// is chosen. A name it accepts completes the handshake with the
     /// certificate current now (so rotation applies); one it refuses gets a
     /// fatal `access_denied` alert and the connection ends.
-    pub async fn accept_routed<IO, T, R>(
+    pub(crate) async fn accept_routed<IO, T, R>(
         &self,
         io: IO,
         route: impl FnOnce(Option<&str>) -> Result<T, R>,
@@ -252,7 +255,7 @@ impl ServerTls {
 
 /// Why [`ServerTls::accept_routed`] gave no connection.
 #[derive(Debug)]
-pub enum SniFailure<R> {
+pub(crate) enum SniFailure<R> {
     /// Not a ClientHello, or the handshake failed after routing.
     Handshake(std::io::Error),
     /// `route` refused the name; the client was sent `access_denied`.
@@ -323,7 +326,7 @@ impl UpstreamConnector {
     }
 
     /// A TLS handshake with the CA and client certificate current now.
-    pub fn connect<IO: AsyncRead + AsyncWrite + Unpin>(
+    pub(crate) fn connect<IO: AsyncRead + AsyncWrite + Unpin>(
         &self,
         name: ServerName<'static>,
         io: IO,

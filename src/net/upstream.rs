@@ -11,9 +11,9 @@ use tokio::net::TcpStream;
 use super::tls::{TlsSetupError, UpstreamConnector};
 
 /// Either side of the proxy, plain or TLS.
-pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
-pub type BoxStream = Box<dyn Stream>;
+pub(crate) type BoxStream = Box<dyn Stream>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -42,7 +42,7 @@ pub enum ConnectError {
 impl ConnectError {
     /// The broker could not be reached at all (as opposed to reached and
     /// failing a TLS handshake, which a closed port would not explain).
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         match self {
             ConnectError::Io { .. } | ConnectError::Timeout { .. } => true,
             ConnectError::Tls { .. } | ConnectError::ServerName { .. } => false,
@@ -81,7 +81,7 @@ impl Upstream {
     }
 
     /// Connect to one broker at `addr` (host:port).
-    pub async fn connect(&self, addr: &str) -> Result<BoxStream, ConnectError> {
+    pub(crate) async fn connect(&self, addr: &str) -> Result<BoxStream, ConnectError> {
         let ms = self.timeout.as_millis() as u64;
         let attempt = async {
             let tcp = TcpStream::connect(addr)
@@ -122,7 +122,10 @@ impl Upstream {
     }
 
     /// Connect to the first reachable of `addrs`, in order.
-    pub async fn connect_any(&self, addrs: &[String]) -> Result<(BoxStream, String), ConnectError> {
+    pub(crate) async fn connect_any(
+        &self,
+        addrs: &[String],
+    ) -> Result<(BoxStream, String), ConnectError> {
         let mut errors = Vec::new();
         let mut all_unreachable = true;
         for addr in addrs {

@@ -25,20 +25,20 @@ use tokio::time::{Instant, Sleep};
 /// Why a write failed with `TimedOut`; the source of that error.
 #[derive(Debug, thiserror::Error)]
 #[error("no progress writing to the {peer} for {ms} ms ({setting})")]
-pub struct WriteStalled {
+pub(crate) struct WriteStalled {
     pub peer: &'static str,
     pub ms: u128,
     pub setting: &'static str,
 }
 
 /// Whether `e` is a [`WriteStalled`] from a [`WriteTimeout`].
-pub fn is_stalled(e: &io::Error) -> bool {
+pub(crate) fn is_stalled(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::TimedOut
         && e.get_ref()
             .is_some_and(|inner| inner.downcast_ref::<WriteStalled>().is_some())
 }
 
-pub struct WriteTimeout<W> {
+pub(crate) struct WriteTimeout<W> {
     inner: W,
     timeout: Duration,
     peer: &'static str,

@@ -15,9 +15,9 @@
 //! waits for the connections to deliver what they owe. A listener is closed
 //! while the proxy cannot reach its broker (see [`health`]).
 
-pub mod queue;
-pub mod session;
-pub mod watch_wait;
+pub(crate) mod queue;
+pub(crate) mod session;
+pub(crate) mod watch_wait;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -64,7 +64,7 @@ pub enum StartError {
 /// Why a connection to the SNI listener was refused during its handshake
 /// (the client got a TLS `access_denied` alert).
 #[derive(Debug, thiserror::Error)]
-pub enum SniRefusal {
+pub(crate) enum SniRefusal {
     #[error("the ClientHello names no server (SNI): with SNI routing clients must connect by host name, not IP address")]
     NoName,
     #[error("server name {0:?} is neither MIRROR_PROXY_SNI_BOOTSTRAP_HOST nor a node name of MIRROR_PROXY_SNI_HOST_PATTERN")]
@@ -78,7 +78,7 @@ pub enum SniRefusal {
 impl SniRefusal {
     /// Every reason a connection to the SNI listener is refused for: the
     /// labels of [`label`](Self::label) and the handshake's failures.
-    pub const LABELS: [&'static str; 6] = [
+    pub(crate) const LABELS: [&'static str; 6] = [
         "sni_missing",
         "sni_unknown_name",
         "sni_unknown_node",
@@ -88,7 +88,7 @@ impl SniRefusal {
     ];
 
     /// Metric label (`connections_refused_total{reason}`).
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             SniRefusal::NoName => "sni_missing",
             SniRefusal::UnknownName(_) => "sni_unknown_name",
@@ -100,7 +100,7 @@ impl SniRefusal {
 
 /// Which broker a listener stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     /// Any configured bootstrap broker.
     Bootstrap,
     /// Broker node `n`.
@@ -108,7 +108,7 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn label(self) -> String {
+    pub(crate) fn label(self) -> String {
         match self {
             Target::Bootstrap => "bootstrap".to_string(),
             Target::Node(n) => format!("node-{n}"),
@@ -217,12 +217,12 @@ impl Shared {
     /// However many connections wait on their broker, together they cannot
     /// hold the whole budget; a larger frame waits, holding nothing, until
     /// the broker has answered.
-    pub fn parked_share(&self) -> usize {
+    pub(crate) fn parked_share(&self) -> usize {
         self.budget.total() / self.config.max_connections.max(1)
     }
 
     /// The real address of broker `node`, once a response has named it.
-    pub fn node_address(&self, node: i32) -> Option<String> {
+    pub(crate) fn node_address(&self, node: i32) -> Option<String> {
         self.nodes
             .lock()
             .ok()?
@@ -231,7 +231,7 @@ impl Shared {
     }
 
     /// Reachability of the broker(s) behind `target`.
-    pub fn health(&self, target: Target) -> Option<Arc<Health>> {
+    pub(crate) fn health(&self, target: Target) -> Option<Arc<Health>> {
         match target {
             Target::Bootstrap => Some(Arc::clone(&self.bootstrap_health)),
             Target::Node(n) => self
@@ -246,7 +246,7 @@ impl Shared {
     /// Where an SNI-routed connection goes: the node (or bootstrap) its
     /// ClientHello names, if that broker is known and reachable. Refused
     /// otherwise, as the node's own port would be in port-per-node mode.
-    pub fn sni_target(&self, name: Option<&str>) -> Result<Target, SniRefusal> {
+    pub(crate) fn sni_target(&self, name: Option<&str>) -> Result<Target, SniRefusal> {
         let Some(names) = self.ctx.advertised.sni.as_ref().map(|(names, _)| names) else {
             return Err(SniRefusal::NoName);
         };
@@ -280,7 +280,11 @@ impl Shared {
 
     /// A connect to `target`'s broker failed: its port closes until a probe
     /// reaches the broker again.
-    pub fn upstream_unreachable(self: &Arc<Self>, target: Target, error: &dyn std::fmt::Display) {
+    pub(crate) fn upstream_unreachable(
+        self: &Arc<Self>,
+        target: Target,
+        error: &dyn std::fmt::Display,
+    ) {
         let Some(health) = self.health(target) else {
             return;
         };
@@ -296,7 +300,7 @@ impl Shared {
     /// rather than accepted and dropped. A dying broker may still accept
     /// for a moment: it must keep answering for a short while
     /// ([`health::confirmed_reachable`]) to count as there.
-    pub fn upstream_lost(self: &Arc<Self>, target: Target) {
+    pub(crate) fn upstream_lost(self: &Arc<Self>, target: Target) {
         if let Some(health) = self.health(target) {
             self.spawn_probe(target, health, true);
         }
@@ -348,12 +352,14 @@ impl Shared {
     }
 
     /// Resolves once shutdown has begun (at once if it already has).
-    pub async fn shutting_down(&self) {
+    pub(crate) async fn shutting_down(&self) {
         self.ctx.shutting_down().await
     }
 
     /// [`Shared::shutting_down`], for a loop that polls it with every frame.
-    pub fn shutdown_wait(&self) -> watch_wait::WatchWait<bool, impl Future<Output = ()> + '_> {
+    pub(crate) fn shutdown_wait(
+        &self,
+    ) -> watch_wait::WatchWait<bool, impl Future<Output = ()> + '_> {
         watch_wait::WatchWait::new(self.shutdown.subscribe(), self.shutting_down())
     }
 
@@ -386,7 +392,7 @@ impl Shared {
 
     /// Record what a response taught us and make sure every broker it named
     /// has a listener before the client hears of it.
-    pub fn learn(self: &Arc<Self>, learnt: Learnt) -> Result<(), StartError> {
+    pub(crate) fn learn(self: &Arc<Self>, learnt: Learnt) -> Result<(), StartError> {
         self.ctx.topics.learn(learnt.topics);
         for (node, host, port) in learnt.brokers {
             let address = if host.contains(':') {

@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Waker};
 /// One pusher (the request loop) and one popper (the response loop): each
 /// side has at most one waiter, so a waiting side is a stored waker, not a
 /// waiter list. Every push and pop is one uncontended lock.
-pub struct Queue<T> {
+pub(crate) struct Queue<T> {
     inner: Mutex<Inner<T>>,
     max: usize,
 }
@@ -63,7 +63,7 @@ impl<T> Queue<T> {
     /// Append `item` once there is room; `at_broker`: its request was
     /// written to the broker, which owes an answer (see
     /// [`broker_answered`](Self::broker_answered)).
-    pub async fn push(&self, item: T, at_broker: bool) {
+    pub(crate) async fn push(&self, item: T, at_broker: bool) {
         let mut item = Some(item);
         poll_fn(|cx| {
             let mut q = self.lock();
@@ -86,7 +86,7 @@ impl<T> Queue<T> {
     }
 
     /// The oldest entry; `None` once the queue is closed and empty.
-    pub async fn pop(&self) -> Option<T> {
+    pub(crate) async fn pop(&self) -> Option<T> {
         poll_fn(|cx| {
             let mut q = self.lock();
             match q.items.pop_front() {
@@ -110,7 +110,7 @@ impl<T> Queue<T> {
 
     /// No more pushes: [`pop`](Self::pop) returns `None` once the queue is
     /// empty.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let mut q = self.lock();
         q.closed = true;
         let popper = q.popper.take();
@@ -121,7 +121,7 @@ impl<T> Queue<T> {
     }
 
     /// The broker answered the oldest request it held.
-    pub fn broker_answered(&self) {
+    pub(crate) fn broker_answered(&self) {
         let mut q = self.lock();
         q.at_broker = q.at_broker.saturating_sub(1);
         let quiet = if q.at_broker == 0 {
@@ -136,12 +136,12 @@ impl<T> Queue<T> {
     }
 
     /// Requests at the broker, not answered yet.
-    pub fn at_broker(&self) -> usize {
+    pub(crate) fn at_broker(&self) -> usize {
         self.lock().at_broker
     }
 
     /// Resolves once the broker has answered every request it was sent.
-    pub async fn broker_quiet(&self) {
+    pub(crate) async fn broker_quiet(&self) {
         poll_fn(|cx| {
             let mut q = self.lock();
             if q.at_broker == 0 {
@@ -172,7 +172,7 @@ fn wait_on(slot: &mut Option<Waker>, cx: &Context<'_>) {
 }
 
 /// Closes its queue when dropped: the request loop's end, however it ends.
-pub struct CloseOnDrop<'a, T>(pub &'a Queue<T>);
+pub(crate) struct CloseOnDrop<'a, T>(pub &'a Queue<T>);
 
 impl<T> Drop for CloseOnDrop<'_, T> {
     fn drop(&mut self) {

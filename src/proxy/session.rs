@@ -57,7 +57,7 @@ const MAX_IN_FLIGHT: usize = 512;
 
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]
-pub enum SessionError {
+pub(crate) enum SessionError {
     #[error("TLS handshake with client failed: {0}")]
     TlsHandshake(std::io::Error),
     #[error("client did not complete the TLS handshake within {ms} ms (MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS)")]
@@ -114,7 +114,7 @@ impl From<FilterError> for SessionError {
 
 /// Every reason a connection is closed for (`connections_closed_total`):
 /// the labels of [`SessionError::label`] and of the ends without an error.
-pub const CLOSE_REASONS: [&str; 25] = [
+pub(crate) const CLOSE_REASONS: [&str; 25] = [
     "client_closed",
     "shutdown",
     "link_fenced",
@@ -242,7 +242,7 @@ enum ClientIo {
 /// Serve one connection of the SNI listener: route it by its ClientHello,
 /// then serve it as a connection to that broker. A connection that cannot
 /// be routed is refused during its handshake (one WARN line, counted).
-pub async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
+pub(crate) async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
     use crate::metrics::Listener;
     use crate::net::tls::SniFailure;
     let Some(tls) = shared.acceptor.clone() else {
@@ -287,7 +287,7 @@ pub async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr) {
 }
 
 /// Serve one accepted client connection until either side closes.
-pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
+pub(crate) async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
     serve_io(shared, ClientIo::Tcp(tcp), peer, target).await
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 /// `wait`, a wait on the channel of `probe`, polled only when the channel
 /// may have changed since the last poll.
-pub struct WatchWait<T, F> {
+pub(crate) struct WatchWait<T, F> {
     probe: watch::Receiver<T>,
     wait: Pin<Box<F>>,
     /// The waker `wait` last returned `Pending` with; `None` before that

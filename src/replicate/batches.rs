@@ -28,7 +28,7 @@ pub enum SplitError {
 
 /// What one partition's records hold.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Split {
+pub(crate) struct Split {
     pub items: Vec<Item>,
     /// Size of a trailing batch the fetch cut short (fetched again from
     /// its own offset), when its length field was whole.
@@ -38,7 +38,10 @@ pub struct Split {
 /// Cuts `records` into batches, each header checked, and sorts them.
 /// `aborted` is the Fetch's aborted-transaction list (empty when read
 /// uncommitted: then every data batch is copied).
-pub fn split(records: &Bytes, aborted: Vec<AbortedTransaction>) -> Result<Split, SplitError> {
+pub(crate) fn split(
+    records: &Bytes,
+    aborted: Vec<AbortedTransaction>,
+) -> Result<Split, SplitError> {
     let mut filter = AbortedFilter::new(aborted);
     let mut out = Split::default();
     let mut pos = 0usize;

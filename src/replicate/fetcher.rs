@@ -45,7 +45,7 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, broker: i32) {
         let (parts, max_bytes, reservation) =
             shared
                 .table()
-                .to_fetch(broker, shared.config.fetch_max_bytes, Instant::now());
+                .next_fetches(broker, shared.config.fetch_max_bytes, Instant::now());
         if parts.is_empty() {
             shared.table().fetched(reservation);
             // A pause ends without a notification: look again soon.

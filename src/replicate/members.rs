@@ -44,27 +44,27 @@ use super::metrics::ErrorKind;
 use super::{progress, Shared};
 
 /// The protocol (for consumers: the assignor) every instance offers.
-pub const PROTOCOL: &str = "kafka-mirror-replicator-slots";
+pub(crate) const PROTOCOL: &str = "kafka-mirror-replicator-slots";
 
 /// The commit metadata of a partition given back cleanly.
-pub const RELEASED: &str = "released";
+pub(crate) const RELEASED: &str = "released";
 
 /// One instance's share of the link: slot `index` of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
+pub(crate) struct Slot {
     pub index: u32,
     pub count: u32,
 }
 
 impl Slot {
     /// Without membership: every partition.
-    pub const ALONE: Slot = Slot { index: 0, count: 1 };
+    pub(crate) const ALONE: Slot = Slot { index: 0, count: 1 };
 
     /// Whether this slot copies `partition` of `topic`. Within a topic the
     /// partitions go round the slots (counts differ by one at most),
     /// starting at a slot chosen by the topic's name, so that topics with
     /// fewer partitions than slots spread too.
-    pub fn owns(&self, topic: &str, partition: i32) -> bool {
+    pub(crate) fn owns(&self, topic: &str, partition: i32) -> bool {
         let Ok(partition) = u64::try_from(partition) else {
             return false;
         };
@@ -73,7 +73,7 @@ impl Slot {
     }
 
     /// The one instance that makes destination topics follow the source.
-    pub fn follows_topics(&self) -> bool {
+    pub(crate) fn follows_topics(&self) -> bool {
         self.index == 0
     }
 }
@@ -81,7 +81,7 @@ impl Slot {
 /// The assignment of `slot`: `ConsumerProtocolAssignment` v0 (with its
 /// version prefix) assigning no partitions, the slot as user data (index,
 /// count: two big-endian int32).
-pub fn assignment(slot: Slot) -> Result<Bytes, ClientError> {
+pub(crate) fn assignment(slot: Slot) -> Result<Bytes, ClientError> {
     let mut user = BytesMut::with_capacity(8);
     user.put_u32(slot.index);
     user.put_u32(slot.count);
@@ -98,7 +98,7 @@ pub fn assignment(slot: Slot) -> Result<Bytes, ClientError> {
 
 /// The slot in an assignment; `None` for anything else (an empty
 /// assignment, a member of another kind, a cut or unknown layout).
-pub fn slot_of(assignment: &[u8]) -> Option<Slot> {
+pub(crate) fn slot_of(assignment: &[u8]) -> Option<Slot> {
     let mut buf = Bytes::copy_from_slice(assignment);
     if buf.len() < 2 {
         return None;
@@ -113,7 +113,9 @@ pub fn slot_of(assignment: &[u8]) -> Option<Slot> {
 }
 
 /// The leader's assignments: members sorted by id, each its index.
-pub fn assignments(members: &[(String, Bytes)]) -> Result<Vec<(String, Bytes)>, ClientError> {
+pub(crate) fn assignments(
+    members: &[(String, Bytes)],
+) -> Result<Vec<(String, Bytes)>, ClientError> {
     let mut ids: Vec<&str> = members.iter().map(|(id, _)| id.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -126,7 +128,7 @@ pub fn assignments(members: &[(String, Bytes)]) -> Result<Vec<(String, Bytes)>, 
 
 /// What this instance holds now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Assigned {
+pub(crate) struct Assigned {
     /// The group generation (0 without membership): partitions taken on
     /// for an older one are not kept.
     pub generation: i32,

@@ -13,35 +13,35 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-pub use crate::metrics::CONTENT_TYPE;
+pub(crate) use crate::metrics::CONTENT_TYPE;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct LinkLabels {
+pub(crate) struct LinkLabels {
     pub link: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct TopicLabels {
+pub(crate) struct TopicLabels {
     pub link: String,
     pub topic: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct PartitionLabels {
+pub(crate) struct PartitionLabels {
     pub link: String,
     pub topic: String,
     pub partition: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ErrorLabels {
+pub(crate) struct ErrorLabels {
     pub link: String,
     pub kind: String,
 }
 
 /// What went wrong, as the `kind` label says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
+pub(crate) enum ErrorKind {
     /// A source Fetch or one partition's answer in it.
     Fetch,
     /// A Produce, or one partition's answer in it (retried).
@@ -61,7 +61,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 8] = [
+    pub(crate) const ALL: [ErrorKind; 8] = [
         ErrorKind::Fetch,
         ErrorKind::Produce,
         ErrorKind::Metadata,
@@ -87,7 +87,7 @@ impl ErrorKind {
 }
 
 /// The replicator's metrics.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     link: String,
     records: Family<TopicLabels, Counter>,
@@ -265,7 +265,7 @@ impl Metrics {
     }
 
     /// A partition is taken on: its series start at zero.
-    pub fn partition_added(&self, topic: &str, partition: i32) {
+    pub(crate) fn partition_added(&self, topic: &str, partition: i32) {
         let t = self.topic_labels(topic);
         let _ = self.records.get_or_create(&t);
         let _ = self.bytes.get_or_create(&t);
@@ -276,78 +276,78 @@ impl Metrics {
     }
 
     /// A partition moved to another instance: its lag is theirs to say.
-    pub fn partition_removed(&self, topic: &str, partition: i32) {
+    pub(crate) fn partition_removed(&self, topic: &str, partition: i32) {
         let p = self.partition_labels(topic, partition);
         self.lag_records.remove(&p);
         self.lag_seconds.remove(&p);
     }
 
-    pub fn group_offsets_synced(&self, partitions: usize) {
+    pub(crate) fn group_offsets_synced(&self, partitions: usize) {
         let _ = self
             .group_offsets
             .get_or_create(&self.link_labels())
             .inc_by(partitions as u64);
     }
 
-    pub fn rebalanced(&self) {
+    pub(crate) fn rebalanced(&self) {
         let _ = self.rebalances.get_or_create(&self.link_labels()).inc();
     }
 
-    pub fn set_member(&self, member: bool) {
+    pub(crate) fn set_member(&self, member: bool) {
         let _ = self
             .member
             .get_or_create(&self.link_labels())
             .set(i64::from(member));
     }
 
-    pub fn copied(&self, topic: &str, records: u64, bytes: u64) {
+    pub(crate) fn copied(&self, topic: &str, records: u64, bytes: u64) {
         let t = self.topic_labels(topic);
         let _ = self.records.get_or_create(&t).inc_by(records);
         let _ = self.bytes.get_or_create(&t).inc_by(bytes);
         let _ = self.batches.get_or_create(&t).inc();
     }
 
-    pub fn duplicate(&self) {
+    pub(crate) fn duplicate(&self) {
         let _ = self.duplicates.get_or_create(&self.link_labels()).inc();
     }
 
-    pub fn lag(&self, topic: &str, partition: i32, records: i64, behind: Duration) {
+    pub(crate) fn lag(&self, topic: &str, partition: i32, records: i64, behind: Duration) {
         let p = self.partition_labels(topic, partition);
         let _ = self.lag_records.get_or_create(&p).set(records);
         let _ = self.lag_seconds.get_or_create(&p).set(behind.as_secs_f64());
     }
 
-    pub fn error(&self, kind: ErrorKind) {
+    pub(crate) fn error(&self, kind: ErrorKind) {
         let _ = self.errors.get_or_create(&self.error_labels(kind)).inc();
     }
 
-    pub fn topic_created(&self) {
+    pub(crate) fn topic_created(&self) {
         let _ = self.topics_created.get_or_create(&self.link_labels()).inc();
     }
 
-    pub fn partitions_added(&self) {
+    pub(crate) fn partitions_added(&self) {
         let _ = self
             .partitions_added
             .get_or_create(&self.link_labels())
             .inc();
     }
 
-    pub fn config_altered(&self) {
+    pub(crate) fn config_altered(&self) {
         let _ = self
             .configs_altered
             .get_or_create(&self.link_labels())
             .inc();
     }
 
-    pub fn set_fenced(&self) {
+    pub(crate) fn set_fenced(&self) {
         let _ = self.fenced.get_or_create(&self.link_labels()).set(1);
     }
 
-    pub fn committed(&self) {
+    pub(crate) fn committed(&self) {
         let _ = self.commits.get_or_create(&self.link_labels()).inc();
     }
 
-    pub fn gauges(&self, partitions: usize, buffered: usize) {
+    pub(crate) fn gauges(&self, partitions: usize, buffered: usize) {
         let l = self.link_labels();
         self.partitions
             .get_or_create(&l)
@@ -358,7 +358,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

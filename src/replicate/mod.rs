@@ -38,8 +38,8 @@ mod batches;
 pub mod failback;
 mod fetcher;
 mod groups;
-pub mod members;
-pub mod metrics;
+pub(crate) mod members;
+pub(crate) mod metrics;
 pub mod partitions;
 mod progress;
 mod sender;
@@ -59,14 +59,14 @@ use crate::client::{Client, ClientConfig, ClientError};
 use crate::config::replicator::{ReplicatorConfig, Side};
 use crate::net::tls::{TlsSetupError, UpstreamConnector};
 use crate::net::upstream::Upstream;
-pub use batches::SplitError;
+pub(crate) use batches::SplitError;
 use members::{Assigned, Slot};
 use metrics::Metrics;
-pub use partitions::PartitionReport;
+pub(crate) use partitions::PartitionReport;
 use partitions::{Table, Tp};
 
 /// Exit code of a replicator the proxy fenced.
-pub const EXIT_FENCED: u8 = 3;
+pub(crate) const EXIT_FENCED: u8 = 3;
 
 /// Why the replicator stopped on its own.
 #[derive(Debug, thiserror::Error)]

@@ -33,15 +33,15 @@ use uuid::Uuid;
 
 use crate::mirror::translation::{Segment, Segments};
 
-pub use crate::mirror::producer_state::RETAINED_BATCHES;
+pub(crate) use crate::mirror::producer_state::RETAINED_BATCHES;
 
 /// Batches of one partition in flight to the destination at once (see the
 /// module doc).
-pub const IN_FLIGHT_PER_PARTITION: usize = 1;
+pub(crate) const IN_FLIGHT_PER_PARTITION: usize = 1;
 
 /// Offset translation segments a partition keeps in memory (the offsets
 /// topic keeps them all): 24 bytes each, a transaction's marker begins one.
-pub const MAX_SEGMENTS: usize = 1024;
+pub(crate) const MAX_SEGMENTS: usize = 1024;
 
 /// A source partition, named as on both clusters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,7 +58,7 @@ impl std::fmt::Display for Tp {
 
 /// One data batch to copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// The bytes to produce (baseOffset zeroed, everything else as fetched).
     pub bytes: Bytes,
     pub base_offset: i64,
@@ -70,7 +70,7 @@ pub struct Batch {
 
 /// What a fetch yielded for a partition, in offset order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Item {
+pub(crate) enum Item {
     Data(Batch),
     /// A control batch (transaction marker) or a batch of an aborted
     /// transaction: not copied, but passed.
@@ -107,7 +107,7 @@ pub struct Placement {
 }
 
 impl Placement {
-    pub const UNKNOWN: Placement = Placement {
+    pub(crate) const UNKNOWN: Placement = Placement {
         leader: -1,
         leader_epoch: -1,
         topic_id: Uuid::nil(),
@@ -229,12 +229,12 @@ impl Partition {
     }
 
     /// Records the source holds that the destination does not yet.
-    pub fn lag_records(&self) -> i64 {
+    pub(crate) fn lag_records(&self) -> i64 {
         (self.high_watermark - self.acked).max(0)
     }
 
     /// How long the destination has been behind (0 when caught up).
-    pub fn lag(&self, now: Instant) -> Duration {
+    pub(crate) fn lag(&self, now: Instant) -> Duration {
         if self.lag_records() == 0 {
             Duration::ZERO
         } else {
@@ -242,7 +242,7 @@ impl Partition {
         }
     }
 
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.target.is_some_and(|t| self.acked >= t)
     }
 
@@ -256,7 +256,7 @@ impl Partition {
 
 /// One partition's part of a Fetch to build.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToFetch {
+pub(crate) struct ToFetch {
     pub tp: Tp,
     pub placement: Placement,
     pub offset: i64,
@@ -265,7 +265,7 @@ pub struct ToFetch {
 
 /// One batch to put into a Produce.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToSend {
+pub(crate) struct ToSend {
     pub tp: Tp,
     pub placement: Placement,
     pub batch: Batch,
@@ -273,7 +273,7 @@ pub struct ToSend {
 
 /// How a sent batch ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// On the destination at this base offset (appended now, or an
     /// earlier attempt's, answered as a duplicate); `None` when the answer
     /// said only that it is there.
@@ -284,7 +284,7 @@ pub enum Outcome {
 
 /// What [`Table::settle`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     Acked {
         duplicate: bool,
     },
@@ -295,7 +295,7 @@ pub enum Settled {
 
 /// Every partition copied, and the memory they hold.
 #[derive(Debug, Default)]
-pub struct Table {
+pub(crate) struct Table {
     parts: BTreeMap<Tp, Partition>,
     /// Bytes fetched and not acknowledged.
     buffered: usize,
@@ -312,7 +312,7 @@ pub struct Table {
     halted: bool,
 }
 
-/// One Produce being filled by [`Table::to_send`].
+/// One Produce being filled by [`Table::next_sends`].
 struct Pick {
     node: i32,
     max_bytes: usize,
@@ -355,7 +355,7 @@ impl Pick {
 /// A Fetch's reservation, returned with its answer ([`Table::fetched`]).
 #[derive(Debug)]
 #[must_use]
-pub struct Reservation(usize);
+pub(crate) struct Reservation(usize);
 
 impl Table {
     pub fn new(max_buffered: usize) -> Table {
@@ -365,28 +365,24 @@ impl Table {
         }
     }
 
-    pub fn insert(&mut self, tp: Tp, partition: Partition) {
+    pub(crate) fn insert(&mut self, tp: Tp, partition: Partition) {
         self.parts.insert(tp, partition);
     }
 
-    pub fn contains(&self, tp: &Tp) -> bool {
+    pub(crate) fn contains(&self, tp: &Tp) -> bool {
         self.parts.contains_key(tp)
     }
 
-    pub fn get(&self, tp: &Tp) -> Option<&Partition> {
+    pub(crate) fn get(&self, tp: &Tp) -> Option<&Partition> {
         self.parts.get(tp)
     }
 
-    pub fn get_mut(&mut self, tp: &Tp) -> Option<&mut Partition> {
+    pub(crate) fn get_mut(&mut self, tp: &Tp) -> Option<&mut Partition> {
         self.parts.get_mut(tp)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Tp, &Partition)> {
         self.parts.iter()
-    }
-
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&Tp, &mut Partition)> {
-        self.parts.iter_mut()
     }
 
     pub fn len(&self) -> usize {
@@ -397,7 +393,7 @@ impl Table {
         self.parts.is_empty()
     }
 
-    pub fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.buffered
     }
 
@@ -408,7 +404,7 @@ impl Table {
     /// in its own share is asked for, starting one further each time, as
     /// Kafka's fetcher rotates them: the broker fills the answer in the
     /// order asked.
-    pub fn to_fetch(
+    pub(crate) fn next_fetches(
         &mut self,
         leader: i32,
         max_request: i32,
@@ -463,7 +459,7 @@ impl Table {
     }
 
     /// A Fetch is answered (or failed): its reservation ends.
-    pub fn fetched(&mut self, reservation: Reservation) {
+    pub(crate) fn fetched(&mut self, reservation: Reservation) {
         self.reserved = self.reserved.saturating_sub(reservation.0);
     }
 
@@ -471,7 +467,7 @@ impl Table {
     /// `offset` (the broker answers from the batch holding it) are passed
     /// over; an answer for a position the partition has left (reset,
     /// removed) is dropped. Returns whether anything was taken.
-    pub fn push(
+    pub(crate) fn push(
         &mut self,
         tp: &Tp,
         offset: i64,
@@ -527,7 +523,7 @@ impl Table {
     /// Fetches `tp` from `position` on (an offset reset). What it holds
     /// already is still sent; the resume point jumps only once that is
     /// acknowledged.
-    pub fn reset(&mut self, tp: &Tp, position: i64, now: Instant) {
+    pub(crate) fn reset(&mut self, tp: &Tp, position: i64, now: Instant) {
         if let Some(p) = self.parts.get_mut(tp) {
             p.fetch_offset = position;
             // Resume points only grow: a source truncated below them
@@ -544,7 +540,7 @@ impl Table {
     /// batch of every sendable partition it leads, up to about
     /// `max_bytes` (at least one), starting where the last request of the
     /// node stopped. They are in flight from now on.
-    pub fn to_send(&mut self, node: i32, max_bytes: usize, now: Instant) -> Vec<ToSend> {
+    pub(crate) fn next_sends(&mut self, node: i32, max_bytes: usize, now: Instant) -> Vec<ToSend> {
         let count = self.parts.len();
         if count == 0 || self.halted {
             return Vec::new();
@@ -623,14 +619,14 @@ impl Table {
     }
 
     /// Whether a partition waits for a commit to send again.
-    pub fn commit_due(&self) -> bool {
+    pub(crate) fn commit_due(&self) -> bool {
         self.parts
             .values()
             .any(|p| p.acked_batches - p.committed_batches + 1 >= RETAINED_BATCHES as u64)
     }
 
     /// The resume points to commit, with what they cover.
-    pub fn to_commit(&self) -> Vec<(Tp, i64, u64)> {
+    pub(crate) fn to_commit(&self) -> Vec<(Tp, i64, u64)> {
         self.parts
             .iter()
             .filter(|(_, p)| p.acked != p.committed)
@@ -639,7 +635,7 @@ impl Table {
     }
 
     /// Those resume points are committed.
-    pub fn committed(&mut self, done: &[(Tp, i64, u64)]) {
+    pub(crate) fn committed(&mut self, done: &[(Tp, i64, u64)]) {
         for (tp, offset, batches) in done {
             if let Some(p) = self.parts.get_mut(tp) {
                 p.committed = *offset;
@@ -649,18 +645,18 @@ impl Table {
     }
 
     /// Every partition with a target reached it (and there is one).
-    pub fn caught_up(&self) -> bool {
+    pub(crate) fn caught_up(&self) -> bool {
         !self.parts.is_empty() && self.parts.values().all(Partition::done)
     }
 
     /// Whether anything is in flight to the destination.
-    pub fn in_flight(&self) -> bool {
+    pub(crate) fn in_flight(&self) -> bool {
         self.parts.values().any(|p| p.in_flight > 0)
     }
 
     /// The segments changed since they were last saved, taken: they are
     /// saved now ([`unsave`](Self::unsave) if that fails).
-    pub fn take_unsaved(&mut self) -> Vec<(Tp, Segment)> {
+    pub(crate) fn take_unsaved(&mut self) -> Vec<(Tp, Segment)> {
         let mut out = Vec::new();
         for (tp, p) in &mut self.parts {
             if let Some(from) = p.unsaved_from.take() {
@@ -676,7 +672,7 @@ impl Table {
     }
 
     /// Those segments were not saved: they are due again.
-    pub fn unsave(&mut self, segments: &[(Tp, Segment)]) {
+    pub(crate) fn unsave(&mut self, segments: &[(Tp, Segment)]) {
         for (tp, s) in segments {
             if let Some(p) = self.parts.get_mut(tp) {
                 let from = p
@@ -689,13 +685,13 @@ impl Table {
 
     /// Fetch and send nothing more (what is in flight still settles):
     /// the partitions are about to be given back.
-    pub fn halt(&mut self) {
+    pub(crate) fn halt(&mut self) {
         self.halted = true;
     }
 
     /// Every partition's resume point (for the commit that gives them
     /// back).
-    pub fn resume_points(&self) -> Vec<(Tp, i64, u64)> {
+    pub(crate) fn resume_points(&self) -> Vec<(Tp, i64, u64)> {
         self.parts
             .iter()
             .map(|(tp, p)| (tp.clone(), p.acked, p.acked_batches))
@@ -705,7 +701,7 @@ impl Table {
     /// Gives every partition back: the table is empty, and takes
     /// partitions on again. Answers still on their way find nothing to
     /// settle; Fetches in flight give their reservations back as usual.
-    pub fn clear(&mut self) -> Vec<Tp> {
+    pub(crate) fn clear(&mut self) -> Vec<Tp> {
         let gone: Vec<Tp> = self.parts.keys().cloned().collect();
         self.parts.clear();
         self.buffered = 0;
@@ -767,7 +763,7 @@ mod tests {
         assert!(t.push(&tp(0), 0, items, 6, now));
         let p = t.get(&tp(0)).expect("there");
         assert_eq!((p.acked, p.fetch_offset), (2, 6));
-        let sent = t.to_send(2, 1 << 20, now);
+        let sent = t.next_sends(2, 1 << 20, now);
         assert_eq!(sent.len(), 1);
         t.settle(
             &tp(0),
@@ -795,9 +791,9 @@ mod tests {
             2,
             now,
         );
-        let first = t.to_send(2, 1 << 20, now);
+        let first = t.next_sends(2, 1 << 20, now);
         assert_eq!(first.len(), 1);
-        assert!(t.to_send(2, 1 << 20, now).is_empty(), "one in flight");
+        assert!(t.next_sends(2, 1 << 20, now).is_empty(), "one in flight");
         t.settle(
             &tp(0),
             &first[0].batch,
@@ -806,9 +802,9 @@ mod tests {
             },
             now,
         );
-        assert!(t.to_send(2, 1 << 20, now).is_empty(), "paused");
+        assert!(t.next_sends(2, 1 << 20, now).is_empty(), "paused");
         let later = now + Duration::from_millis(100);
-        let again = t.to_send(2, 1 << 20, later);
+        let again = t.next_sends(2, 1 << 20, later);
         assert_eq!(again[0].batch.base_offset, 0, "the same batch again");
         // A stale answer (not the oldest in flight) changes nothing.
         t.settle(
@@ -829,7 +825,7 @@ mod tests {
         let items = (0..8).map(|i| Item::Data(batch(i, i, 10))).collect();
         t.push(&tp(0), 0, items, 8, now);
         let mut acked = 0;
-        while let Some(s) = t.to_send(2, 1 << 20, now).pop() {
+        while let Some(s) = t.next_sends(2, 1 << 20, now).pop() {
             t.settle(
                 &tp(0),
                 &s.batch,
@@ -849,7 +845,7 @@ mod tests {
         );
         t.committed(&commit);
         assert!(!t.commit_due());
-        assert_eq!(t.to_send(2, 1 << 20, now).len(), 1);
+        assert_eq!(t.next_sends(2, 1 << 20, now).len(), 1);
     }
 
     #[test]
@@ -859,12 +855,12 @@ mod tests {
         for p in 0..3 {
             t.push(&tp(p), 0, vec![Item::Data(batch(0, 0, 600))], 1, now);
         }
-        let a = t.to_send(2, 1000, now);
+        let a = t.next_sends(2, 1000, now);
         assert_eq!(a.len(), 1, "a second batch would pass the bound");
-        let b = t.to_send(2, 1000, now);
+        let b = t.next_sends(2, 1000, now);
         assert_eq!(b[0].tp, tp(1), "the next request starts after it");
         assert!(
-            t.to_send(3, 1000, now).is_empty(),
+            t.next_sends(3, 1000, now).is_empty(),
             "another node leads none"
         );
     }
@@ -874,26 +870,26 @@ mod tests {
         let now = Instant::now();
         let mut t = table(3, now);
         t.max_buffered = 2500;
-        let (parts, max_bytes, r1) = t.to_fetch(1, 1 << 20, now);
+        let (parts, max_bytes, r1) = t.next_fetches(1, 1 << 20, now);
         assert_eq!(parts.len(), 3, "every partition is asked for");
         assert_eq!(max_bytes, 2500, "the answer is bounded by the room left");
-        let (more, _, r2) = t.to_fetch(1, 1 << 20, now);
+        let (more, _, r2) = t.next_fetches(1, 1 << 20, now);
         assert!(more.is_empty(), "the reservation holds the room");
         t.fetched(r1);
         t.fetched(r2);
-        let (parts, max_bytes, r3) = t.to_fetch(1, 1000, now);
+        let (parts, max_bytes, r3) = t.next_fetches(1, 1000, now);
         assert_eq!(max_bytes, 1000, "at most the request's bound");
         assert_eq!(parts[0].tp, tp(1), "the next Fetch starts one further");
         t.fetched(r3);
         t.push(&tp(0), 0, vec![Item::Data(batch(0, 0, 1000))], 1, now);
-        let (parts, max_bytes, r4) = t.to_fetch(1, 1 << 20, now);
+        let (parts, max_bytes, r4) = t.next_fetches(1, 1 << 20, now);
         let fetched: Vec<i32> = parts.iter().map(|p| p.tp.partition).collect();
         assert_eq!(fetched, [2, 1], "partition 0 holds a full share");
         assert_eq!(max_bytes, 1500);
         t.fetched(r4);
         t.max_buffered = 1500;
         assert!(
-            t.to_fetch(1, 1 << 20, now).0.is_empty(),
+            t.next_fetches(1, 1 << 20, now).0.is_empty(),
             "less room than a share: the senders drain first"
         );
         // An answer for a position left behind is dropped.
@@ -911,7 +907,7 @@ mod tests {
             4,
             now,
         );
-        let s = t.to_send(2, 1 << 20, now);
+        let s = t.next_sends(2, 1 << 20, now);
         let first = t.settle(
             &tp(0),
             &s[0].batch,
@@ -921,7 +917,7 @@ mod tests {
             now,
         );
         assert_eq!(first, Settled::Acked { duplicate: false });
-        let s = t.to_send(2, 1 << 20, now);
+        let s = t.next_sends(2, 1 << 20, now);
         // Answered with an offset inside the first batch's (40..=42).
         let again = t.settle(
             &tp(0),
@@ -946,11 +942,14 @@ mod tests {
             4,
             now,
         );
-        let sent = t.to_send(2, 10, now);
+        let sent = t.next_sends(2, 10, now);
         assert_eq!(sent.len(), 1, "one batch in flight");
         t.halt();
-        assert!(t.to_send(2, 1 << 20, now).is_empty(), "nothing new sent");
-        assert!(t.to_fetch(1, 1 << 20, now).0.is_empty(), "nothing fetched");
+        assert!(t.next_sends(2, 1 << 20, now).is_empty(), "nothing new sent");
+        assert!(
+            t.next_fetches(1, 1 << 20, now).0.is_empty(),
+            "nothing fetched"
+        );
         assert!(t.in_flight());
         // What was in flight still settles, and moves the resume point.
         let settled = t.settle(
@@ -977,6 +976,6 @@ mod tests {
         let mut again = Partition::new(&tp(0), 3, 4, 1000, now);
         again.source.leader = 1;
         t.insert(tp(0), again);
-        assert_eq!(t.to_fetch(1, 1 << 20, now).0.len(), 1);
+        assert_eq!(t.next_fetches(1, 1 << 20, now).0.len(), 1);
     }
 }

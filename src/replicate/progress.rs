@@ -53,7 +53,7 @@ pub(super) async fn commit_loop(shared: Arc<Shared>, destination: Client) {
 
 /// Why a commit did not happen.
 #[derive(Debug, thiserror::Error)]
-pub enum CommitError {
+pub(crate) enum CommitError {
     #[error("saving the offset translation first: {0}")]
     Translation(#[from] TranslationError),
     #[error(transparent)]

@@ -150,7 +150,7 @@ async fn write(
             } else {
                 let batches = shared
                     .table()
-                    .to_send(node, MAX_PRODUCE_BYTES, Instant::now());
+                    .next_sends(node, MAX_PRODUCE_BYTES, Instant::now());
                 if !batches.is_empty() {
                     break batches;
                 }

@@ -29,7 +29,7 @@ use super::partitions::{Partition, Tp};
 use super::{progress, ReplicateError, Shared};
 
 /// Topic configs copied from the source, and kept equal to it.
-pub const REPLICATED_CONFIGS: &[&str] = &[
+pub(crate) const REPLICATED_CONFIGS: &[&str] = &[
     "cleanup.policy",
     "compression.type",
     "delete.retention.ms",
@@ -48,7 +48,7 @@ pub const REPLICATED_CONFIGS: &[&str] = &[
 
 /// The changes that make `destination`'s replicated overrides those of
 /// `source`: set what differs, delete what the source does not set.
-pub fn config_changes(
+pub(crate) fn config_changes(
     source: &BTreeMap<String, String>,
     destination: &BTreeMap<String, String>,
 ) -> Vec<ConfigChange> {

@@ -44,14 +44,14 @@ pub enum TranslationError {
 
 /// The client that writes the offsets topic: the destination's settings
 /// with a client id of its own (not the link's: its writes are local).
-pub fn client(destination: &Client) -> Client {
+pub(crate) fn client(destination: &Client) -> Client {
     let mut config = destination.config().clone();
     config.client_id = format!("{}.offsets", config.client_id);
     Client::new(config)
 }
 
 /// Creates the offsets topic if it is missing (compacted, one partition).
-pub async fn ensure_topic(client: &Client, topic: &str) -> Result<(), TranslationError> {
+pub(crate) async fn ensure_topic(client: &Client, topic: &str) -> Result<(), TranslationError> {
     client
         .ensure_compacted_topic(topic, 1)
         .await
@@ -63,7 +63,7 @@ pub async fn ensure_topic(client: &Client, topic: &str) -> Result<(), Translatio
 }
 
 /// Writes `segments` of `link` to the offsets topic.
-pub async fn save(
+pub(crate) async fn save(
     client: &Client,
     topic: &str,
     link: &str,
@@ -235,7 +235,7 @@ pub async fn translate_group(
 
 impl Translated {
     /// As the replicator's admin API answers it.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let (destination, translation) = match self.destination {
             translation::Translation::Exact(o) => (Some(o), "exact"),
             translation::Translation::NotYet => (None, "not_copied_yet"),

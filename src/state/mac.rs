@@ -21,7 +21,7 @@ use ring::hmac;
 /// The record header carrying the MAC.
 pub const MAC_HEADER: &str = "kmp-mac";
 /// The MAC's length (HMAC-SHA256).
-pub const MAC_LEN: usize = 32;
+pub(crate) const MAC_LEN: usize = 32;
 /// The first bytes of every MAC input: the scheme and its version.
 const DOMAIN: &[u8] = b"kafka-mirror-proxy state record v1\0";
 
@@ -96,7 +96,7 @@ impl StateAuth {
     /// `unsigned_before` (written before the key was rolled out, unsigned
     /// or signed with a previous key), or its `kmp-mac` header (`mac`; the
     /// first one if several) verifies.
-    pub fn verify(
+    pub(crate) fn verify(
         &self,
         offset: i64,
         key: &[u8],

@@ -42,7 +42,7 @@
 //! The view is behind a std `RwLock`, never held across an await.
 
 pub mod mac;
-pub mod resolve;
+pub(crate) mod resolve;
 pub mod topic;
 
 use std::collections::{HashMap, HashSet};
@@ -93,7 +93,7 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// Why the state topic cannot be used at all (the proxy stops).
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     #[error("state topic {topic} (MIRROR_PROXY_STATE_TOPIC) has cleanup.policy={policy:?}; it must be compacted: fix the topic or choose another name")]
     NotCompacted { topic: String, policy: String },
 }
@@ -176,7 +176,7 @@ pub struct AppliedBarrier {
 }
 
 /// Wall-clock milliseconds.
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -289,7 +289,7 @@ impl StateStore {
     /// lease has run out it refuses link batches (retriable), and a
     /// failover that an instance did not confirm waits out the lease before
     /// its barriers, so nothing of the link lands after them.
-    pub fn lease_held(&self) -> bool {
+    pub(crate) fn lease_held(&self) -> bool {
         let renewed = self.lease_renewed_ms.load(Ordering::Acquire);
         if renewed == 0 {
             return false;
@@ -299,7 +299,7 @@ impl StateStore {
     }
 
     /// The lease (see [`StateStore::lease_held`]).
-    pub fn lease(&self) -> Duration {
+    pub(crate) fn lease(&self) -> Duration {
         self.lease
     }
 
@@ -328,19 +328,19 @@ impl StateStore {
 
     /// The store's own client (acks=all, the state topic's connection
     /// settings), for the proxy's other requests of its own.
-    pub fn client(&self) -> &Client {
+    pub(crate) fn client(&self) -> &Client {
         &self.client
     }
 
     /// From now on, every barrier record read from the topic (written by
     /// any instance) expires the mirrored producers of its partition in
     /// `dedupe`. Set once; later calls are ignored.
-    pub fn expire_with(&self, dedupe: Arc<Dedupe>) {
+    pub(crate) fn expire_with(&self, dedupe: Arc<Dedupe>) {
         let _ = self.expires.set(dedupe);
     }
 
     /// The latest barrier of `key` read from the topic.
-    pub fn barrier(&self, key: &BarrierKey) -> Option<AppliedBarrier> {
+    pub(crate) fn barrier(&self, key: &BarrierKey) -> Option<AppliedBarrier> {
         read(&self.barriers).get(key).cloned()
     }
 
@@ -348,7 +348,7 @@ impl StateStore {
     /// log end offset it recorded. Mirrored batches below it belong to
     /// producers the barrier expired, so a rebuild of the producer state
     /// from the log starts there.
-    pub fn barrier_floor(&self, partition: PartitionId) -> Option<i64> {
+    pub(crate) fn barrier_floor(&self, partition: PartitionId) -> Option<i64> {
         read(&self.barriers)
             .iter()
             .filter(|(k, _)| k.topic_id == partition.topic_id && k.partition == partition.partition)
@@ -358,7 +358,7 @@ impl StateStore {
 
     /// Persist a barrier (acks=all) and return once this instance has read
     /// it back and applied it (expiring the partition's producer state).
-    pub async fn record_barrier(
+    pub(crate) async fn record_barrier(
         &self,
         key: BarrierKey,
         value: BarrierValue,
@@ -376,7 +376,7 @@ impl StateStore {
     }
 
     /// Every barrier of `link` read from the topic.
-    pub fn barriers_of(&self, link: &str) -> Vec<(BarrierKey, AppliedBarrier)> {
+    pub(crate) fn barriers_of(&self, link: &str) -> Vec<(BarrierKey, AppliedBarrier)> {
         read(&self.barriers)
             .iter()
             .filter(|(k, _)| k.link == link)
@@ -390,7 +390,7 @@ impl StateStore {
     }
 
     /// The instances that drained `link` for failover `failover_id`.
-    pub fn drained(&self, link: &str, failover_id: i64) -> Vec<String> {
+    pub(crate) fn drained(&self, link: &str, failover_id: i64) -> Vec<String> {
         read(&self.drained)
             .iter()
             .filter(|(k, v)| k.link == link && v.failover_id == failover_id)
@@ -402,7 +402,7 @@ impl StateStore {
     /// one about to begin), so that compaction removes them: one per
     /// instance and failover would otherwise stay for ever, and instance
     /// ids are new with every process by default. Returns how many.
-    pub async fn forget_drained(&self, link: &str) -> Result<usize, ResolveError> {
+    pub(crate) async fn forget_drained(&self, link: &str) -> Result<usize, ResolveError> {
         let records: Vec<StateRecord> = read(&self.drained)
             .keys()
             .filter(|k| k.link == link)
@@ -416,7 +416,7 @@ impl StateStore {
     }
 
     /// Changes whenever a link state or drained record is applied.
-    pub fn control_changes(&self) -> watch::Receiver<u64> {
+    pub(crate) fn control_changes(&self) -> watch::Receiver<u64> {
         self.control_changed.subscribe()
     }
 
@@ -434,7 +434,7 @@ impl StateStore {
     }
 
     /// Persist that this instance drained `key.link` for a failover.
-    pub async fn write_drained(
+    pub(crate) async fn write_drained(
         &self,
         key: DrainedKey,
         value: DrainedValue,
@@ -600,12 +600,12 @@ impl StateStore {
     }
 
     /// The origins view (do not hold across an await).
-    pub fn view(&self) -> RwLockReadGuard<'_, Origins> {
+    pub(crate) fn view(&self) -> RwLockReadGuard<'_, Origins> {
         read(&self.view)
     }
 
     /// The name of a topic id the store looked up itself.
-    pub fn topic_name(&self, id: Uuid) -> Option<String> {
+    pub(crate) fn topic_name(&self, id: Uuid) -> Option<String> {
         read(&self.topic_ids)
             .iter()
             .find(|(_, v)| **v == id)
@@ -613,7 +613,7 @@ impl StateStore {
     }
 
     /// Every topic's (id, name), fresh from a broker.
-    pub async fn all_topic_ids(&self) -> Result<Vec<(Uuid, String)>, ClientError> {
+    pub(crate) async fn all_topic_ids(&self) -> Result<Vec<(Uuid, String)>, ClientError> {
         let info = self.client.metadata(None).await?;
         Ok(info
             .topics
@@ -624,7 +624,7 @@ impl StateStore {
     }
 
     /// A topic id the store looked up itself.
-    pub fn topic_id(&self, name: &str) -> Option<Uuid> {
+    pub(crate) fn topic_id(&self, name: &str) -> Option<Uuid> {
         read(&self.topic_ids).get(name).copied()
     }
 
@@ -785,7 +785,7 @@ impl StateStore {
     }
 
     /// The id of topic `name` (cached).
-    pub async fn lookup_topic_id(&self, name: &str) -> Result<Uuid, ResolveError> {
+    pub(crate) async fn lookup_topic_id(&self, name: &str) -> Result<Uuid, ResolveError> {
         if let Some(id) = self.topic_id(name) {
             return Ok(id);
         }
@@ -808,7 +808,10 @@ impl StateStore {
     /// Give every unresolved origin a mapped PID, persisted before this
     /// returns. Returns the partitions that could not be resolved (by topic
     /// name and partition index), with why.
-    pub async fn resolve(&self, unresolved: &[Unresolved]) -> Vec<(String, i32, ResolveError)> {
+    pub(crate) async fn resolve(
+        &self,
+        unresolved: &[Unresolved],
+    ) -> Vec<(String, i32, ResolveError)> {
         let mut failed = Vec::new();
         if !self.is_loaded() {
             for u in unresolved {
@@ -956,7 +959,7 @@ pub async fn read_view(
 
 /// Every state record of `topic` (read from its start; with `auth`, only
 /// those signed with the key), in log order.
-pub async fn for_each_state_record(
+pub(crate) async fn for_each_state_record(
     client: &Client,
     topic: &str,
     auth: Option<&StateAuth>,

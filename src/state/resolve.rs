@@ -25,7 +25,7 @@ use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
 use crate::mirror::state_records::{CollisionValue, OriginValue, StateRecord};
 
 /// The state topic as one instance writes and follows it.
-pub trait Log: Sync {
+pub(crate) trait Log: Sync {
     /// Append `records` as one batch with acks=all; the offset of the first.
     fn append(
         &self,
@@ -43,7 +43,7 @@ pub trait Log: Sync {
 /// Write `records` in one batch and return once this instance has applied
 /// them (so what it reads next includes them); the offset of the first.
 /// Every write is timed, or counted and logged when it fails.
-pub async fn write<L: Log>(
+pub(crate) async fn write<L: Log>(
     log: &L,
     metrics: &StateMetrics,
     state_topic: &str,
@@ -80,7 +80,7 @@ pub type Claim = (String, PartitionId, OriginId);
 /// Claims (and salt records) per state-topic write: a write stays far
 /// below the broker's default `max.message.bytes` (1 MiB), whatever a
 /// burst of requests queued.
-pub const CLAIMS_PER_WRITE: usize = 1000;
+pub(crate) const CLAIMS_PER_WRITE: usize = 1000;
 
 /// A request's origins waiting for a writer, and where its outcome goes.
 struct Waiting {
@@ -101,7 +101,7 @@ pub struct Group {
 impl Group {
     /// Held while this instance writes resolves; other writes of origin
     /// records (expiry) take it too, so they never interleave.
-    pub async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
+    pub(crate) async fn exclusive(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.writing.lock().await
     }
 
@@ -113,7 +113,7 @@ impl Group {
     /// requests queued meanwhile; returns once this request's origins are
     /// persisted and applied, or with the ones that failed. Waits at most
     /// `bound` in all (then every origin fails, retriable).
-    pub async fn resolve<L: Log>(
+    pub(crate) async fn resolve<L: Log>(
         &self,
         log: &L,
         metrics: &StateMetrics,
@@ -231,7 +231,7 @@ impl Group {
 /// at most [`CLAIMS_PER_WRITE`]. Returns the origins that could not be
 /// resolved, with why. `random` draws salts. The caller makes sure no
 /// other resolve of this instance runs meanwhile ([`Group`]).
-pub async fn resolve<L: Log>(
+pub(crate) async fn resolve<L: Log>(
     log: &L,
     metrics: &StateMetrics,
     state_topic: &str,

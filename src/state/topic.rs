@@ -19,7 +19,7 @@ use crate::wire::records::{Record, Records};
 /// batches of a few records, which a broker recompresses as they are (log
 /// compaction keeps batch boundaries: it never makes a batch larger); this
 /// bounds what a batch written around the proxy can cost.
-pub const MAX_DECOMPRESSED: usize = 8 * 1024 * 1024;
+pub(crate) const MAX_DECOMPRESSED: usize = 8 * 1024 * 1024;
 
 /// Why a record (or a whole batch, reported at its base offset) was skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,7 +39,7 @@ type Header<'a> = (&'a str, Option<&'a [u8]>);
 
 /// The batch holding `records` (no producer, CreateTime `now_ms`), each
 /// with its MAC in a `kmp-mac` header when `auth` is given.
-pub fn encode_batch(
+pub(crate) fn encode_batch(
     records: &[StateRecord],
     now_ms: i64,
     auth: Option<&StateAuth>,
@@ -109,7 +109,7 @@ pub fn read_batches(
 /// skipped); control batches are passed over. Returns the offset to fetch
 /// next, as [`read_batches`] does. The walk under every compacted topic
 /// the crate reads (the state topic, the replicator's offsets topic).
-pub fn for_each_record(
+pub(crate) fn for_each_record(
     records: &[u8],
     from: i64,
     mut on: impl FnMut(i64, Result<Record<'_>, SkipReason>),

@@ -34,7 +34,7 @@ pub struct AbortedTransaction {
 
 /// The type of a control record (its key: int16 version, int16 type).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlType {
+pub(crate) enum ControlType {
     Abort,
     Commit,
     /// Any other type (e.g. 7, `MIRROR_PID_RESET`).
@@ -43,7 +43,7 @@ pub enum ControlType {
 
 /// What to do with one fetched batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// A data batch a read_committed consumer would return.
     Keep,
     /// A data batch of an aborted transaction.
@@ -62,7 +62,7 @@ pub enum AbortedError {
 /// offset order. Keep one per partition across Fetch responses only if the
 /// aborted lists are merged; normally one per response.
 #[derive(Debug, Clone, Default)]
-pub struct AbortedFilter {
+pub(crate) struct AbortedFilter {
     /// Sorted by first offset, descending: the next one is at the end.
     pending: Vec<AbortedTransaction>,
     aborted: HashSet<i64>,
@@ -79,7 +79,7 @@ impl AbortedFilter {
     }
 
     /// Decides about `batch` (exactly one whole batch).
-    pub fn decide(&mut self, batch: &[u8]) -> Result<Decision, AbortedError> {
+    pub(crate) fn decide(&mut self, batch: &[u8]) -> Result<Decision, AbortedError> {
         let h = BatchHeader::parse(batch)?;
         let control = h.is_control().then(|| control_type(batch));
         if h.producer_id() >= 0 {
@@ -110,7 +110,7 @@ impl AbortedFilter {
 
 /// The type of the first record of a control batch, if that record can be
 /// read and its key holds one (control batches are never compressed).
-pub fn control_type(batch: &[u8]) -> Option<ControlType> {
+pub(crate) fn control_type(batch: &[u8]) -> Option<ControlType> {
     let first = Records::new(batch.get(HEADER_LEN..)?, 1).next()?.ok()?;
     // The key: int16 version, int16 type.
     let [_, _, hi, lo, ..] = *first.key? else {

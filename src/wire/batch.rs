@@ -22,23 +22,23 @@ pub use build::{build, BuildError, NewBatch, NewRecord};
 pub const BASE_OFFSET_OFFSET: usize = 0;
 pub const BATCH_LENGTH_OFFSET: usize = 8;
 /// baseOffset + batchLength: bytes not counted by batchLength.
-pub const LOG_OVERHEAD: usize = 12;
+pub(crate) const LOG_OVERHEAD: usize = 12;
 pub const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
-pub const MAGIC_OFFSET: usize = 16;
+pub(crate) const MAGIC_OFFSET: usize = 16;
 pub const CRC_OFFSET: usize = 17;
 /// First byte covered by the CRC.
 pub const CRC_START: usize = 21;
 pub const ATTRIBUTES_OFFSET: usize = 21;
-pub const LAST_OFFSET_DELTA_OFFSET: usize = 23;
+pub(crate) const LAST_OFFSET_DELTA_OFFSET: usize = 23;
 pub const BASE_TIMESTAMP_OFFSET: usize = 27;
-pub const MAX_TIMESTAMP_OFFSET: usize = 35;
-pub const PRODUCER_ID_OFFSET: usize = 43;
-pub const PRODUCER_EPOCH_OFFSET: usize = 51;
-pub const BASE_SEQUENCE_OFFSET: usize = 53;
-pub const RECORD_COUNT_OFFSET: usize = 57;
-pub const HEADER_LEN: usize = 61;
+pub(crate) const MAX_TIMESTAMP_OFFSET: usize = 35;
+pub(crate) const PRODUCER_ID_OFFSET: usize = 43;
+pub(crate) const PRODUCER_EPOCH_OFFSET: usize = 51;
+pub(crate) const BASE_SEQUENCE_OFFSET: usize = 53;
+pub(crate) const RECORD_COUNT_OFFSET: usize = 57;
+pub(crate) const HEADER_LEN: usize = 61;
 
-pub const MAGIC_V2: i8 = 2;
+pub(crate) const MAGIC_V2: i8 = 2;
 const COMPRESSION_MASK: i16 = 0x07;
 const TRANSACTIONAL_FLAG: i16 = 0x10;
 const CONTROL_FLAG: i16 = 0x20;
@@ -184,44 +184,44 @@ impl<'a> BatchHeader<'a> {
     }
 
     /// Total batch length in bytes, including baseOffset and batchLength.
-    pub fn total_len(&self) -> usize {
+    pub(crate) fn total_len(&self) -> usize {
         self.len
     }
 
-    pub fn base_offset(&self) -> i64 {
+    pub(crate) fn base_offset(&self) -> i64 {
         i64::from_be_bytes(field(self.header, BASE_OFFSET_OFFSET))
     }
-    pub fn crc(&self) -> u32 {
+    pub(crate) fn crc(&self) -> u32 {
         u32::from_be_bytes(field(self.header, CRC_OFFSET))
     }
-    pub fn attributes(&self) -> i16 {
+    pub(crate) fn attributes(&self) -> i16 {
         i16::from_be_bytes(field(self.header, ATTRIBUTES_OFFSET))
     }
-    pub fn compression(&self) -> u8 {
+    pub(crate) fn compression(&self) -> u8 {
         (self.attributes() & COMPRESSION_MASK) as u8
     }
-    pub fn is_transactional(&self) -> bool {
+    pub(crate) fn is_transactional(&self) -> bool {
         self.attributes() & TRANSACTIONAL_FLAG != 0
     }
-    pub fn is_control(&self) -> bool {
+    pub(crate) fn is_control(&self) -> bool {
         self.attributes() & CONTROL_FLAG != 0
     }
-    pub fn max_timestamp(&self) -> i64 {
+    pub(crate) fn max_timestamp(&self) -> i64 {
         i64::from_be_bytes(field(self.header, MAX_TIMESTAMP_OFFSET))
     }
-    pub fn last_offset_delta(&self) -> i32 {
+    pub(crate) fn last_offset_delta(&self) -> i32 {
         i32::from_be_bytes(field(self.header, LAST_OFFSET_DELTA_OFFSET))
     }
     pub fn producer_id(&self) -> i64 {
         i64::from_be_bytes(field(self.header, PRODUCER_ID_OFFSET))
     }
-    pub fn producer_epoch(&self) -> i16 {
+    pub(crate) fn producer_epoch(&self) -> i16 {
         i16::from_be_bytes(field(self.header, PRODUCER_EPOCH_OFFSET))
     }
-    pub fn base_sequence(&self) -> i32 {
+    pub(crate) fn base_sequence(&self) -> i32 {
         i32::from_be_bytes(field(self.header, BASE_SEQUENCE_OFFSET))
     }
-    pub fn record_count(&self) -> i32 {
+    pub(crate) fn record_count(&self) -> i32 {
         i32::from_be_bytes(field(self.header, RECORD_COUNT_OFFSET))
     }
 }

@@ -23,7 +23,7 @@ pub enum DecompressError {
 }
 
 /// The codec's name for batch attribute bits `codec` (0-7).
-pub fn codec_name(codec: u8) -> &'static str {
+pub(crate) fn codec_name(codec: u8) -> &'static str {
     match codec {
         0 => "none",
         1 => "gzip",
@@ -37,7 +37,11 @@ pub fn codec_name(codec: u8) -> &'static str {
 /// Decompress `input`, a batch's records section compressed with `codec`
 /// (the batch attributes' low three bits, not 0), into at most `limit`
 /// bytes.
-pub fn decompress(codec: u8, input: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
+pub(crate) fn decompress(
+    codec: u8,
+    input: &[u8],
+    limit: usize,
+) -> Result<Vec<u8>, DecompressError> {
     let name = codec_name(codec);
     let corrupt = |e: std::io::Error| DecompressError::Corrupt {
         codec: name,

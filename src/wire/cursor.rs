@@ -15,7 +15,7 @@
 
 /// Why a read failed. The position is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum CursorError {
+pub(crate) enum CursorError {
     /// The read needs `need` bytes from the position; `left` remain.
     #[error("needs {need} bytes, only {left} left")]
     Short { need: usize, left: usize },
@@ -27,7 +27,7 @@ pub enum CursorError {
 /// A read position in a slice. What is left to read is kept as a slice
 /// itself, so no read has to check the position against the end again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     /// The bytes not read yet: a tail of the slice.
     rest: &'a [u8],
     /// The length of the whole slice: the position is `end - rest.len()`.
@@ -48,7 +48,7 @@ impl<'a> Cursor<'a> {
     /// offsets into `buf`, so a caller can read a prefix of its input
     /// (`&input[..end]`) and still report offsets into the whole.
     #[inline]
-    pub fn at(buf: &'a [u8], pos: usize) -> Cursor<'a> {
+    pub(crate) fn at(buf: &'a [u8], pos: usize) -> Cursor<'a> {
         Cursor {
             rest: buf.get(pos..).unwrap_or_default(),
             end: buf.len(),
@@ -57,18 +57,19 @@ impl<'a> Cursor<'a> {
 
     /// Offset of the next byte to read.
     #[inline]
-    pub fn position(&self) -> usize {
+    pub(crate) fn position(&self) -> usize {
         self.end - self.rest.len()
     }
 
     /// Bytes left to read.
     #[inline]
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.rest.len()
     }
 
     /// The bytes left to read, without reading them.
     #[inline]
+    #[cfg(test)]
     pub fn rest(&self) -> &'a [u8] {
         self.rest
     }
@@ -83,7 +84,7 @@ impl<'a> Cursor<'a> {
 
     /// The next `n` bytes, borrowed from the input.
     #[inline]
-    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], CursorError> {
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8], CursorError> {
         match self.rest.split_at_checked(n) {
             Some((head, tail)) => {
                 self.rest = tail;
@@ -95,13 +96,13 @@ impl<'a> Cursor<'a> {
 
     /// Step over the next `n` bytes.
     #[inline]
-    pub fn skip(&mut self, n: usize) -> Result<(), CursorError> {
+    pub(crate) fn skip(&mut self, n: usize) -> Result<(), CursorError> {
         self.bytes(n).map(|_| ())
     }
 
     /// The next `N` bytes, copied.
     #[inline]
-    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], CursorError> {
+    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], CursorError> {
         match self.rest.split_first_chunk::<N>() {
             Some((a, tail)) => {
                 self.rest = tail;
@@ -112,26 +113,28 @@ impl<'a> Cursor<'a> {
     }
 
     #[inline]
-    pub fn i8(&mut self) -> Result<i8, CursorError> {
+    pub(crate) fn i8(&mut self) -> Result<i8, CursorError> {
         self.array().map(i8::from_be_bytes)
     }
 
     #[inline]
-    pub fn i16(&mut self) -> Result<i16, CursorError> {
+    pub(crate) fn i16(&mut self) -> Result<i16, CursorError> {
         self.array().map(i16::from_be_bytes)
     }
 
     #[inline]
-    pub fn i32(&mut self) -> Result<i32, CursorError> {
+    pub(crate) fn i32(&mut self) -> Result<i32, CursorError> {
         self.array().map(i32::from_be_bytes)
     }
 
     #[inline]
+    #[cfg(test)]
     pub fn u32(&mut self) -> Result<u32, CursorError> {
         self.array().map(u32::from_be_bytes)
     }
 
     #[inline]
+    #[cfg(test)]
     pub fn i64(&mut self) -> Result<i64, CursorError> {
         self.array().map(i64::from_be_bytes)
     }
@@ -140,7 +143,7 @@ impl<'a> Cursor<'a> {
     /// (`ByteUtils.readUnsignedVarint`): the lengths, counts and tags of
     /// flexible message versions.
     #[inline]
-    pub fn uvarint(&mut self) -> Result<u32, CursorError> {
+    pub(crate) fn uvarint(&mut self) -> Result<u32, CursorError> {
         // The fifth byte may only carry the top four bits, so the value fits.
         self.unsigned::<5, 0x0F>().map(|v| v as u32)
     }
@@ -148,7 +151,7 @@ impl<'a> Cursor<'a> {
     /// An unsigned varint of at most 10 bytes whose value fits 64 bits
     /// (`ByteUtils.readUnsignedVarlong`).
     #[inline]
-    pub fn uvarlong(&mut self) -> Result<u64, CursorError> {
+    pub(crate) fn uvarlong(&mut self) -> Result<u64, CursorError> {
         // The tenth byte may only carry the top bit.
         self.unsigned::<10, 0x01>()
     }
@@ -177,7 +180,7 @@ impl<'a> Cursor<'a> {
     /// A zig-zag varint of at most 5 bytes (`ByteUtils.readVarint`): the
     /// lengths and offset deltas inside a record.
     #[inline]
-    pub fn varint(&mut self) -> Result<i32, CursorError> {
+    pub(crate) fn varint(&mut self) -> Result<i32, CursorError> {
         let z = self.uvarint()?;
         Ok((z >> 1) as i32 ^ -((z & 1) as i32))
     }
@@ -185,7 +188,7 @@ impl<'a> Cursor<'a> {
     /// A zig-zag varint of at most 10 bytes (`ByteUtils.readVarlong`): a
     /// record's timestamp delta.
     #[inline]
-    pub fn varlong(&mut self) -> Result<i64, CursorError> {
+    pub(crate) fn varlong(&mut self) -> Result<i64, CursorError> {
         let z = self.uvarlong()?;
         Ok((z >> 1) as i64 ^ -((z & 1) as i64))
     }

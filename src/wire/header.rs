@@ -115,7 +115,7 @@ pub fn produce_acks(frame: &[u8], body_offset: usize, version: i16) -> Result<i1
 
 /// The `timeout_ms` of a Produce request (after `acks`): how long the
 /// broker may wait for the replication `acks` asks for.
-pub fn produce_timeout_ms(
+pub(crate) fn produce_timeout_ms(
     frame: &[u8],
     body_offset: usize,
     version: i16,

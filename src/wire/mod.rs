@@ -7,16 +7,16 @@
 //! proxy's own client.
 //! No I/O: the frames these bytes arrive in are read by `net::frame`.
 
-pub mod aborted;
+pub(crate) mod aborted;
 pub mod batch;
-pub mod compression;
+pub(crate) mod compression;
 pub mod crc32c;
-pub mod cursor;
+pub(crate) mod cursor;
 pub mod header;
 pub mod produce_response_walk;
 pub mod produce_walk;
-pub mod records;
+pub(crate) mod records;
 pub mod sasl;
 pub mod schema;
 pub mod walk;
-pub mod write;
+pub(crate) mod write;

@@ -19,7 +19,7 @@ use super::produce_walk::{self, check_version, Reader, Topic, TAGGED};
 use super::walk::WalkError;
 
 /// The Produce response versions this walk knows: those of the schema.
-pub const VERSIONS: (i16, i16) = (3, 13);
+pub(crate) const VERSIONS: (i16, i16) = (3, 13);
 const FIRST_FLEXIBLE: i16 = 9;
 const FIRST_BY_ID: i16 = 13;
 const FIRST_LOG_START_OFFSET: i16 = 5;

@@ -29,7 +29,7 @@ use super::walk::{read_error, WalkError};
 use super::write::put_count;
 
 /// The Produce versions this walk knows: those of the compiled-in schema.
-pub const VERSIONS: (i16, i16) = (3, 13);
+pub(crate) const VERSIONS: (i16, i16) = (3, 13);
 /// Compact strings, arrays and tagged fields from here on.
 const FIRST_FLEXIBLE: i16 = 9;
 /// Topics named by id instead of by name from here on.
@@ -185,7 +185,7 @@ pub struct IndexedPartition {
 
 impl IndexedPartition {
     /// Where its records are in the frame (`None`: null).
-    pub fn records(&self) -> Option<Range<usize>> {
+    pub(crate) fn records(&self) -> Option<Range<usize>> {
         (!self.null).then(|| self.records.range())
     }
 }
@@ -209,11 +209,11 @@ impl Index {
         Ok(index)
     }
 
-    pub fn version(&self) -> i16 {
+    pub(crate) fn version(&self) -> i16 {
         self.version
     }
 
-    pub fn topics(&self) -> &[IndexedTopic] {
+    pub(crate) fn topics(&self) -> &[IndexedTopic] {
         &self.topics
     }
 
@@ -246,7 +246,7 @@ impl Index {
     /// entries and every tagged field are copied as they are; only the
     /// array counts are written anew. `keep` is asked once per entry, in
     /// order.
-    pub fn without(&self, input: &[u8], mut keep: impl FnMut(usize) -> bool) -> Vec<u8> {
+    pub(crate) fn without(&self, input: &[u8], mut keep: impl FnMut(usize) -> bool) -> Vec<u8> {
         let flexible = self.version >= FIRST_FLEXIBLE;
         let part = |span: Span| input.get(span.range()).unwrap_or_default();
         let kept: Vec<bool> = (0..self.partitions.len()).map(&mut keep).collect();

@@ -13,7 +13,7 @@ use super::cursor::{Cursor, CursorError};
 /// The part of a record that could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("malformed record: {}", self.field())]
-pub enum MalformedRecord {
+pub(crate) enum MalformedRecord {
     /// Its length, or a length past the end of the records: nothing after
     /// it can be found, so the iteration ends here.
     Length,
@@ -29,7 +29,7 @@ pub enum MalformedRecord {
 
 impl MalformedRecord {
     /// The part, as callers name it in their own errors.
-    pub fn field(self) -> &'static str {
+    pub(crate) fn field(self) -> &'static str {
         match self {
             MalformedRecord::Length => "record length",
             MalformedRecord::Attributes => "attributes",
@@ -46,7 +46,7 @@ impl MalformedRecord {
 /// One record, borrowed from the batch. Its attributes byte is read but
 /// not kept: Kafka defines no record attributes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Record<'a> {
+pub(crate) struct Record<'a> {
     pub timestamp_delta: i64,
     pub offset_delta: i32,
     pub key: Option<&'a [u8]>,
@@ -57,7 +57,7 @@ pub struct Record<'a> {
 /// The headers of a [`Record`]: (key, value) pairs, already checked when
 /// the record was read, so iterating them cannot fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Headers<'a> {
+pub(crate) struct Headers<'a> {
     cur: Cursor<'a>,
     left: u32,
 }
@@ -85,7 +85,7 @@ impl ExactSizeIterator for Headers<'_> {}
 /// reported and stepped over; after a bad length nothing more is read.
 /// Bytes after the `count`-th record are not looked at.
 #[derive(Debug, Clone)]
-pub struct Records<'a> {
+pub(crate) struct Records<'a> {
     cur: Cursor<'a>,
     left: u32,
 }

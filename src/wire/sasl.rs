@@ -77,7 +77,7 @@ impl fmt::Debug for Credentials {
 /// Why an exchange failed on the client side (the broker's own refusals
 /// arrive as SaslAuthenticate error codes, see `client::conn`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SaslError {
+pub(crate) enum SaslError {
     #[error("malformed SCRAM server-first message: {0}")]
     ServerFirst(String),
     #[error("SCRAM server nonce does not extend the client nonce")]
@@ -97,11 +97,11 @@ pub enum SaslError {
 /// Kafka's bounds on SCRAM iterations (`ScramMechanism`): fewer is refused by
 /// its own client; more cannot be configured, and a bound keeps a hostile
 /// broker from making the proxy spin.
-pub const MIN_ITERATIONS: u32 = 4096;
-pub const MAX_ITERATIONS: u32 = 16384;
+pub(crate) const MIN_ITERATIONS: u32 = 4096;
+pub(crate) const MAX_ITERATIONS: u32 = 16384;
 
 /// The one PLAIN message: empty authorization id, user name, password.
-pub fn plain_message(username: &str, password: &str) -> Vec<u8> {
+pub(crate) fn plain_message(username: &str, password: &str) -> Vec<u8> {
     let mut m = Vec::with_capacity(2 + username.len() + password.len());
     m.push(0);
     m.extend_from_slice(username.as_bytes());
@@ -111,7 +111,7 @@ pub fn plain_message(username: &str, password: &str) -> Vec<u8> {
 }
 
 /// A client nonce: 24 random bytes, base64 (no `,`, printable).
-pub fn random_nonce() -> Result<String, ring::error::Unspecified> {
+pub(crate) fn random_nonce() -> Result<String, ring::error::Unspecified> {
     use ring::rand::SecureRandom as _;
     let mut bytes = [0u8; 24];
     ring::rand::SystemRandom::new().fill(&mut bytes)?;
@@ -140,7 +140,7 @@ const SHA512: Hashes = Hashes {
 /// The client side of one SCRAM exchange:
 /// [`Scram::client_first`] → server-first → [`Scram::client_final`] →
 /// server-final → [`Scram::verify_server_final`].
-pub struct Scram {
+pub(crate) struct Scram {
     hashes: Hashes,
     password: String,
     client_first_bare: String,
@@ -171,12 +171,12 @@ impl Scram {
     }
 
     /// `n,,n=<user>,r=<nonce>`: no channel binding, no authorization id.
-    pub fn client_first(&self) -> String {
+    pub(crate) fn client_first(&self) -> String {
         format!("n,,{}", self.client_first_bare)
     }
 
     /// Answer the server-first message with the client proof.
-    pub fn client_final(&mut self, server_first: &[u8]) -> Result<String, SaslError> {
+    pub(crate) fn client_final(&mut self, server_first: &[u8]) -> Result<String, SaslError> {
         let server_first = std::str::from_utf8(server_first)
             .map_err(|_| SaslError::ServerFirst("not UTF-8".into()))?;
         let (mut nonce, mut salt, mut iterations) = (None, None, None);
@@ -246,7 +246,7 @@ impl Scram {
     }
 
     /// Check that the server knows the password too (mutual authentication).
-    pub fn verify_server_final(&self, server_final: &[u8]) -> Result<(), SaslError> {
+    pub(crate) fn verify_server_final(&self, server_final: &[u8]) -> Result<(), SaslError> {
         let text = std::str::from_utf8(server_final)
             .map_err(|_| SaslError::ServerFinal("not UTF-8".into()))?;
         let first = text.split(',').next().unwrap_or_default();

@@ -24,9 +24,9 @@ pub struct Versions {
 }
 
 impl Versions {
-    pub const NONE: Versions = Versions { min: 1, max: 0 };
+    pub(crate) const NONE: Versions = Versions { min: 1, max: 0 };
 
-    pub fn contains(self, v: i16) -> bool {
+    pub(crate) fn contains(self, v: i16) -> bool {
         self.min <= v && v <= self.max
     }
 
@@ -95,7 +95,7 @@ pub struct Field {
 impl Field {
     /// A field with no definition behind it (for errors in framing that
     /// belongs to no field, e.g. a tagged-field header).
-    pub fn synthetic(path: &str) -> Field {
+    pub(crate) fn synthetic(path: &str) -> Field {
         Field {
             path: path.to_string(),
             name_at: 0,
@@ -112,16 +112,16 @@ impl Field {
     }
 
     /// The path of the struct holding the field (`""` at the top level).
-    pub fn parent(&self) -> &str {
+    pub(crate) fn parent(&self) -> &str {
         &self.path[..self.name_at.saturating_sub(1)]
     }
 
     /// Present in the regular (untagged) sequence at `version`.
-    pub fn regular_at(&self, version: i16) -> bool {
+    pub(crate) fn regular_at(&self, version: i16) -> bool {
         self.versions.contains(version) && !self.tagged_at(version)
     }
 
-    pub fn tagged_at(&self, version: i16) -> bool {
+    pub(crate) fn tagged_at(&self, version: i16) -> bool {
         matches!(self.tag, Some((_, tv)) if tv.contains(version))
     }
 }

@@ -14,7 +14,7 @@
 ///
 /// [`Cursor::uvarint`]: super::cursor::Cursor::uvarint
 /// [`Cursor::uvarlong`]: super::cursor::Cursor::uvarlong
-pub fn put_uvarint(out: &mut impl Extend<u8>, mut value: u64) {
+pub(crate) fn put_uvarint(out: &mut impl Extend<u8>, mut value: u64) {
     while value >= 0x80 {
         out.extend([(value as u8) | 0x80]);
         value >>= 7;
@@ -28,13 +28,13 @@ pub fn put_uvarint(out: &mut impl Extend<u8>, mut value: u64) {
 ///
 /// [`Cursor::varint`]: super::cursor::Cursor::varint
 /// [`Cursor::varlong`]: super::cursor::Cursor::varlong
-pub fn put_varlong(out: &mut impl Extend<u8>, value: i64) {
+pub(crate) fn put_varlong(out: &mut impl Extend<u8>, value: i64) {
     put_uvarint(out, ((value << 1) ^ (value >> 63)) as u64);
 }
 
 /// An array's element count: a compact count (count + 1, unsigned varint)
 /// in a flexible version, an int32 before.
-pub fn put_count(out: &mut impl Extend<u8>, count: usize, flexible: bool) {
+pub(crate) fn put_count(out: &mut impl Extend<u8>, count: usize, flexible: bool) {
     match flexible {
         true => put_uvarint(out, (count as u64).saturating_add(1)),
         false => out.extend((count as i32).to_be_bytes()),
@@ -44,7 +44,7 @@ pub fn put_count(out: &mut impl Extend<u8>, count: usize, flexible: bool) {
 /// A nullable string: compact (length + 1, 0 for null) in a flexible
 /// version, int16 length (-1 for null) before. Callers bound the length
 /// far below `i16::MAX`.
-pub fn put_string(out: &mut impl Extend<u8>, s: Option<&str>, flexible: bool) {
+pub(crate) fn put_string(out: &mut impl Extend<u8>, s: Option<&str>, flexible: bool) {
     match (s, flexible) {
         (None, true) => out.extend([0]),
         (None, false) => out.extend((-1i16).to_be_bytes()),

@@ -20,7 +20,7 @@ use crate::mirror::link_state;
 
 /// What the operator asked of a failover's pre-check.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Precheck {
+pub(crate) struct Precheck {
     /// Refuse to start while a partition's delay is above this.
     pub max_delay: Option<Duration>,
     /// Start even so.
@@ -53,7 +53,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     /// Refuses (412) to start a new failover of `name` while a partition's
     /// delay is above `check.max_delay`, unless forced. Resuming a failover
     /// in progress is never held back: the link is STOPPING already.
-    pub fn check_failover(&self, name: &str, check: Precheck) -> Result<(), ControlError> {
+    pub(crate) fn check_failover(&self, name: &str, check: Precheck) -> Result<(), ControlError> {
         let link = self.link_by_name(name)?;
         let (Some(max), false) = (check.max_delay, check.force) else {
             return Ok(());
@@ -91,7 +91,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     /// would start (or resume, or be refused, and why), the live instances
     /// that would have to drain the link, and every partition of the link's
     /// topics with its replication delay on this instance.
-    pub async fn failover_dry_run(
+    pub(crate) async fn failover_dry_run(
         &self,
         name: &str,
         check: Precheck,
@@ -161,7 +161,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
 
 /// One partition's row, as the pre-check and `GET /links/{name}/partitions`
 /// show it.
-pub fn partition_row(topic: &str, partition: i32, f: Option<&PartitionFigures>) -> Value {
+pub(crate) fn partition_row(topic: &str, partition: i32, f: Option<&PartitionFigures>) -> Value {
     let known = |v: i64| (v >= 0).then_some(v);
     match f {
         None => json!({

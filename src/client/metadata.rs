@@ -160,7 +160,7 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(max_age: Duration) -> Cluster {
+    pub(crate) fn new(max_age: Duration) -> Cluster {
         Cluster {
             max_age,
             controller_id: -1,
@@ -170,7 +170,7 @@ impl Cluster {
     }
 
     /// Learn from a Metadata answer; `asked` are the topics it was for.
-    pub fn apply(&mut self, info: &ClusterInfo, asked: &[String], now: Instant) {
+    pub(crate) fn apply(&mut self, info: &ClusterInfo, asked: &[String], now: Instant) {
         if !info.brokers.is_empty() {
             self.brokers = info
                 .brokers

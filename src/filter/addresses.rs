@@ -475,7 +475,7 @@ pub(crate) struct AddressesLayer<'a> {
 }
 
 impl<'a> AddressesLayer<'a> {
-    pub fn new(advertised: &'a Advertised) -> AddressesLayer<'a> {
+    pub(crate) fn new(advertised: &'a Advertised) -> AddressesLayer<'a> {
         AddressesLayer { advertised }
     }
 }

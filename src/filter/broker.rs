@@ -14,14 +14,14 @@ use super::{FilterError, Outcome, Pending, Request, Service, Step};
 use crate::net::frame::write_frame;
 
 /// The write half of a broker connection.
-pub struct Broker<W> {
+pub(crate) struct Broker<W> {
     upstream: W,
     /// The frame the last call forwarded, until it is flushed.
     forwarded: Option<BytesMut>,
 }
 
 impl<W> Broker<W> {
-    pub fn new(upstream: W) -> Broker<W> {
+    pub(crate) fn new(upstream: W) -> Broker<W> {
         Broker {
             upstream,
             forwarded: None,
@@ -58,7 +58,7 @@ impl<W: AsyncWrite + Unpin + Send> Service for Broker<W> {
 
 /// A request's response: the broker's, to the request written with this
 /// correlation id, or one the proxy made.
-pub enum Answer {
+pub(crate) enum Answer {
     Broker(i32),
     Local(BytesMut),
 }

@@ -26,7 +26,7 @@ pub(crate) struct FenceLayer<'a> {
 }
 
 impl<'a> FenceLayer<'a> {
-    pub fn new(ctx: &'a Context) -> FenceLayer<'a> {
+    pub(crate) fn new(ctx: &'a Context) -> FenceLayer<'a> {
         FenceLayer { ctx }
     }
 }

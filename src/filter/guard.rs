@@ -59,7 +59,7 @@ pub(crate) struct GuardLayer<'a> {
 }
 
 impl<'a> GuardLayer<'a> {
-    pub fn new(ctx: &'a Context) -> GuardLayer<'a> {
+    pub(crate) fn new(ctx: &'a Context) -> GuardLayer<'a> {
         GuardLayer { ctx }
     }
 }

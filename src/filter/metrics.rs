@@ -13,7 +13,7 @@ pub(crate) struct CountLayer<'a> {
 }
 
 impl<'a> CountLayer<'a> {
-    pub fn new(metrics: &'a Metrics) -> CountLayer<'a> {
+    pub(crate) fn new(metrics: &'a Metrics) -> CountLayer<'a> {
         CountLayer { metrics }
     }
 }

@@ -200,7 +200,7 @@ pub(crate) struct Then<P, H> {
 impl<P, H> Then<P, H> {
     /// `inner`'s response, then `half` on it.
     #[inline]
-    pub fn new(inner: P, half: H) -> Then<P, H> {
+    pub(crate) fn new(inner: P, half: H) -> Then<P, H> {
         Then {
             inner,
             half: Some(half),

@@ -86,7 +86,7 @@ pub(crate) struct ProduceFilter<'a> {
 
 impl<'a> ProduceFilter<'a> {
     /// The Produce filter over the proxy's shared state.
-    pub fn new(ctx: &'a Context) -> ProduceFilter<'a> {
+    pub(crate) fn new(ctx: &'a Context) -> ProduceFilter<'a> {
         ProduceFilter { ctx }
     }
 
@@ -646,7 +646,7 @@ pub(crate) struct ProduceLayer<'a> {
 
 impl<'a> ProduceLayer<'a> {
     /// The Produce filter of a connection whose client presented `subject`.
-    pub fn new(ctx: &'a Context, subject: Option<&'a CertSubject>) -> ProduceLayer<'a> {
+    pub(crate) fn new(ctx: &'a Context, subject: Option<&'a CertSubject>) -> ProduceLayer<'a> {
         ProduceLayer { ctx, subject }
     }
 }

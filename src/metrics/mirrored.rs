@@ -281,7 +281,7 @@ impl LinkMirror {
     }
 
     /// Every partition's figures, by topic and partition.
-    pub fn partitions(&self) -> Vec<(Arc<str>, i32, PartitionFigures)> {
+    pub(crate) fn partitions(&self) -> Vec<(Arc<str>, i32, PartitionFigures)> {
         let table = self.table();
         let mut out: Vec<_> = table
             .iter()

@@ -102,7 +102,7 @@ impl<K: Copy + Eq + Hash> Doubts<K> {
     }
 
     /// Whether producer `key` may begin a batch on `partition` at `now`.
-    pub fn check(&self, partition: &PartitionId, key: &K, now: Instant) -> Verdict {
+    pub(crate) fn check(&self, partition: &PartitionId, key: &K, now: Instant) -> Verdict {
         let Some(d) = self.partitions.get(partition) else {
             return Verdict::Clear;
         };

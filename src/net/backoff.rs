@@ -20,7 +20,7 @@ pub(crate) struct Backoff {
 impl Backoff {
     /// Waits doubling from `min` to at most `max` (a `max` below `min` is
     /// taken as `min`).
-    pub fn new(min: Duration, max: Duration) -> Backoff {
+    pub(crate) fn new(min: Duration, max: Duration) -> Backoff {
         Backoff {
             min,
             max: max.max(min),

@@ -27,7 +27,7 @@ pub(crate) struct ClientSocket(Arc<TcpStream>);
 pub(crate) struct ResetWatch(Arc<TcpStream>);
 
 impl ClientSocket {
-    pub fn new(tcp: TcpStream) -> (ClientSocket, ResetWatch) {
+    pub(crate) fn new(tcp: TcpStream) -> (ClientSocket, ResetWatch) {
         let tcp = Arc::new(tcp);
         (ClientSocket(Arc::clone(&tcp)), ResetWatch(tcp))
     }

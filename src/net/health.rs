@@ -61,7 +61,7 @@ pub(crate) struct Health {
 }
 
 impl Health {
-    pub fn new() -> Arc<Health> {
+    pub(crate) fn new() -> Arc<Health> {
         Arc::new(Health {
             up: watch::Sender::new(true),
             probing: AtomicBool::new(false),

@@ -50,7 +50,7 @@ pub(crate) struct WriteTimeout<W> {
 
 impl<W> WriteTimeout<W> {
     /// `peer` ("broker", "client") and `setting` name the bound in errors.
-    pub fn new(
+    pub(crate) fn new(
         inner: W,
         timeout: Duration,
         peer: &'static str,

@@ -42,7 +42,7 @@ struct Inner<T> {
 
 impl<T> Queue<T> {
     /// A queue of at most `max` entries.
-    pub fn new(max: usize) -> Queue<T> {
+    pub(crate) fn new(max: usize) -> Queue<T> {
         Queue {
             inner: Mutex::new(Inner {
                 items: VecDeque::new(),
@@ -154,11 +154,11 @@ impl<T> Queue<T> {
     }
 
     /// Entries waiting.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.lock().items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -27,7 +27,7 @@ pub(crate) struct WatchWait<T, F> {
 impl<T, F: Future> WatchWait<T, F> {
     /// `probe` must be subscribed to the channel `wait` waits on, before
     /// `wait` first looks at it (so that no send falls between the two).
-    pub fn new(probe: watch::Receiver<T>, wait: F) -> Self {
+    pub(crate) fn new(probe: watch::Receiver<T>, wait: F) -> Self {
         WatchWait {
             probe,
             wait: Box::pin(wait),

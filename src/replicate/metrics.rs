@@ -110,7 +110,7 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(link: &str) -> Metrics {
+    pub(crate) fn new(link: &str) -> Metrics {
         let mut registry = Registry::with_prefix("kafka_mirror_replicator");
         let m = Metrics {
             registry: Registry::default(),

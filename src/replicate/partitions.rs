@@ -358,7 +358,7 @@ impl Pick {
 pub(crate) struct Reservation(usize);
 
 impl Table {
-    pub fn new(max_buffered: usize) -> Table {
+    pub(crate) fn new(max_buffered: usize) -> Table {
         Table {
             max_buffered,
             ..Table::default()
@@ -381,15 +381,15 @@ impl Table {
         self.parts.get_mut(tp)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Tp, &Partition)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Tp, &Partition)> {
         self.parts.iter()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.parts.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
 
@@ -563,7 +563,13 @@ impl Table {
 
     /// How a batch sent to `tp` ended. A batch that is not the partition's
     /// oldest in flight (the partition was reset meanwhile) is ignored.
-    pub fn settle(&mut self, tp: &Tp, batch: &Batch, outcome: Outcome, now: Instant) -> Settled {
+    pub(crate) fn settle(
+        &mut self,
+        tp: &Tp,
+        batch: &Batch,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Settled {
         let Some(p) = self.parts.get_mut(tp) else {
             return Settled::Ignored;
         };

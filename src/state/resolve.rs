@@ -75,7 +75,7 @@ async fn append_applied<L: Log>(log: &L, records: &[StateRecord]) -> Result<i64,
 }
 
 /// One origin to resolve: its topic's name, its partition, the origin.
-pub type Claim = (String, PartitionId, OriginId);
+pub(crate) type Claim = (String, PartitionId, OriginId);
 
 /// Claims (and salt records) per state-topic write: a write stays far
 /// below the broker's default `max.message.bytes` (1 MiB), whatever a
@@ -93,7 +93,7 @@ struct Waiting {
 /// other (their proposals are made together, and never take one slot
 /// twice), only with other instances'.
 #[derive(Default)]
-pub struct Group {
+pub(crate) struct Group {
     queue: Mutex<Vec<Waiting>>,
     writing: tokio::sync::Mutex<()>,
 }

@@ -70,7 +70,7 @@ pub(crate) struct AbortedFilter {
 
 impl AbortedFilter {
     /// From a Fetch response's aborted transactions, in any order.
-    pub fn new(mut aborted: Vec<AbortedTransaction>) -> AbortedFilter {
+    pub(crate) fn new(mut aborted: Vec<AbortedTransaction>) -> AbortedFilter {
         aborted.sort_by_key(|t| std::cmp::Reverse(t.first_offset));
         AbortedFilter {
             pending: aborted,

@@ -37,7 +37,7 @@ pub(crate) struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     /// At the start of `buf`.
     #[inline]
-    pub const fn new(buf: &'a [u8]) -> Cursor<'a> {
+    pub(crate) const fn new(buf: &'a [u8]) -> Cursor<'a> {
         Cursor {
             rest: buf,
             end: buf.len(),

@@ -91,7 +91,7 @@ pub(crate) struct Records<'a> {
 }
 
 impl<'a> Records<'a> {
-    pub fn new(section: &'a [u8], count: i32) -> Records<'a> {
+    pub(crate) fn new(section: &'a [u8], count: i32) -> Records<'a> {
         Records {
             cur: Cursor::new(section),
             left: u32::try_from(count).unwrap_or(0),

@@ -151,7 +151,12 @@ pub(crate) struct Scram {
 
 impl Scram {
     /// `mechanism` must be a SCRAM one; PLAIN yields `None`.
-    pub fn new(mechanism: Mechanism, username: &str, password: &str, nonce: &str) -> Option<Scram> {
+    pub(crate) fn new(
+        mechanism: Mechanism,
+        username: &str,
+        password: &str,
+        nonce: &str,
+    ) -> Option<Scram> {
         let hashes = match mechanism {
             Mechanism::Plain => return None,
             Mechanism::ScramSha256 => SHA256,

@@ -264,6 +264,11 @@ struct Shared {
     /// Writes the offset translation (see `translation`).
     offsets: Client,
     offsets_topic_ready: AtomicBool,
+    /// Held by a commit from taking the unsaved translation until its
+    /// resume points are committed: two commits at once would let the
+    /// last one commit resume points whose segments the other still
+    /// holds unsaved (and loses, if the run ends and aborts it).
+    committing: tokio::sync::Mutex<()>,
 }
 
 use crate::sync::lock;
@@ -400,6 +405,7 @@ pub async fn run(
         instance_id: crate::control::members::random_instance_id(),
         offsets: translation::client(&producer),
         offsets_topic_ready: AtomicBool::new(false),
+        committing: tokio::sync::Mutex::new(()),
         config,
     });
     if !shared.config.membership {

@@ -89,8 +89,14 @@ async fn save_translation(shared: &Shared) -> Result<(), TranslationError> {
     saved
 }
 
-/// One commit of every resume point that moved.
+/// One commit of every resume point that moved. Once the run is stopping
+/// it commits nothing: the run's last commit ([`commit_all`]) covers
+/// everything, marked, and must not be overtaken by an unmarked one.
 pub(super) async fn commit(shared: &Shared, destination: &Client) -> Result<(), CommitError> {
+    let _one_at_a_time = shared.committing.lock().await;
+    if shared.stopping() {
+        return Ok(());
+    }
     let due = shared.table().to_commit();
     if due.is_empty() {
         return Ok(());
@@ -119,6 +125,9 @@ pub(super) async fn commit_all(
     destination: &Client,
     metadata: &str,
 ) -> Result<(), CommitError> {
+    // After a commit under way: what it took unsaved is saved (or due
+    // again) before these resume points go out.
+    let _one_at_a_time = shared.committing.lock().await;
     save_translation(shared).await?;
     let all = shared.table().resume_points();
     let offsets: Offsets = all

@@ -36,6 +36,7 @@ use ring::digest::{digest, Digest, SHA256};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
+use crate::mirror::link_state::LinkState;
 use crate::proxy::Shared;
 
 /// Time bounds of the admin endpoint.
@@ -571,20 +572,17 @@ async fn failback(
     let control = &shared.ctx.control;
     let apply = method == axum::http::Method::POST;
     if apply {
-        let state = match control.link(&name) {
-            Ok(report) => report
-                .get("state")
-                .and_then(|s| s.as_str())
-                .unwrap_or("")
-                .to_string(),
+        let state = match control.state_of(&name) {
+            Ok(state) => state,
             Err(e) => return control_error(e),
         };
         // Nothing is written while the link could be copying.
-        if state != "PREPARING" && state != "STOPPED" {
+        if !matches!(state, LinkState::Preparing | LinkState::Stopped) {
             return error(
                 StatusCode::CONFLICT,
                 format!(
-                    "link '{name}' is {state}: a failback starts a PREPARING (or STOPPED) link"
+                    "link '{name}' is {}: a failback starts a PREPARING (or STOPPED) link",
+                    state.as_str()
                 ),
             );
         }

@@ -462,7 +462,7 @@ struct FailbackArgs {
 /// `kafka-mirror-proxy failback`: the report, then (without --dry-run)
 /// the history, the starting points and the link's start.
 fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
-    use kafka_mirror_proxy::replicate::failback::{self, Failback, FailbackError};
+    use kafka_mirror_proxy::replicate::failback::{self, Failback};
     let a = plain_client(&args.bootstrap_server);
     let b = plain_client(&args.source_bootstrap_server);
     let f = Failback {
@@ -499,9 +499,7 @@ fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
         }
         let plan = match failback::plan(&f).await {
             Ok(plan) => plan,
-            Err(e @ (FailbackError::NoState { .. }
-            | FailbackError::NotFailedOver { .. }
-            | FailbackError::NoBarriers { .. })) => {
+            Err(e) if e.is_refusal() => {
                 eprintln!("kafka-mirror-proxy: {e}");
                 return Ok(cli::EXIT_REFUSED);
             }
@@ -575,7 +573,7 @@ impl FailbackService {
     ) -> Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>
     {
         use kafka_mirror_proxy::admin::FailbackAnswer;
-        use kafka_mirror_proxy::replicate::failback::{self, Failback, FailbackError};
+        use kafka_mirror_proxy::replicate::failback::{self, Failback};
         let Some((reverse_of, b)) = self.links.get(link) else {
             return Ok(FailbackAnswer::Refused(format!(
                 "link '{link}' has no failback settings"
@@ -595,11 +593,7 @@ impl FailbackService {
         };
         let plan = match failback::plan(&f).await {
             Ok(plan) => plan,
-            Err(
-                e @ (FailbackError::NoState { .. }
-                | FailbackError::NotFailedOver { .. }
-                | FailbackError::NoBarriers { .. }),
-            ) => return Ok(FailbackAnswer::Refused(e.to_string())),
+            Err(e) if e.is_refusal() => return Ok(FailbackAnswer::Refused(e.to_string())),
             Err(e) => return Err(e.into()),
         };
         let unresolved = plan.unresolved();

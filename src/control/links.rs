@@ -259,6 +259,11 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             .ok_or_else(|| ControlError::UnknownLink(name.to_string()))
     }
 
+    /// The state of the link named `name`.
+    pub(crate) fn state_of(&self, name: &str) -> Result<LinkState, ControlError> {
+        Ok(self.status(self.link_by_name(name)?).state)
+    }
+
     /// The link's status: its latest state record, or its initial state
     /// (`MIRROR_PROXY_LINK_<NAME>_INITIAL_STATE`) while there is none.
     pub(crate) fn status(&self, link: &Link) -> LinkStatus {

@@ -65,6 +65,19 @@ pub enum FailbackError {
     },
 }
 
+impl FailbackError {
+    /// A refusal before any plan: the failed-over link's state on B says
+    /// there is nothing to fail back (yet); not a failure to read.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            FailbackError::NoState { .. }
+                | FailbackError::NotFailedOver { .. }
+                | FailbackError::NoBarriers { .. }
+        )
+    }
+}
+
 fn client_err(what: impl Into<String>) -> impl FnOnce(ClientError) -> FailbackError {
     let what = what.into();
     move |source| FailbackError::Client { what, source }

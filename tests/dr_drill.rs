@@ -42,7 +42,7 @@ use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with};
 use support::records::{producer, Topic};
 use support::tools::{self, DumpedBatch};
 
@@ -149,27 +149,6 @@ fn verifiable_consumer(
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(consumed)
-}
-
-fn link_env(name: &str, source: &str, initial: Option<&str>) -> Vec<(String, String)> {
-    let upper = name.to_uppercase();
-    let mut env = vec![
-        ("LINKS".to_string(), name.to_string()),
-        (
-            format!("LINK_{upper}_SOURCE_CLUSTER_ID"),
-            source.to_string(),
-        ),
-        (format!("LINK_{upper}_TOPICS"), TOPIC.to_string()),
-    ];
-    if let Some(state) = initial {
-        env.push((format!("LINK_{upper}_INITIAL_STATE"), state.to_string()));
-    }
-    env
-}
-
-fn start_proxy(bootstrap: &str, env: &[(String, String)]) -> Result<ProxyProcess> {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ProxyProcess::start(bootstrap, &env)
 }
 
 /// The replicator from `source` into `proxy` as link `link`, following
@@ -295,7 +274,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     create_topic(&rt, &client(&a.bootstrap()), TOPIC, PARTITIONS, &[])?;
     let config = a.dir().join("read-committed.properties");
     std::fs::write(&config, "isolation.level=read_committed\n")?;
-    let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, None))?;
+    let pb = start_with(&b.bootstrap(), &link_env("a", ID_A, TOPIC))?;
 
     // 1. On A.
     let idempotent = producer(&a.bootstrap(), &[])?;
@@ -355,7 +334,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         .collect();
 
     // 4. Failback.
-    let pa = start_proxy(&a.bootstrap(), &link_env("b", ID_B, Some("PREPARING")))?;
+    let pa = start_with(&a.bootstrap(), &preparing(link_env("b", ID_B, TOPIC)))?;
     let failback = |dry_run: bool| -> Result<(i32, Value, String)> {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"));
         c.args(["failback", "--link", "b", "--reverse-of", "a", "--json"])
@@ -552,4 +531,10 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         }
     }
     Ok(())
+}
+
+/// `env` with link `b` starting PREPARING (a failback link).
+fn preparing(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+    env.push(("LINK_B_INITIAL_STATE".into(), "PREPARING".into()));
+    env
 }

@@ -31,7 +31,7 @@ use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with};
 use support::records::{producer, Topic};
 use support::tools::{self, DumpedBatch};
 use support::wire::{partition_result, record_batch, RawClient};
@@ -120,27 +120,6 @@ fn local_produce(addr: &str, partition: i32) -> Result<(i16, String)> {
     Ok((code, message.unwrap_or_default()))
 }
 
-fn link_env(name: &str, source: &str, initial: Option<&str>) -> Vec<(String, String)> {
-    let upper = name.to_uppercase();
-    let mut env = vec![
-        ("LINKS".to_string(), name.to_string()),
-        (
-            format!("LINK_{upper}_SOURCE_CLUSTER_ID"),
-            source.to_string(),
-        ),
-        (format!("LINK_{upper}_TOPICS"), TOPIC.to_string()),
-    ];
-    if let Some(state) = initial {
-        env.push((format!("LINK_{upper}_INITIAL_STATE"), state.to_string()));
-    }
-    env
-}
-
-fn start_proxy(bootstrap: &str, env: &[(String, String)]) -> Result<ProxyProcess> {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ProxyProcess::start(bootstrap, &env)
-}
-
 #[test]
 fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()> {
     let rt = runtime()?;
@@ -161,7 +140,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     T.send(&tx, "a-tx", 7)?;
     tx.commit_transaction(WAIT)?;
     T.send(&idempotent, "a2", 10)?;
-    let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, None))?;
+    let pb = start_with(&b.bootstrap(), &link_env("a", ID_A, TOPIC))?;
     let forward = support::replicator::config(&a.bootstrap(), &pb.bootstrap, TOPIC, "mirror-a");
     support::replicator::run(&rt, forward)?;
 
@@ -179,10 +158,10 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
 
     // 3. A's proxy: link b PREPARING, fenced and read-only.
     // With failback settings, its admin API runs the failback too.
-    let mut pa_env = link_env("b", ID_B, Some("PREPARING"));
+    let mut pa_env = preparing(link_env("b", ID_B, TOPIC));
     pa_env.push(("LINK_B_REVERSE_OF".into(), "a".into()));
     pa_env.push(("LINK_B_SOURCE_BOOTSTRAP_SERVERS".into(), b.bootstrap()));
-    let pa = start_proxy(&a.bootstrap(), &pa_env)?;
+    let pa = start_with(&a.bootstrap(), &pa_env)?;
     let (code, message) = local_produce(&pa.bootstrap, 0)?;
     ensure!(
         code != 0 && message.contains("PREPARING"),
@@ -536,4 +515,10 @@ fn dump(cluster: &KafkaCluster, partition: i32) -> Result<Vec<DumpedBatch>> {
         out.extend(tools::dump_log_segments(&file, false)?);
     }
     Ok(out)
+}
+
+/// `env` with link `b` starting PREPARING (a failback link).
+fn preparing(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
+    env.push(("LINK_B_INITIAL_STATE".into(), "PREPARING".into()));
+    env
 }

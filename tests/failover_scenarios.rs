@@ -31,7 +31,7 @@ use kafka_mirror_proxy::client::Client;
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with, ProxyProcess};
 use support::tools::{self, DumpedBatch};
 use support::wire::{partition_result, record_batch, RawClient};
 
@@ -42,20 +42,6 @@ const STATE: &str = "__mirror_state";
 const INVALID_RECORD: i64 = 87;
 /// Generous: brokers, JVM tools and the proxy share 2 cores.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn link_env(name: &str, source: &str, topics: &str) -> Vec<(String, String)> {
-    let upper = name.to_uppercase();
-    vec![
-        ("LINKS".into(), name.into()),
-        (format!("LINK_{upper}_SOURCE_CLUSTER_ID"), source.into()),
-        (format!("LINK_{upper}_TOPICS"), topics.into()),
-    ]
-}
-
-fn start_proxy(bootstrap: &str, env: &[(String, String)]) -> Result<ProxyProcess> {
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    ProxyProcess::start(bootstrap, &env)
-}
 
 fn json(body: &str) -> Result<Value> {
     serde_json::from_str(body).with_context(|| format!("not JSON: {body}"))
@@ -146,7 +132,7 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
     let (ca, cb) = (client(&a.bootstrap()), client(&b.bootstrap()));
     create_topic(&rt, &ca, "orders", 3, &[])?;
     create_topic(&rt, &cb, "orders", 3, &[])?;
-    let pb = start_proxy(&b.bootstrap(), &link_env("a", ID_A, "orders"))?;
+    let pb = start_with(&b.bootstrap(), &link_env("a", ID_A, "orders"))?;
 
     // The source keeps being written, the replicator keeps copying.
     let stop = Arc::new(AtomicBool::new(false));
@@ -345,7 +331,7 @@ fn failover_under_load_then_mirroring_in_the_reverse_direction() -> Result<()> {
 
     // The reverse direction: B → A through a proxy in front of A, copying
     // what was written on B after the barrier.
-    let pa = start_proxy(&a.bootstrap(), &link_env("b", ID_B, "orders"))?;
+    let pa = start_with(&a.bootstrap(), &link_env("b", ID_B, "orders"))?;
     let (code, _) = local_produce(&pa.bootstrap, "orders", 0, "on a")?;
     ensure!(code != 0, "A's orders is read-only while link b mirrors it");
     let end_a_before = rt

@@ -98,6 +98,24 @@ struct Spec {
     wait_for_state: bool,
 }
 
+/// One link's variables (names without the prefix): link `name` (client
+/// id `mirror-<name>`) mirroring `topics` from the cluster `source`.
+pub fn link_env(name: &str, source: &str, topics: &str) -> Vec<(String, String)> {
+    let upper = name.to_uppercase();
+    vec![
+        ("LINKS".into(), name.into()),
+        (format!("LINK_{upper}_SOURCE_CLUSTER_ID"), source.into()),
+        (format!("LINK_{upper}_TOPICS"), topics.into()),
+    ]
+}
+
+/// [`ProxyProcess::start`] with variables built as owned strings (e.g. by
+/// [`link_env`]).
+pub fn start_with(upstream: &str, env: &[(String, String)]) -> Result<ProxyProcess> {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    ProxyProcess::start(upstream, &env)
+}
+
 impl ProxyProcess {
     /// Start a proxy in front of `upstream`, with extra `MIRROR_PROXY_*`
     /// variables (names without the prefix). Node 1 (the harness's broker)

@@ -6,7 +6,7 @@
 //! `tests/layers.rs` reads `src/` and fails on any `crate::` path that
 //! points up or sideways:
 //!
-//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli
+//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli > server
 //!
 //! - `wire`: Kafka bytes, pure (headers, walks, record batches, CRC).
 //! - `metrics`: the Prometheus registry and its bounded label types.
@@ -23,7 +23,9 @@
 //!   replicator's endpoint uses too).
 //! - `replicate`: the replicator (SPEC §12), a peer of `proxy` that talks
 //!   to it over the wire.
-//! - `cli`: the operator's commands; `main.rs` wires everything together.
+//! - `cli`: the operator's commands.
+//! - `server`: the proxy as a program, [`run`]: every layer composed from
+//!   one [`Config`]; `main.rs` adds signals and logging.
 
 pub mod admin;
 pub mod cli;
@@ -36,6 +38,10 @@ pub mod mirror;
 pub mod net;
 pub mod proxy;
 pub mod replicate;
+pub mod server;
 pub mod state;
 mod sync;
 pub mod wire;
+
+pub use config::Config;
+pub use server::run;

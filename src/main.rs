@@ -5,8 +5,7 @@
 //! the way the proxy writes them, for operators reading a log dump.
 
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -16,12 +15,7 @@ use kafka_mirror_proxy::cli;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::config::replicator::DEFAULT_OFFSETS_TOPIC;
 use kafka_mirror_proxy::config::{Config, LogFormat, DEFAULT_STATE_TOPIC};
-use kafka_mirror_proxy::control::members::{self, Members};
-use kafka_mirror_proxy::metrics::Metrics;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
-use kafka_mirror_proxy::net::tasks::Tasks;
-use kafka_mirror_proxy::proxy::Proxy;
-use kafka_mirror_proxy::state::StateStore;
 
 #[derive(Parser)]
 #[command(
@@ -377,26 +371,12 @@ struct OffsetsArgs {
     group: Option<(String, String)>,
 }
 
-/// A plain-TCP client of `bootstrap` (host:port,...).
-fn plain_client(bootstrap: &str) -> Client {
-    use kafka_mirror_proxy::net::upstream::Upstream;
-    let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
-    Client::new(ClientConfig::new(
-        bootstrap,
-        Upstream {
-            tls: None,
-            server_name: None,
-            timeout: Duration::from_secs(10),
-        },
-    ))
-}
-
 /// `kafka-mirror-proxy offsets`: one line per partition, `topic partition
 /// source-offset destination-offset` (and why, when it is not exact).
 fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
     use kafka_mirror_proxy::mirror::translation::Translation;
     use kafka_mirror_proxy::replicate::translation;
-    let destination = plain_client(&args.bootstrap_server);
+    let destination = Client::new(ClientConfig::plain(&args.bootstrap_server));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -414,7 +394,7 @@ fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
                 Some((group, source)) => {
                     translation::translate_group(
                         &destination,
-                        &plain_client(source),
+                        &Client::new(ClientConfig::plain(source)),
                         &args.offsets_topic,
                         &args.link,
                         &args.progress_group,
@@ -463,8 +443,8 @@ struct FailbackArgs {
 /// the history, the starting points and the link's start.
 fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
     use kafka_mirror_proxy::replicate::failback::{self, Failback};
-    let a = plain_client(&args.bootstrap_server);
-    let b = plain_client(&args.source_bootstrap_server);
+    let a = Client::new(ClientConfig::plain(&args.bootstrap_server));
+    let b = Client::new(ClientConfig::plain(&args.source_bootstrap_server));
     let f = Failback {
         link: &args.link,
         reverse_of: &args.reverse_of,
@@ -520,118 +500,10 @@ fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
         let Some(admin) = admin else {
             return Ok(cli::EXIT_OK);
         };
-        failback::apply(&f, &plan, now_ms()).await?;
+        failback::apply(&f, &plan, kafka_mirror_proxy::state::now_ms()).await?;
         let code = cli::start(&admin, &args.link, None, args.json).await?;
         Ok(code)
     })
-}
-
-/// The admin API's failback (`GET`/`POST /links/{name}/failback`) for the
-/// links with failback settings: A is this proxy's upstream cluster (its
-/// TLS settings), B the link's source brokers over plain TCP; the topics
-/// and groups are the defaults `kafka-mirror-proxy failback` uses, the
-/// state topic this proxy's.
-struct FailbackService {
-    a: Client,
-    /// Per failback link: the link it fails back, and B.
-    links: std::collections::HashMap<String, (String, Client)>,
-    state_topic: String,
-}
-
-impl FailbackService {
-    fn new(config: &Config) -> anyhow::Result<Option<FailbackService>> {
-        let links: std::collections::HashMap<String, (String, Client)> = config
-            .links
-            .iter()
-            .filter_map(|l| {
-                let f = l.failback()?;
-                Some((
-                    l.name().to_string(),
-                    (
-                        f.reverse_of.clone(),
-                        plain_client(&f.source_bootstrap_servers.join(",")),
-                    ),
-                ))
-            })
-            .collect();
-        if links.is_empty() {
-            return Ok(None);
-        }
-        let mut a = ClientConfig::from_config(config).context("upstream TLS settings")?;
-        a.client_id = "kafka-mirror-proxy-failback".into();
-        Ok(Some(FailbackService {
-            a: Client::new(a),
-            links,
-            state_topic: config.state_topic.clone(),
-        }))
-    }
-
-    async fn run(
-        &self,
-        link: &str,
-        apply: bool,
-    ) -> Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>
-    {
-        use kafka_mirror_proxy::admin::FailbackAnswer;
-        use kafka_mirror_proxy::replicate::failback::{self, Failback};
-        let Some((reverse_of, b)) = self.links.get(link) else {
-            return Ok(FailbackAnswer::Refused(format!(
-                "link '{link}' has no failback settings"
-            )));
-        };
-        let forward_group = format!("replicator.mirror-{reverse_of}");
-        let progress_group = format!("replicator.mirror-{link}");
-        let f = Failback {
-            link,
-            reverse_of,
-            a: &self.a,
-            b,
-            state_topic: &self.state_topic,
-            offsets_topic: DEFAULT_OFFSETS_TOPIC,
-            forward_group: &forward_group,
-            progress_group: &progress_group,
-        };
-        let plan = match failback::plan(&f).await {
-            Ok(plan) => plan,
-            Err(e) if e.is_refusal() => return Ok(FailbackAnswer::Refused(e.to_string())),
-            Err(e) => return Err(e.into()),
-        };
-        let unresolved = plan.unresolved();
-        if apply && unresolved == 0 {
-            failback::apply(&f, &plan, now_ms()).await?;
-            tracing::info!(
-                link,
-                reverse_of = reverse_of.as_str(),
-                failover_id = plan.failover_id,
-                partitions = plan.partitions.len(),
-                "failback: history and starting points written"
-            );
-        }
-        Ok(FailbackAnswer::Report {
-            report: cli::failback_json(&plan),
-            unresolved,
-        })
-    }
-}
-
-impl kafka_mirror_proxy::admin::FailbackApi for FailbackService {
-    fn failback<'a>(
-        &'a self,
-        link: &'a str,
-        apply: bool,
-    ) -> futures_util::future::BoxFuture<
-        'a,
-        Result<kafka_mirror_proxy::admin::FailbackAnswer, kafka_mirror_proxy::admin::BoxError>,
-    > {
-        Box::pin(self.run(link, apply))
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// The origins of `pid` recorded in the state topic.
@@ -715,10 +587,10 @@ fn run() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    let result = runtime.block_on(serve(config));
+    let result = runtime.block_on(kafka_mirror_proxy::run(config, signals()));
     // Do not wait for a blocking task (a DNS lookup) past the drain.
     runtime.shutdown_timeout(Duration::from_secs(1));
-    result
+    Ok(result?)
 }
 
 /// The replicator's flags, one per variable of its table.
@@ -856,172 +728,13 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
     }
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
-    tracing::info!(?config, "starting");
-    for link in config.links.iter().filter(|l| l.tls_subject().is_none()) {
-        tracing::warn!(
-            link = link.name(),
-            client_id = link.client_id(),
-            "mirror link without a TLS client subject: any client that sets its client id can write its mirrored topics and act as its replicator; set MIRROR_PROXY_LINK_{}_TLS_SUBJECT",
-            kafka_mirror_proxy::mirror::link::link_env_name(link.name())
-        );
-    }
-    let admin_addr = config.admin_listen;
-    let metrics = Arc::new(Metrics::new(config.links.names()));
-    let admin = kafka_mirror_proxy::admin::bind(admin_addr)
-        .await
-        .with_context(|| {
-            format!("binding the admin listener on {admin_addr} (MIRROR_PROXY_ADMIN_LISTEN)")
-        })?;
-    let admin_addr = admin.local_addr().unwrap_or(admin_addr);
-    let tasks = Tasks::default();
-    tasks.spawn(reload_tls());
-    let state = if config.links.is_empty() {
-        None
-    } else {
-        let state = StateStore::new(&config, Arc::clone(&metrics))
-            .context("configuring the state topic client")?;
-        state.start(&tasks);
-        Some(state)
-    };
-    let members = if config.links.is_empty() {
-        None
-    } else {
-        Some(start_members(&config, &metrics)?)
-    };
-    let proxy = Proxy::start(
-        config,
-        metrics,
-        state.clone(),
-        members.clone(),
-        tasks.clone(),
-    )
-    .await?;
-    let shared = Arc::clone(&proxy.shared);
-    let failback = FailbackService::new(&proxy.shared.config)?
-        .map(|s| Arc::new(s) as Arc<dyn kafka_mirror_proxy::admin::FailbackApi>);
-    tasks.spawn(async move {
-        if let Err(e) = kafka_mirror_proxy::admin::serve(admin, shared, failback).await {
-            tracing::error!(error = %e, "admin endpoint stopped");
-        }
-    });
-    tracing::info!(
-        bootstrap = %proxy.bootstrap_addr,
-        admin = %admin_addr,
-        links = ?proxy.shared.config.links.names(),
-        "proxy ready"
-    );
-    let fatal = async {
-        match &state {
-            Some(s) => s.fatal().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = shutdown_signal() => {}
-        why = fatal => anyhow::bail!("{why}"),
-    }
-    let timeout = Duration::from_millis(proxy.shared.config.shutdown_timeout_ms);
-    tracing::info!(
-        open_connections = proxy.shared.open_connections(),
-        timeout_ms = timeout.as_millis(),
-        "shutting down: stopped accepting connections and reading requests; waiting for the requests in flight to be answered"
-    );
-    let started = Instant::now();
-    tokio::select! {
-        left = proxy.shutdown(timeout) => match left {
-            0 => tracing::info!(
-                elapsed_ms = started.elapsed().as_millis(),
-                "every connection delivered its responses and closed; exiting"
-            ),
-            left => tracing::warn!(
-                open_connections = left,
-                timeout_ms = timeout.as_millis(),
-                "shutdown timeout (MIRROR_PROXY_SHUTDOWN_TIMEOUT_MS) reached: closing the connections still waiting for broker responses; exiting"
-            ),
-        },
-        // An operator who signals again does not want to wait.
-        _ = shutdown_signal() => tracing::warn!(
-            open_connections = proxy.shared.open_connections(),
-            "second signal: closing every connection now; exiting"
-        ),
-    }
-    // The background tasks (state topic, link control, probes, listeners,
-    // admin endpoint) stop now that no connection needs them.
-    let left = tasks.shutdown(Duration::from_secs(5)).await;
-    if left > 0 {
-        tracing::warn!(
-            tasks = left,
-            "background tasks still running after 5 s; exiting without them"
-        );
-    }
-    if let Some(members) = &members {
-        // Bounded: the coordinator drops a silent instance anyway.
-        if tokio::time::timeout(Duration::from_secs(5), members.leave())
-            .await
-            .is_err()
-        {
-            tracing::warn!("leaving the instance group took over 5 s; exiting without");
-        }
-    }
-    // Returning drops the runtime, which closes every remaining socket.
-    Ok(())
-}
-
-/// Join the instances' group (`control::members`) with the state store's
-/// connection settings.
-fn start_members(config: &Config, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<Members>> {
-    let mut client =
-        ClientConfig::from_config(config).context("configuring the instance group client")?;
-    client.client_id = "kafka-mirror-proxy-instances".into();
-    let instance_id = config
-        .instance_id
-        .clone()
-        .unwrap_or_else(members::random_instance_id);
-    let group = members::group_name(&config.state_topic);
-    let mut options = members::MembersOptions::new(config.state_topic.clone());
-    options.session_timeout = Duration::from_millis(config.instance_session_timeout_ms);
-    options.member_gauge = Some(metrics.state.instance_group_member());
-    tracing::info!(instance = %instance_id, group = %group, "joining the instance group");
-    Ok(Members::start_with(
-        Client::new(client),
-        group,
-        instance_id,
-        options,
-    ))
-}
-
-/// Reloads changed TLS files every `RELOAD_INTERVAL`, and at once on
-/// SIGHUP (which therefore no longer ends the process).
-async fn reload_tls() {
-    use kafka_mirror_proxy::net::tls;
-    #[cfg(unix)]
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot handle SIGHUP: TLS files are reloaded by polling only");
-            None
-        }
-    };
-    loop {
-        #[cfg(unix)]
-        {
-            let hup = async {
-                match hangup.as_mut() {
-                    Some(h) => h.recv().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(tls::RELOAD_INTERVAL) => {}
-                Some(()) = hup => tracing::info!("SIGHUP: checking the TLS files"),
-            }
-        }
-        #[cfg(not(unix))]
-        tokio::time::sleep(tls::RELOAD_INTERVAL).await;
-        // Small bounded file reads, off the async workers.
-        let _ = tokio::task::spawn_blocking(tls::reload_all).await;
-    }
+/// Each SIGTERM or SIGINT, as a stream: the first drains the proxy, a
+/// second closes every connection at once.
+fn signals() -> impl futures_util::Stream<Item = ()> {
+    futures_util::stream::unfold((), |()| async {
+        shutdown_signal().await;
+        Some(((), ()))
+    })
 }
 
 async fn shutdown_signal() {

@@ -100,6 +100,20 @@ impl ClientConfig {
         c.max_frame_bytes = config.max_frame_bytes;
         Ok(c)
     }
+
+    /// Plain TCP to `bootstrap` (`host:port,...`), for the operator's
+    /// commands and a failback's other cluster.
+    pub fn plain(bootstrap: &str) -> ClientConfig {
+        let bootstrap = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
+        ClientConfig::new(
+            bootstrap,
+            Upstream {
+                tls: None,
+                server_name: None,
+                timeout: Duration::from_secs(10),
+            },
+        )
+    }
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Connection>>>;

@@ -761,6 +761,90 @@ mod tests {
         );
     }
 
+    fn post(path: &str, body: &str) -> String {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// The body of an answer.
+    fn body(answer: &str) -> &str {
+        answer.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+    }
+
+    /// The link API's answers, byte for byte: typed values written as the
+    /// JSON the API always gave.
+    #[tokio::test]
+    async fn link_answers_and_errors_are_the_api_json() {
+        let (_proxy, addr) = admin(Timeouts::default()).await;
+        let bearer = format!("Bearer {TOKEN}");
+        let answer = exchange(addr, &request("/links", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.contains("content-type: application/json"),
+            "{answer}"
+        );
+        assert_eq!(body(&answer), "{\"links\":[]}\n");
+        let answer = exchange(addr, &request("/links/x", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+        assert_eq!(body(&answer), "{\"error\":\"no mirror link named 'x'\"}\n");
+
+        // The start body: checked before the link is looked up.
+        for (sent, status, error) in [
+            (
+                "{",
+                "400",
+                Some("the body must be JSON: {\\\"source_cluster_id\\\": \\\"...\\\"} or nothing"),
+            ),
+            (
+                "{\"source_cluster_id\": 5}",
+                "400",
+                Some("source_cluster_id must be a string"),
+            ),
+            ("{\"source_cluster_id\": \"short\"}", "400", None),
+            // Absent, null, or JSON that is not an object: no new source.
+            ("", "404", None),
+            ("{\"source_cluster_id\": null}", "404", None),
+            ("{\"other\": 1}", "404", None),
+            ("5", "404", None),
+        ] {
+            let answer = exchange(addr, &post("/links/x/start", sent)).await;
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{sent}: {answer}"
+            );
+            if let Some(error) = error {
+                assert_eq!(
+                    body(&answer),
+                    format!("{{\"error\":\"{error}\"}}\n"),
+                    "{sent}"
+                );
+            }
+        }
+        let answer = exchange(
+            addr,
+            &post("/links/x/start", "{\"source_cluster_id\": \"short\"}"),
+        )
+        .await;
+        assert!(
+            body(&answer).contains("source_cluster_id \\\"short\\\" is not a Kafka cluster id"),
+            "{answer}"
+        );
+
+        // Query parameters: a typed error, its message answered.
+        let answer = exchange(
+            addr,
+            &request("/links/x/failover?max_delay=soon", Some(&bearer)),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert_eq!(
+            body(&answer),
+            "{\"error\":\"max_delay must be a number of seconds, not \\\"soon\\\"\"}\n"
+        );
+    }
+
     #[tokio::test]
     async fn a_request_head_that_never_completes_is_closed() {
         let timeouts = Timeouts {
@@ -843,14 +927,18 @@ mod tests {
         );
         // Past what a Duration holds: cut, not a panic.
         assert!(precheck(Some("max_delay=1e300")).is_ok());
-        for bad in [
-            "max_delay=soon",
-            "max_delay=-1",
-            "max_delay=inf",
-            "force=maybe",
-        ] {
-            assert!(precheck(Some(bad)).is_err(), "{bad}");
+        for bad in ["max_delay=soon", "max_delay=-1", "max_delay=inf"] {
+            assert_eq!(
+                precheck(Some(bad)),
+                Err(QueryError::NotSeconds {
+                    key: "max_delay",
+                    value: bad["max_delay=".len()..].to_string()
+                }),
+                "{bad}"
+            );
         }
+        let e = precheck(Some("force=maybe")).expect_err("not a flag");
+        assert_eq!(e.to_string(), "force must be true or false, not \"maybe\"");
         assert_eq!(query_flag(Some("dry_run=0"), "dry_run"), Ok(false));
         assert_eq!(
             query_param(Some("a=1&dry_run=true"), "dry_run"),

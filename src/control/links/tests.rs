@@ -349,7 +349,7 @@ fn setup(live: &[&str], drain_timeout: Duration, records: &[LinkStatus]) -> Setu
         Some(Arc::clone(&store)),
         Some(group),
         Some(Arc::clone(&placer)),
-        Arc::new(Metrics::default()),
+        Arc::new(Metrics::new([LINK])),
         ReadOnlyError::PolicyViolation,
         drain_timeout,
         crate::net::tasks::Tasks::default(),
@@ -838,4 +838,121 @@ fn a_failover_error_keeps_its_cause() {
     assert!(chain.contains("broker 2 refused"), "{chain}");
     // The cause is quoted once, not once per level.
     assert_eq!(chain.matches("broker 2 refused").count(), 1, "{chain}");
+}
+
+/// `orders`-`partition` mirrored with a delay of `delay_ms` on this instance.
+fn mirrored(t: &Setup, partition: i32, delay_ms: i64) {
+    let now = now_ms();
+    let mut m = crate::metrics::mirrored::MirroredBatches::default();
+    m.add(100, 5, 4, 0, false, now - delay_ms);
+    t.control
+        .metrics
+        .link_mirror(LINK)
+        .expect("the link's figures")
+        .acknowledged(Some("orders"), partition, &m, 40, now);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_reports_what_a_failover_would_do_and_changes_nothing() {
+    use crate::control::api::{FailoverAction, LiveInstances, PartitionDelay};
+    let t = setup(&["me", "peer"], DRAIN, &[]);
+    mirrored(&t, 0, 90_000);
+    let check = Precheck {
+        max_delay: Some(Duration::from_secs(60)),
+        force: false,
+    };
+
+    let dry = t.control.failover_dry_run(LINK, check).await.unwrap();
+
+    assert_eq!(dry.state, LinkState::Mirroring);
+    assert_eq!(dry.action, FailoverAction::Start);
+    assert_eq!(dry.refused, None);
+    assert!(!dry.would_proceed, "held back by max_delay: {dry:?}");
+    assert_eq!(dry.max_delay_seconds, Some(60.0));
+    assert_eq!(
+        dry.over_max_delay,
+        vec![PartitionDelay {
+            topic: "orders".into(),
+            partition: 0,
+            delay_seconds: 90.0
+        }]
+    );
+    assert_eq!(
+        dry.live_instances,
+        LiveInstances::Listed(vec!["me".into(), "peer".into()])
+    );
+    assert_eq!((dry.partitions_total, dry.partitions_without_delay), (2, 1));
+    let rows: Vec<(i32, Option<f64>, Option<u64>)> = dry
+        .partitions
+        .iter()
+        .map(|p| (p.partition, p.delay_seconds, p.records))
+        .collect();
+    assert_eq!(rows, vec![(0, Some(90.0), Some(5)), (1, None, None)]);
+    assert_eq!(dry.partitions[0].last_offset, Some(44));
+    assert!(t.events.all().is_empty(), "{:#?}", t.events.all());
+
+    // Forced, it would proceed; a real failover is refused with the delays.
+    let forced = Precheck {
+        force: true,
+        ..check
+    };
+    let dry = t.control.failover_dry_run(LINK, forced).await.unwrap();
+    assert!(dry.would_proceed, "{dry:?}");
+    assert!(t.control.check_failover(LINK, forced).is_ok());
+    let e = t.control.check_failover(LINK, check).unwrap_err();
+    assert!(matches!(e, ControlError::DelayTooHigh(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "failover of link 'east' not started: 1 partition(s) have a replication delay above max_delay 60 s: orders-0 (90.000 s); retry once the replicator has caught up, or force it (force=true, --force)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_of_a_stopped_link_would_be_refused() {
+    use crate::control::api::FailoverAction;
+    let t = setup(&["me"], DRAIN, &[status(LinkState::Stopped, 7)]);
+    let dry = t
+        .control
+        .failover_dry_run(LINK, Precheck::default())
+        .await
+        .unwrap();
+    assert_eq!(dry.action, FailoverAction::Refuse);
+    assert!(!dry.would_proceed);
+    let why = dry.refused.expect("the reason it would be refused");
+    assert!(why.contains("STOPPED"), "{why}");
+}
+
+#[test]
+fn a_delay_refusal_names_twenty_partitions_and_counts_the_rest() {
+    let over = (0..22).map(|p| (Arc::from("t"), p, 61.5)).collect();
+    let e = DelayTooHigh {
+        link: "east".into(),
+        max: Duration::from_secs(60),
+        over,
+    };
+    let message = e.to_string();
+    assert!(
+        message.contains(": t-0 (61.500 s), t-1 (61.500 s), "),
+        "{message}"
+    );
+    assert!(
+        message.contains("t-19 (61.500 s) and 2 more; retry"),
+        "{message}"
+    );
+    assert!(!message.contains("t-20"), "{message}");
+}
+
+/// A failed state write keeps the store's error as its source.
+#[test]
+fn a_failed_link_state_write_keeps_its_cause() {
+    let e = ControlError::Write(ResolveError::Write("broker down".into()));
+    let source = std::error::Error::source(&e).expect("a source");
+    assert_eq!(
+        source.to_string(),
+        "writing to the state topic failed: broker down"
+    );
+    assert_eq!(
+        error_chain(&e),
+        "writing the link state to the state topic failed: writing to the state topic failed: broker down"
+    );
 }

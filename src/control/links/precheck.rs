@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Control, ControlError};
+use super::{error_chain, Control, ControlError};
 use crate::control::api::{
     FailoverAction, FailoverDryRun, LiveInstances, PartitionDelay, PartitionRow,
 };
@@ -125,7 +125,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let live = match self.live_instances().await {
             Ok(live) => LiveInstances::Listed(live),
             Err(e) => LiveInstances::Unknown {
-                error: e.to_string(),
+                error: error_chain(&e),
             },
         };
         let figures = self.figures(name);
@@ -141,7 +141,10 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
                     all.sort();
                     (all, None)
                 }
-                Err(e) => (Vec::new(), Some(format!("listing the link's topics: {e}"))),
+                Err(e) => (
+                    Vec::new(),
+                    Some(format!("listing the link's topics: {}", error_chain(&e))),
+                ),
             },
             None => (Vec::new(), Some("no state store".to_string())),
         };

@@ -28,9 +28,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::control::api::{
-    ApiError, FailbackPartition, FailbackReport, FailoverAction, FailoverDryRun, LinkList,
-    LinkReport, LiveInstances, PastDivergence, ResolvedPartition, StartRequest,
-    UnresolvedPartition,
+    ApiError, BarrierRow, FailbackPartition, FailbackReport, FailoverAction, FailoverDryRun,
+    LinkList, LinkReport, LiveInstances, PartitionRow, PastDivergence, ResolvedPartition,
+    StartRequest, UnresolvedPartition,
 };
 
 /// Default admin URL: the default `MIRROR_PROXY_ADMIN_LISTEN`.
@@ -459,20 +459,7 @@ pub(crate) fn render_dry_run(r: &FailoverDryRun) -> String {
     if let Some(e) = &r.partitions_error {
         let _ = writeln!(out, "partitions error {e}");
     }
-    let rows: Vec<Vec<String>> = r
-        .partitions
-        .iter()
-        .map(|p| {
-            vec![
-                text(&p.topic),
-                p.partition.to_string(),
-                p.delay_seconds
-                    .map_or_else(|| "-".to_string(), |d| format!("{d:.3}")),
-                or_dash(p.last_offset),
-                time(p.last_mirrored_ms),
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = r.partitions.iter().map(delay_cells).collect();
     if !rows.is_empty() {
         out.push_str(&table(
             &[
@@ -676,6 +663,33 @@ fn failover_summary(link: &LinkReport) -> String {
     }
 }
 
+/// A dry run's partition as a row: topic, partition, delay, last offset,
+/// last mirrored.
+fn delay_cells(p: &PartitionRow) -> Vec<String> {
+    vec![
+        text(&p.topic),
+        p.partition.to_string(),
+        p.delay_seconds
+            .map_or_else(|| "-".to_string(), |d| format!("{d:.3}")),
+        or_dash(p.last_offset),
+        time(p.last_mirrored_ms),
+    ]
+}
+
+/// A failover's partition as a row: topic, partition, result, error code,
+/// log end, expired producers, message.
+fn barrier_cells(p: &BarrierRow) -> Vec<String> {
+    vec![
+        text(&p.topic),
+        p.partition.to_string(),
+        p.result.as_str().to_string(),
+        p.error_code.to_string(),
+        p.log_end_offset.to_string(),
+        p.expired_producers.to_string(),
+        text(p.message.as_deref().unwrap_or_default()),
+    ]
+}
+
 /// `GET /links` as a table.
 pub(crate) fn render_links(doc: &LinkList) -> String {
     if doc.links.is_empty() {
@@ -728,21 +742,7 @@ pub(crate) fn render_link(link: &LinkReport) -> String {
         let names: Vec<String> = f.unconfirmed_instances.iter().map(|i| text(i)).collect();
         let _ = writeln!(out, "unconfirmed     {}", names.join(", "));
     }
-    let rows: Vec<Vec<String>> = f
-        .partitions
-        .iter()
-        .map(|p| {
-            vec![
-                text(&p.topic),
-                p.partition.to_string(),
-                p.result.as_str().to_string(),
-                p.error_code.to_string(),
-                p.log_end_offset.to_string(),
-                p.expired_producers.to_string(),
-                text(p.message.as_deref().unwrap_or_default()),
-            ]
-        })
-        .collect();
+    let rows: Vec<Vec<String>> = f.partitions.iter().map(barrier_cells).collect();
     if !rows.is_empty() {
         out.push('\n');
         out.push_str(&table(

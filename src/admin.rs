@@ -36,6 +36,10 @@ use ring::digest::{digest, Digest, SHA256};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 
+use crate::control::api::{
+    ApiError, FailbackDone, FailbackHeld, FailbackReport, LinkList, LinkPartitions, StartRequest,
+};
+use crate::control::links::{error_chain, ControlError, Precheck};
 use crate::mirror::link_state::LinkState;
 use crate::proxy::Shared;
 
@@ -80,14 +84,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a failback found.
 pub enum FailbackAnswer {
-    /// The divergence report (JSON) and how many of its partitions are
+    /// The divergence report and how many of its partitions are
     /// unresolved (nothing is written while any is).
     Report {
-        report: serde_json::Value,
+        report: FailbackReport,
         unresolved: usize,
     },
     /// Refused before any plan, e.g. the failed-over link has not failed
-    /// over on the other cluster.
+    /// over on the other cluster: the message the operator is answered.
     Refused(String),
 }
 
@@ -299,34 +303,57 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-pub(crate) fn json_response(status: StatusCode, body: serde_json::Value) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{body}\n"),
-    )
-        .into_response()
+/// `body` as the answer's JSON. Through a `serde_json::Value`, whose
+/// object keys are sorted: the bytes on the wire stay those the API always
+/// sent, whatever order a type declares its fields in.
+pub(crate) fn json_response(status: StatusCode, body: impl serde::Serialize) -> Response {
+    match serde_json::to_value(body) {
+        Ok(value) => (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{value}\n"),
+        )
+            .into_response(),
+        // The API's types all have string keys: not seen, but answered.
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!(
+                "{}\n",
+                serde_json::json!({ "error": format!("encoding the answer: {e}") })
+            ),
+        )
+            .into_response(),
+    }
 }
 
+/// `{"error": message}` with `status`.
 pub(crate) fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
-    json_response(status, serde_json::json!({ "error": message.to_string() }))
+    json_response(
+        status,
+        ApiError {
+            error: message.to_string(),
+        },
+    )
 }
 
-fn control_error(e: crate::control::links::ControlError) -> Response {
-    use crate::control::links::ControlError;
+fn control_error(e: ControlError) -> Response {
     let status = match &e {
         ControlError::UnknownLink(_) => StatusCode::NOT_FOUND,
         ControlError::Conflict(_) => StatusCode::CONFLICT,
         ControlError::NotLoaded(_) | ControlError::Write(_) => StatusCode::SERVICE_UNAVAILABLE,
         ControlError::DelayTooHigh(_) => StatusCode::PRECONDITION_FAILED,
     };
-    error(status, e)
+    // With its causes: a failed write names what the state topic answered.
+    error(status, error_chain(&e))
 }
 
 async fn links(State(shared): State<Arc<Shared>>) -> Response {
     json_response(
         StatusCode::OK,
-        serde_json::json!({ "links": shared.ctx.control.links() }),
+        LinkList {
+            links: shared.ctx.control.links(),
+        },
     )
 }
 
@@ -358,7 +385,7 @@ async fn link_partitions(State(shared): State<Arc<Shared>>, Path(name): Path<Str
             .or_else(|| ctx.state.as_ref().and_then(|s| s.topic_id(topic)))
             .unwrap_or_else(uuid::Uuid::nil)
     };
-    let rows: Vec<serde_json::Value> = figures
+    let partitions = figures
         .iter()
         .map(|(topic, partition, f)| {
             let mut row = crate::control::links::partition_row(topic, *partition, Some(f));
@@ -366,13 +393,17 @@ async fn link_partitions(State(shared): State<Arc<Shared>>, Path(name): Path<Str
                 topic_id: topic_id(topic),
                 partition: *partition,
             };
-            row["producers"] = producers.get(&id).copied().unwrap_or(0).into();
+            row.producers = Some(producers.get(&id).copied().unwrap_or(0) as u64);
             row
         })
         .collect();
     json_response(
         StatusCode::OK,
-        serde_json::json!({ "link": name, "now_ms": crate::state::now_ms(), "partitions": rows }),
+        LinkPartitions {
+            link: name,
+            now_ms: crate::state::now_ms(),
+            partitions,
+        },
     )
 }
 
@@ -384,17 +415,29 @@ pub(crate) fn query_param<'q>(query: Option<&'q str>, key: &str) -> Option<&'q s
     })
 }
 
+/// A query parameter the admin API cannot take (answered 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum QueryError {
+    #[error("{key} must be true or false, not {value:?}")]
+    NotAFlag { key: String, value: String },
+    #[error("{key} must be a number of seconds, not {value:?}")]
+    NotSeconds { key: &'static str, value: String },
+}
+
 /// A boolean query parameter: absent false; `true`/`1`, `false`/`0`.
-fn query_flag(query: Option<&str>, key: &str) -> Result<bool, String> {
+fn query_flag(query: Option<&str>, key: &str) -> Result<bool, QueryError> {
     match query_param(query, key) {
         None | Some("false" | "0") => Ok(false),
         Some("true" | "1" | "") => Ok(true),
-        Some(v) => Err(format!("{key} must be true or false, not {v:?}")),
+        Some(v) => Err(QueryError::NotAFlag {
+            key: key.to_string(),
+            value: v.to_string(),
+        }),
     }
 }
 
 /// The pre-check a failover request asks for (`max_delay`, `force`).
-fn precheck(query: Option<&str>) -> Result<crate::control::links::Precheck, String> {
+fn precheck(query: Option<&str>) -> Result<Precheck, QueryError> {
     let max_delay = match query_param(query, "max_delay") {
         None => None,
         Some(raw) => {
@@ -402,12 +445,15 @@ fn precheck(query: Option<&str>) -> Result<crate::control::links::Precheck, Stri
                 .parse()
                 .ok()
                 .filter(|s: &f64| s.is_finite() && *s >= 0.0)
-                .ok_or_else(|| format!("max_delay must be a number of seconds, not {raw:?}"))?;
+                .ok_or_else(|| QueryError::NotSeconds {
+                    key: "max_delay",
+                    value: raw.to_string(),
+                })?;
             // Cut before converting, as for `wait`: 1e30 s would panic.
             Some(Duration::from_secs_f64(secs.min(1e9)))
         }
     };
-    Ok(crate::control::links::Precheck {
+    Ok(Precheck {
         max_delay,
         force: query_flag(query, "force")?,
     })
@@ -476,32 +522,35 @@ async fn start(
     Path(name): Path<String>,
     body: axum::body::Bytes,
 ) -> Response {
-    let mut source = None;
+    let mut request = StartRequest::default();
     if !body.iter().all(u8::is_ascii_whitespace) {
-        let parsed: Result<serde_json::Value, _> = serde_json::from_slice(&body);
-        let Ok(value) = parsed else {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(&body) else {
             return error(
                 StatusCode::BAD_REQUEST,
                 "the body must be JSON: {\"source_cluster_id\": \"...\"} or nothing",
             );
         };
-        match value.get("source_cluster_id") {
-            None | Some(serde_json::Value::Null) => {}
-            Some(serde_json::Value::String(s)) => {
-                match crate::mirror::pid::ClusterId::parse_canonical(s) {
-                    Ok(id) => source = Some(id),
-                    Err(e) => {
-                        return error(
-                            StatusCode::BAD_REQUEST,
-                            format!("source_cluster_id {s:?} is not a Kafka cluster id: {e}"),
-                        )
-                    }
+        // JSON that is not an object names no source, as it always has.
+        if value.is_object() {
+            match serde_json::from_value(value) {
+                Ok(read) => request = read,
+                Err(_) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "source_cluster_id must be a string",
+                    )
                 }
             }
-            Some(_) => {
+        }
+    }
+    let mut source = None;
+    if let Some(s) = &request.source_cluster_id {
+        match crate::mirror::pid::ClusterId::parse_canonical(s) {
+            Ok(id) => source = Some(id),
+            Err(e) => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    "source_cluster_id must be a string",
+                    format!("source_cluster_id {s:?} is not a Kafka cluster id: {e}"),
                 )
             }
         }
@@ -542,14 +591,7 @@ fn failback_of(
 
 fn failback_error(e: BoxError) -> Response {
     // The chain, so that the cause (a broker, a topic) is named.
-    let mut message = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        message.push_str(": ");
-        message.push_str(&c.to_string());
-        cause = c.source();
-    }
-    error(StatusCode::SERVICE_UNAVAILABLE, message)
+    error(StatusCode::SERVICE_UNAVAILABLE, error_chain(&*e))
 }
 
 /// `GET`: the failback's divergence report (`kafka-mirror-proxy failback
@@ -594,10 +636,10 @@ async fn failback(
         Ok(FailbackAnswer::Report { report, unresolved }) if unresolved > 0 => {
             return json_response(
                 StatusCode::CONFLICT,
-                serde_json::json!({
-                    "error": format!("{unresolved} partition(s) unresolved: nothing written"),
-                    "failback": report,
-                }),
+                FailbackHeld {
+                    error: format!("{unresolved} partition(s) unresolved: nothing written"),
+                    failback: report,
+                },
             )
         }
         Ok(FailbackAnswer::Report { report, .. }) => report,
@@ -607,7 +649,10 @@ async fn failback(
     match control.start_link(&name, None).await {
         Ok(link) => json_response(
             StatusCode::OK,
-            serde_json::json!({ "failback": report, "link": link }),
+            FailbackDone {
+                failback: report,
+                link,
+            },
         ),
         Err(e) => control_error(e),
     }
@@ -716,6 +761,90 @@ mod tests {
         );
     }
 
+    fn post(path: &str, body: &str) -> String {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// The body of an answer.
+    fn body(answer: &str) -> &str {
+        answer.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+    }
+
+    /// The link API's answers, byte for byte: typed values written as the
+    /// JSON the API always gave.
+    #[tokio::test]
+    async fn link_answers_and_errors_are_the_api_json() {
+        let (_proxy, addr) = admin(Timeouts::default()).await;
+        let bearer = format!("Bearer {TOKEN}");
+        let answer = exchange(addr, &request("/links", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            answer.contains("content-type: application/json"),
+            "{answer}"
+        );
+        assert_eq!(body(&answer), "{\"links\":[]}\n");
+        let answer = exchange(addr, &request("/links/x", Some(&bearer))).await;
+        assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+        assert_eq!(body(&answer), "{\"error\":\"no mirror link named 'x'\"}\n");
+
+        // The start body: checked before the link is looked up.
+        for (sent, status, error) in [
+            (
+                "{",
+                "400",
+                Some("the body must be JSON: {\\\"source_cluster_id\\\": \\\"...\\\"} or nothing"),
+            ),
+            (
+                "{\"source_cluster_id\": 5}",
+                "400",
+                Some("source_cluster_id must be a string"),
+            ),
+            ("{\"source_cluster_id\": \"short\"}", "400", None),
+            // Absent, null, or JSON that is not an object: no new source.
+            ("", "404", None),
+            ("{\"source_cluster_id\": null}", "404", None),
+            ("{\"other\": 1}", "404", None),
+            ("5", "404", None),
+        ] {
+            let answer = exchange(addr, &post("/links/x/start", sent)).await;
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{sent}: {answer}"
+            );
+            if let Some(error) = error {
+                assert_eq!(
+                    body(&answer),
+                    format!("{{\"error\":\"{error}\"}}\n"),
+                    "{sent}"
+                );
+            }
+        }
+        let answer = exchange(
+            addr,
+            &post("/links/x/start", "{\"source_cluster_id\": \"short\"}"),
+        )
+        .await;
+        assert!(
+            body(&answer).contains("source_cluster_id \\\"short\\\" is not a Kafka cluster id"),
+            "{answer}"
+        );
+
+        // Query parameters: a typed error, its message answered.
+        let answer = exchange(
+            addr,
+            &request("/links/x/failover?max_delay=soon", Some(&bearer)),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert_eq!(
+            body(&answer),
+            "{\"error\":\"max_delay must be a number of seconds, not \\\"soon\\\"\"}\n"
+        );
+    }
+
     #[tokio::test]
     async fn a_request_head_that_never_completes_is_closed() {
         let timeouts = Timeouts {
@@ -781,7 +910,6 @@ mod tests {
 
     #[test]
     fn failover_precheck_parameters() {
-        use crate::control::links::Precheck;
         assert_eq!(precheck(None), Ok(Precheck::default()));
         assert_eq!(
             precheck(Some("wait=0&max_delay=1.5&force=true")),
@@ -799,14 +927,18 @@ mod tests {
         );
         // Past what a Duration holds: cut, not a panic.
         assert!(precheck(Some("max_delay=1e300")).is_ok());
-        for bad in [
-            "max_delay=soon",
-            "max_delay=-1",
-            "max_delay=inf",
-            "force=maybe",
-        ] {
-            assert!(precheck(Some(bad)).is_err(), "{bad}");
+        for bad in ["max_delay=soon", "max_delay=-1", "max_delay=inf"] {
+            assert_eq!(
+                precheck(Some(bad)),
+                Err(QueryError::NotSeconds {
+                    key: "max_delay",
+                    value: bad["max_delay=".len()..].to_string()
+                }),
+                "{bad}"
+            );
         }
+        let e = precheck(Some("force=maybe")).expect_err("not a flag");
+        assert_eq!(e.to_string(), "force must be true or false, not \"maybe\"");
         assert_eq!(query_flag(Some("dry_run=0"), "dry_run"), Ok(false));
         assert_eq!(
             query_param(Some("a=1&dry_run=true"), "dry_run"),
@@ -868,8 +1000,8 @@ mod tests {
                 Default::default(),
             );
             let report = control.link("a").expect("link a");
-            assert_eq!(report["source_cluster_id"], id, "{report}");
-            assert_eq!(control.links()[0]["source_cluster_id"], id);
+            assert_eq!(report.source_cluster_id, id, "{report:?}");
+            assert_eq!(control.links()[0].source_cluster_id, id);
         }
     }
 }

@@ -3,8 +3,10 @@
 //! `MIRROR_PROXY_ADMIN_TOKEN`; prints tables, or the API's JSON with
 //! `--json`.
 //!
-//! Rendering and exit codes are pure functions of the API's JSON (unit
-//! tested with fixed documents); `AdminClient` does the I/O.
+//! The answers are read into the API's own types (`control::api`, the
+//! ones the proxy writes them from); rendering and exit codes are pure
+//! functions of them (unit tested with fixed documents); `AdminClient` does
+//! the I/O. `--json` prints the answer as it came.
 //!
 //! Exit codes: 0 every partition of the failover completed (accepted, or
 //! refused and recorded), or a `--dry-run` found nothing holding the
@@ -22,7 +24,14 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Uri};
 use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use crate::control::api::{
+    ApiError, BarrierRow, FailbackPartition, FailbackReport, FailoverAction, FailoverDryRun,
+    LinkList, LinkReport, LiveInstances, PartitionRow, PastDivergence, ResolvedPartition,
+    StartRequest, UnresolvedPartition,
+};
 
 /// Default admin URL: the default `MIRROR_PROXY_ADMIN_LISTEN`.
 pub(crate) const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:9190";
@@ -37,24 +46,65 @@ pub const EXIT_ERROR: u8 = 1;
 pub(crate) const EXIT_INCOMPLETE: u8 = 2;
 pub const EXIT_REFUSED: u8 = 3;
 
-/// What went wrong talking to the admin API.
+/// What went wrong talking to the admin API. Each message quotes its
+/// cause, which is also its `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    #[error("MIRROR_PROXY_ADMIN_URL {url:?}: {reason}")]
-    Url { url: String, reason: String },
-    #[error("connecting to the admin API at {addr}: {reason}")]
-    Connect { addr: String, reason: String },
-    #[error("admin API request {method} {path}: {reason}")]
+    #[error("MIRROR_PROXY_ADMIN_URL {url:?}: not a URL: {source}")]
+    NotAUrl {
+        url: String,
+        #[source]
+        source: hyper::http::uri::InvalidUri,
+    },
+    /// A URL the CLI cannot use (the problem says why).
+    #[error("MIRROR_PROXY_ADMIN_URL {url:?}: {problem}")]
+    Url { url: String, problem: &'static str },
+    #[error("connecting to the admin API at {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connecting to the admin API at {addr}: no connection within {} s", .within.as_secs())]
+    ConnectTimeout { addr: String, within: Duration },
+    #[error("admin API request {method} {path}: {source}")]
     Http {
         method: String,
         path: String,
-        reason: String,
+        #[source]
+        source: HttpError,
     },
-    /// The API answered with an error status.
+    /// The API answered with an error status; `message` is its `error`.
     #[error("admin API answered {status}: {message}")]
     Status { status: u16, message: String },
-    #[error("admin API answer to {path} is not the JSON expected: {reason}")]
-    Json { path: String, reason: String },
+    #[error("admin API answer to {path} is not the JSON expected: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("encoding the request to {path}: {source}")]
+    Encode {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What failed in one HTTP exchange with the admin API.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    #[error(transparent)]
+    Request(#[from] hyper::http::Error),
+    #[error("reading the answer: {0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("no answer within {} s", .0.as_secs())]
+    Timeout(Duration),
+    /// The command's own runtime could not start.
+    #[error("starting the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl CliError {
@@ -80,21 +130,31 @@ pub struct AdminClient {
     token: Option<String>,
 }
 
-/// An answer: status and JSON body.
+/// An answer: status and JSON body, as it came.
 #[derive(Debug, Clone)]
 pub struct Answer {
     pub status: u16,
     pub body: Value,
 }
 
+/// An answer read as `T`, and the JSON it came as (for `--json`).
+#[derive(Debug, Clone)]
+struct Read<T> {
+    typed: T,
+    json: Value,
+}
+
 impl AdminClient {
     /// From `http://host:port[/prefix]` and an optional bearer token.
     pub fn new(url: &str, token: Option<String>) -> Result<AdminClient, CliError> {
-        let bad = |reason: &str| CliError::Url {
+        let bad = |problem: &'static str| CliError::Url {
             url: url.to_string(),
-            reason: reason.to_string(),
+            problem,
         };
-        let uri: Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let uri: Uri = url.parse().map_err(|source| CliError::NotAUrl {
+            url: url.to_string(),
+            source,
+        })?;
         if uri.scheme_str() != Some("http") {
             return Err(bad(
                 "only http:// is supported (the admin endpoint serves plain HTTP)",
@@ -134,26 +194,26 @@ impl AdminClient {
         timeout: Duration,
     ) -> Result<Answer, CliError> {
         let full = format!("{}{path}", self.prefix);
-        let http = |reason: String| CliError::Http {
+        let http = |source: HttpError| CliError::Http {
             method: method.to_string(),
             path: full.clone(),
-            reason,
+            source,
         };
         let stream =
             tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&self.addr))
                 .await
-                .map_err(|_| CliError::Connect {
+                .map_err(|_| CliError::ConnectTimeout {
                     addr: self.addr.clone(),
-                    reason: format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+                    within: CONNECT_TIMEOUT,
                 })?
-                .map_err(|e| CliError::Connect {
+                .map_err(|source| CliError::Connect {
                     addr: self.addr.clone(),
-                    reason: e.to_string(),
+                    source,
                 })?;
         let exchange = async {
             let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
                 .await
-                .map_err(|e| http(e.to_string()))?;
+                .map_err(|e| http(e.into()))?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
@@ -173,35 +233,51 @@ impl AdminClient {
             }
             let request = request
                 .body(Full::new(payload))
-                .map_err(|e| http(e.to_string()))?;
+                .map_err(|e| http(e.into()))?;
             let response = sender
                 .send_request(request)
                 .await
-                .map_err(|e| http(e.to_string()))?;
+                .map_err(|e| http(e.into()))?;
             let status = response.status().as_u16();
             let bytes = Limited::new(response.into_body(), MAX_BODY)
                 .collect()
                 .await
-                .map_err(|e| http(e.to_string()))?
+                .map_err(|e| http(HttpError::Body(e)))?
                 .to_bytes();
             Ok::<_, CliError>((status, bytes))
         };
         let (status, bytes) = tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| http(format!("no answer within {} s", timeout.as_secs())))??;
-        let parsed: Result<Value, _> = serde_json::from_slice(&bytes);
+            .map_err(|_| http(HttpError::Timeout(timeout)))??;
         if !(200..300).contains(&status) {
-            let message = parsed
-                .ok()
-                .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
-                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).trim().to_string());
+            let message = serde_json::from_slice::<ApiError>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
             return Err(CliError::Status { status, message });
         }
-        let body = parsed.map_err(|e| CliError::Json {
+        let body = serde_json::from_slice(&bytes).map_err(|source| CliError::Json {
             path: full.clone(),
-            reason: e.to_string(),
+            source,
         })?;
         Ok(Answer { status, body })
+    }
+
+    /// One request whose answer is read as `T`.
+    async fn read<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Read<T>, CliError> {
+        let answer = self.call(method, path, body, REQUEST_TIMEOUT).await?;
+        let typed = T::deserialize(&answer.body).map_err(|source| CliError::Json {
+            path: format!("{}{path}", self.prefix),
+            source,
+        })?;
+        Ok(Read {
+            typed,
+            json: answer.body,
+        })
     }
 }
 
@@ -228,13 +304,11 @@ fn print_json(v: &Value) {
 
 /// `links`: every link's state.
 pub async fn links(client: &AdminClient, json: bool) -> Result<u8, CliError> {
-    let answer = client
-        .call(Method::GET, "/links", None, REQUEST_TIMEOUT)
-        .await?;
+    let answer = client.read::<LinkList>(Method::GET, "/links", None).await?;
     if json {
-        print_json(&answer.body);
+        print_json(&answer.json);
     } else {
-        print!("{}", render_links(&answer.body));
+        print!("{}", render_links(&answer.typed));
     }
     Ok(EXIT_OK)
 }
@@ -243,14 +317,9 @@ pub async fn links(client: &AdminClient, json: bool) -> Result<u8, CliError> {
 /// A link's state as the admin API names it (`MIRRORING`, ...).
 pub async fn link_state(client: &AdminClient, name: &str) -> Result<String, CliError> {
     let answer = client
-        .call(
-            Method::GET,
-            &format!("/links/{}", segment(name)),
-            None,
-            REQUEST_TIMEOUT,
-        )
+        .read::<LinkReport>(Method::GET, &format!("/links/{}", segment(name)), None)
         .await?;
-    Ok(text(answer.body.get("state")))
+    Ok(answer.typed.state.as_str().to_string())
 }
 
 pub async fn start(
@@ -259,19 +328,25 @@ pub async fn start(
     source_cluster_id: Option<&str>,
     json: bool,
 ) -> Result<u8, CliError> {
-    let body = source_cluster_id.map(|id| serde_json::json!({ "source_cluster_id": id }));
+    let path = format!("/links/{}/start", segment(name));
+    let body = source_cluster_id
+        .map(|id| {
+            serde_json::to_value(StartRequest {
+                source_cluster_id: Some(id.to_string()),
+            })
+        })
+        .transpose()
+        .map_err(|source| CliError::Encode {
+            path: path.clone(),
+            source,
+        })?;
     let answer = client
-        .call(
-            Method::POST,
-            &format!("/links/{}/start", segment(name)),
-            body.as_ref(),
-            REQUEST_TIMEOUT,
-        )
+        .read::<LinkReport>(Method::POST, &path, body.as_ref())
         .await?;
     if json {
-        print_json(&answer.body);
+        print_json(&answer.json);
     } else {
-        print!("{}", render_link(&answer.body));
+        print!("{}", render_link(&answer.typed));
     }
     Ok(EXIT_OK)
 }
@@ -321,13 +396,14 @@ async fn failover_dry_run(
 ) -> Result<u8, CliError> {
     let answer = dry_run(client, name, checks).await?;
     if json {
-        print_json(&answer.body);
+        print_json(&answer.json);
     } else {
-        print!("{}", render_dry_run(&answer.body));
+        print!("{}", render_dry_run(&answer.typed));
     }
-    Ok(match answer.body["would_proceed"].as_bool() {
-        Some(true) => EXIT_OK,
-        _ => EXIT_REFUSED,
+    Ok(if answer.typed.would_proceed {
+        EXIT_OK
+    } else {
+        EXIT_REFUSED
     })
 }
 
@@ -336,76 +412,54 @@ async fn dry_run(
     client: &AdminClient,
     name: &str,
     checks: FailoverChecks,
-) -> Result<Answer, CliError> {
+) -> Result<Read<FailoverDryRun>, CliError> {
     client
-        .call(
-            Method::GET,
-            &dry_run_path(name, checks),
-            None,
-            REQUEST_TIMEOUT,
-        )
+        .read(Method::GET, &dry_run_path(name, checks), None)
         .await
 }
 
 /// A dry run's report as text.
-pub(crate) fn render_dry_run(r: &Value) -> String {
+pub(crate) fn render_dry_run(r: &FailoverDryRun) -> String {
     let mut out = String::new();
-    let link = text(r.get("link"));
-    let action = match r["action"].as_str() {
-        Some("start") => "start a new failover",
-        Some("resume") => "resume the failover in progress",
-        _ => "be refused",
+    let action = match r.action {
+        FailoverAction::Start => "start a new failover",
+        FailoverAction::Resume => "resume the failover in progress",
+        FailoverAction::Refuse => "be refused",
     };
-    let _ = writeln!(out, "link            {link} ({})", text(r.get("state")));
+    let _ = writeln!(
+        out,
+        "link            {} ({})",
+        text(&r.link),
+        r.state.as_str()
+    );
     let _ = writeln!(out, "dry run         a failover would {action}");
-    if let Some(why) = r["refused"].as_str() {
+    if let Some(why) = &r.refused {
         let _ = writeln!(out, "refused         {why}");
     }
-    if let Some(max) = r["max_delay_seconds"].as_f64() {
-        let over = r["over_max_delay"].as_array().map_or(0, Vec::len);
-        let verdict = match (over, r["force"].as_bool() == Some(true)) {
+    if let Some(max) = r.max_delay_seconds {
+        let verdict = match (r.over_max_delay.len(), r.force) {
             (0, _) => "no partition above it".to_string(),
             (n, true) => format!("{n} partition(s) above it; forced"),
             (n, false) => format!("{n} partition(s) above it: held back (--force to proceed)"),
         };
         let _ = writeln!(out, "max delay       {max} s: {verdict}");
     }
-    let live = match &r["live_instances"] {
-        Value::Array(a) => a
-            .iter()
-            .map(|v| text(Some(v)))
-            .collect::<Vec<_>>()
-            .join(", "),
-        other => text(other.get("error")),
+    let live = match &r.live_instances {
+        LiveInstances::Listed(names) => {
+            names.iter().map(|n| text(n)).collect::<Vec<_>>().join(", ")
+        }
+        LiveInstances::Unknown { error } => text(error),
     };
     let _ = writeln!(out, "live instances  {live}");
     let _ = writeln!(
         out,
         "partitions      {} ({} without a delay measured on this instance)",
-        text(r.get("partitions_total")),
-        text(r.get("partitions_without_delay"))
+        r.partitions_total, r.partitions_without_delay
     );
-    if let Some(e) = r["partitions_error"].as_str() {
+    if let Some(e) = &r.partitions_error {
         let _ = writeln!(out, "partitions error {e}");
     }
-    let rows: Vec<Vec<String>> = r["partitions"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .map(|p| {
-                    vec![
-                        text(p.get("topic")),
-                        text(p.get("partition")),
-                        p["delay_seconds"]
-                            .as_f64()
-                            .map_or_else(|| "-".to_string(), |d| format!("{d:.3}")),
-                        text(p.get("last_offset")),
-                        time(p.get("last_mirrored_ms")),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows: Vec<Vec<String>> = r.partitions.iter().map(delay_cells).collect();
     if !rows.is_empty() {
         out.push_str(&table(
             &[
@@ -441,16 +495,14 @@ pub async fn failover(
         dry_run(client, name, checks).await?;
     }
     let path = format!("/links/{}", segment(name));
-    let started = client
-        .call(
+    let mut link = client
+        .read::<LinkReport>(
             Method::POST,
             &format!("{path}/failover?wait=0{}", checks.query()),
             None,
-            REQUEST_TIMEOUT,
         )
         .await?;
-    let id = started.body.pointer("/failover/id").cloned();
-    let mut link = started.body;
+    let id = link.typed.failover.as_ref().map(|f| f.id);
     let bar = (!json && std::io::IsTerminal::is_terminal(&std::io::stdout())).then(|| {
         let bar = indicatif::ProgressBar::new(0);
         bar.set_style(
@@ -464,26 +516,24 @@ pub async fn failover(
     });
     let deadline = Instant::now() + wait;
     loop {
-        let progress = failover_progress(&link);
+        let progress = failover_progress(&link.typed);
         if let (Some(bar), Some(p)) = (&bar, &progress) {
             bar.set_length(p.total);
             bar.set_position(p.done);
         }
-        let same = id.is_none() || link.pointer("/failover/id") == id.as_ref();
+        let same = id.is_none() || link.typed.failover.as_ref().map(|f| f.id) == id;
         if progress.is_some_and(|p| p.complete && same) || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        link = client
-            .call(Method::GET, &path, None, REQUEST_TIMEOUT)
-            .await?
-            .body;
+        link = client.read(Method::GET, &path, None).await?;
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
+    let (json_doc, link) = (link.json, link.typed);
     if json {
-        print_json(&link);
+        print_json(&json_doc);
     } else {
         print!("{}", render_link(&link));
     }
@@ -504,60 +554,42 @@ pub(crate) struct Progress {
     pub complete: bool,
 }
 
-/// The failover progress of a link document; `None` without a failover.
-pub(crate) fn failover_progress(link: &Value) -> Option<Progress> {
-    let f = link.get("failover").filter(|f| f.is_object())?;
+/// The failover progress of a link; `None` without a failover.
+pub(crate) fn failover_progress(link: &LinkReport) -> Option<Progress> {
+    let f = link.failover.as_ref()?;
     Some(Progress {
-        done: f
-            .get("partitions_done")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-        total: f
-            .get("partitions_total")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-        complete: f.get("complete").and_then(Value::as_bool).unwrap_or(false),
+        done: f.partitions_done,
+        total: f.partitions_total,
+        complete: f.complete,
     })
 }
 
 /// 0 when the failover completed with every partition accepted or refused
 /// (and recorded) and every instance confirmed; 2 otherwise.
-pub(crate) fn failover_exit_code(link: &Value) -> u8 {
-    let Some(f) = link.get("failover").filter(|f| f.is_object()) else {
+pub(crate) fn failover_exit_code(link: &LinkReport) -> u8 {
+    let Some(f) = &link.failover else {
         return EXIT_INCOMPLETE;
     };
-    if f.get("complete").and_then(Value::as_bool) != Some(true) {
-        return EXIT_INCOMPLETE;
-    }
-    let all_done = f
-        .get("partitions")
-        .and_then(Value::as_array)
-        .is_some_and(|ps| {
-            ps.iter().all(|p| {
-                matches!(
-                    p.get("result").and_then(Value::as_str),
-                    Some("accepted" | "refused")
-                )
-            })
-        });
-    let unconfirmed = f
-        .get("unconfirmed_instances")
-        .and_then(Value::as_array)
-        .is_some_and(|u| !u.is_empty());
-    if all_done && !unconfirmed {
+    let all_done = f.partitions.iter().all(|p| p.result.recorded());
+    if f.complete && all_done && f.unconfirmed_instances.is_empty() {
         EXIT_OK
     } else {
         EXIT_INCOMPLETE
     }
 }
 
-fn text(v: Option<&Value>) -> String {
-    match v {
-        None | Some(Value::Null) => "-".into(),
-        Some(Value::String(s)) if s.is_empty() => "-".into(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => other.to_string(),
+/// A name or message as a cell: `-` when empty.
+fn text(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s.to_string()
     }
+}
+
+/// A number or `-` for none.
+fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
 /// A UTC time from milliseconds since the epoch, `YYYY-MM-DD HH:MM:SS UTC`.
@@ -584,8 +616,8 @@ pub(crate) fn utc(ms: i64) -> String {
 
 /// A time in ms, or `-` for none: absent, or negative (a link's `since_ms`
 /// is -1 while the state topic holds no record of it).
-fn time(v: Option<&Value>) -> String {
-    v.and_then(Value::as_i64)
+fn time(ms: impl Into<Option<i64>>) -> String {
+    ms.into()
         .filter(|ms| *ms >= 0)
         .map(utc)
         .unwrap_or_else(|| "-".into())
@@ -619,7 +651,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-fn failover_summary(link: &Value) -> String {
+fn failover_summary(link: &LinkReport) -> String {
     match failover_progress(link) {
         None => "-".into(),
         Some(p) => format!(
@@ -631,24 +663,47 @@ fn failover_summary(link: &Value) -> String {
     }
 }
 
+/// A dry run's partition as a row: topic, partition, delay, last offset,
+/// last mirrored.
+fn delay_cells(p: &PartitionRow) -> Vec<String> {
+    vec![
+        text(&p.topic),
+        p.partition.to_string(),
+        p.delay_seconds
+            .map_or_else(|| "-".to_string(), |d| format!("{d:.3}")),
+        or_dash(p.last_offset),
+        time(p.last_mirrored_ms),
+    ]
+}
+
+/// A failover's partition as a row: topic, partition, result, error code,
+/// log end, expired producers, message.
+fn barrier_cells(p: &BarrierRow) -> Vec<String> {
+    vec![
+        text(&p.topic),
+        p.partition.to_string(),
+        p.result.as_str().to_string(),
+        p.error_code.to_string(),
+        p.log_end_offset.to_string(),
+        p.expired_producers.to_string(),
+        text(p.message.as_deref().unwrap_or_default()),
+    ]
+}
+
 /// `GET /links` as a table.
-pub(crate) fn render_links(doc: &Value) -> String {
-    let links = doc
-        .get("links")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if links.is_empty() {
+pub(crate) fn render_links(doc: &LinkList) -> String {
+    if doc.links.is_empty() {
         return "no links configured\n".into();
     }
-    let rows: Vec<Vec<String>> = links
+    let rows: Vec<Vec<String>> = doc
+        .links
         .iter()
         .map(|l| {
             vec![
-                text(l.get("name")),
-                text(l.get("state")),
-                time(l.get("since_ms")),
-                text(l.get("source_cluster_id")),
+                text(&l.name),
+                l.state.as_str().to_string(),
+                time(l.since_ms),
+                text(&l.source_cluster_id),
                 failover_summary(l),
             ]
         })
@@ -660,63 +715,34 @@ pub(crate) fn render_links(doc: &Value) -> String {
 }
 
 /// One link (`GET /links/{name}`), with its failover's partitions.
-pub(crate) fn render_link(link: &Value) -> String {
+pub(crate) fn render_link(link: &LinkReport) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "link            {}", text(link.get("name")));
-    let _ = match time(link.get("since_ms")).as_str() {
-        "-" => writeln!(out, "state           {}", text(link.get("state"))),
-        since => writeln!(
-            out,
-            "state           {} since {since}",
-            text(link.get("state"))
-        ),
+    let _ = writeln!(out, "link            {}", text(&link.name));
+    let state = link.state.as_str();
+    let _ = match time(link.since_ms).as_str() {
+        "-" => writeln!(out, "state           {state}"),
+        since => writeln!(out, "state           {state} since {since}"),
     };
-    let _ = writeln!(
-        out,
-        "source cluster  {}",
-        text(link.get("source_cluster_id"))
-    );
-    if let Some(counters) = link.get("counters").and_then(Value::as_object) {
-        for (k, v) in counters {
-            let _ = writeln!(out, "{k:<15} {}", text(Some(v)));
-        }
+    let _ = writeln!(out, "source cluster  {}", text(&link.source_cluster_id));
+    for (k, v) in link.counters.named() {
+        let _ = writeln!(out, "{k:<15} {v}");
     }
-    let Some(f) = link.get("failover").filter(|f| f.is_object()) else {
+    let Some(f) = &link.failover else {
         return out;
     };
     let _ = writeln!(
         out,
         "failover        {} ({}), started {}, finished {}",
-        text(f.get("id")),
+        f.id,
         failover_summary(link),
-        time(f.get("started_ms")),
-        time(f.get("finished_ms"))
+        time(f.started_ms),
+        time(f.finished_ms)
     );
-    if let Some(u) = f.get("unconfirmed_instances").and_then(Value::as_array) {
-        if !u.is_empty() {
-            let names: Vec<String> = u.iter().map(|i| text(Some(i))).collect();
-            let _ = writeln!(out, "unconfirmed     {}", names.join(", "));
-        }
+    if !f.unconfirmed_instances.is_empty() {
+        let names: Vec<String> = f.unconfirmed_instances.iter().map(|i| text(i)).collect();
+        let _ = writeln!(out, "unconfirmed     {}", names.join(", "));
     }
-    let rows: Vec<Vec<String>> = f
-        .get("partitions")
-        .and_then(Value::as_array)
-        .map(|ps| {
-            ps.iter()
-                .map(|p| {
-                    vec![
-                        text(p.get("topic")),
-                        text(p.get("partition")),
-                        text(p.get("result")),
-                        text(p.get("error_code")),
-                        text(p.get("log_end_offset")),
-                        text(p.get("expired_producers")),
-                        text(p.get("message")),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows: Vec<Vec<String>> = f.partitions.iter().map(barrier_cells).collect();
     if !rows.is_empty() {
         out.push('\n');
         out.push_str(&table(
@@ -800,37 +826,46 @@ pub fn render_failback(plan: &crate::replicate::failback::Plan) -> String {
     )
 }
 
-/// The failback report as JSON.
-pub fn failback_json(plan: &crate::replicate::failback::Plan) -> Value {
-    let partitions: Vec<Value> = plan
+/// The failback report, as the API and `failback --json` give it.
+pub fn failback_json(plan: &crate::replicate::failback::Plan) -> FailbackReport {
+    let partitions = plan
         .partitions
         .iter()
         .map(|p| {
             let t = &p.tail;
             match &p.point {
-                Ok(point) => serde_json::json!({
-                    "topic": p.topic, "partition": p.partition,
-                    "diverges_at": point.a_next, "a_log_end": p.a_end,
-                    "copy_from": point.b_start, "b_log_end": p.b_end,
-                    "past_divergence": {
-                        "records": t.records, "batches": t.batches,
-                        "first_offset": t.first_offset, "last_offset": t.last_offset,
-                        "first_time_ms": t.first_time_ms, "last_time_ms": t.last_time_ms,
-                        "aborted_batches": t.aborted_batches,
-                        "open_transaction": t.open_transaction,
+                Ok(point) => FailbackPartition::Resolved(ResolvedPartition {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    diverges_at: point.a_next,
+                    a_log_end: p.a_end,
+                    copy_from: point.b_start,
+                    b_log_end: p.b_end,
+                    past_divergence: PastDivergence {
+                        records: t.records,
+                        batches: t.batches,
+                        first_offset: t.first_offset,
+                        last_offset: t.last_offset,
+                        first_time_ms: t.first_time_ms,
+                        last_time_ms: t.last_time_ms,
+                        aborted_batches: t.aborted_batches,
+                        open_transaction: t.open_transaction,
                     },
                 }),
-                Err(e) => serde_json::json!({
-                    "topic": p.topic, "partition": p.partition, "unresolved": e.to_string(),
+                Err(e) => FailbackPartition::Unresolved(UnresolvedPartition {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    // Shown to the operator: why the partition is unresolved.
+                    unresolved: e.to_string(),
                 }),
             }
         })
         .collect();
-    serde_json::json!({
-        "failover_id": plan.failover_id,
-        "unresolved": plan.unresolved(),
-        "partitions": partitions,
-    })
+    FailbackReport {
+        failover_id: plan.failover_id,
+        unresolved: plan.unresolved() as u64,
+        partitions,
+    }
 }
 
 #[cfg(test)]
@@ -838,12 +873,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn done_link() -> Value {
+    /// A link as the proxy answers it, finished.
+    fn done_link_json() -> Value {
         json!({
             "name": "east", "state": "STOPPED", "since_ms": 1_700_000_000_000i64,
             "source_cluster_id": "MkU3OEVBNTcwNTJENDM2Qg",
             "failover": {
-                "id": "f1", "started_ms": 1_700_000_000_000i64, "finished_ms": 1_700_000_001_000i64,
+                "id": 1_700_000_000_000i64, "started_ms": 1_700_000_000_000i64,
+                "finished_ms": 1_700_000_001_000i64,
                 "complete": true, "partitions_total": 2, "partitions_done": 2,
                 "partitions": [
                     {"topic": "orders", "partition": 0, "result": "refused", "error_code": 87,
@@ -851,69 +888,118 @@ mod tests {
                     {"topic": "orders", "partition": 1, "result": "accepted", "error_code": 0,
                      "message": null, "log_end_offset": 7, "expired_producers": 0}
                 ],
-                "unconfirmed_instances": []
+                "unconfirmed_instances": [], "error": null
             },
-            "counters": {"batches_remapped": 12}
+            "counters": {"local_writes_refused": 5, "link_requests_refused": 0,
+                "connections_fenced": 1, "open_link_connections": 0}
         })
+    }
+
+    /// `doc` read as the CLI reads an answer.
+    fn read<T: DeserializeOwned>(doc: Value) -> T {
+        T::deserialize(&doc).expect("the document reads as the API's type")
+    }
+
+    fn done_link() -> LinkReport {
+        read(done_link_json())
     }
 
     #[test]
     fn exit_codes() {
         assert_eq!(failover_exit_code(&done_link()), EXIT_OK);
-        let mut failed = done_link();
+        let mut failed = done_link_json();
         failed["failover"]["partitions"][1]["result"] = json!("failed");
-        assert_eq!(failover_exit_code(&failed), EXIT_INCOMPLETE);
-        let mut unconfirmed = done_link();
+        assert_eq!(failover_exit_code(&read(failed)), EXIT_INCOMPLETE);
+        let mut pending = done_link_json();
+        pending["failover"]["partitions"][1]["result"] = json!("pending");
+        assert_eq!(failover_exit_code(&read(pending)), EXIT_INCOMPLETE);
+        let mut unconfirmed = done_link_json();
         unconfirmed["failover"]["unconfirmed_instances"] = json!(["b"]);
-        assert_eq!(failover_exit_code(&unconfirmed), EXIT_INCOMPLETE);
-        let mut running = done_link();
+        assert_eq!(failover_exit_code(&read(unconfirmed)), EXIT_INCOMPLETE);
+        let mut running = done_link_json();
         running["failover"]["complete"] = json!(false);
-        assert_eq!(failover_exit_code(&running), EXIT_INCOMPLETE);
-        assert_eq!(
-            failover_exit_code(&json!({"name": "x", "failover": null})),
-            EXIT_INCOMPLETE
-        );
+        assert_eq!(failover_exit_code(&read(running)), EXIT_INCOMPLETE);
+        let mut never = done_link_json();
+        never["failover"] = Value::Null;
+        assert_eq!(failover_exit_code(&read(never)), EXIT_INCOMPLETE);
         let status = |status| CliError::Status {
             status,
             message: String::new(),
         };
         assert_eq!(status(404).exit_code(), EXIT_REFUSED);
         assert_eq!(status(409).exit_code(), EXIT_REFUSED);
+        assert_eq!(status(412).exit_code(), EXIT_REFUSED);
         assert_eq!(status(401).exit_code(), EXIT_ERROR);
         let connect = CliError::Connect {
             addr: "x".into(),
-            reason: "refused".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
         };
         assert_eq!(connect.exit_code(), EXIT_ERROR);
+    }
+
+    /// The errors quote their cause, and keep it as their source.
+    #[test]
+    fn errors_carry_their_cause() {
+        let e = CliError::Connect {
+            addr: "127.0.0.1:1".into(),
+            source: std::io::Error::other("refused here"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "connecting to the admin API at 127.0.0.1:1: refused here"
+        );
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "refused here");
+        let e = AdminClient::new("http://exa mple", None).expect_err("not a URL");
+        assert!(matches!(e, CliError::NotAUrl { .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some(), "{e:?}");
+        let e = AdminClient::new("https://x:1", None).expect_err("https");
+        assert_eq!(
+            e.to_string(),
+            "MIRROR_PROXY_ADMIN_URL \"https://x:1\": only http:// is supported (the admin endpoint serves plain HTTP)"
+        );
+        let e = CliError::Http {
+            method: "GET".into(),
+            path: "/links".into(),
+            source: HttpError::Timeout(Duration::from_secs(30)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "admin API request GET /links: no answer within 30 s"
+        );
     }
 
     #[test]
     fn links_table() {
         let doc = json!({"links": [
-            done_link(),
+            done_link_json(),
             {"name": "west", "state": "MIRRORING", "since_ms": 0,
-             "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null, "counters": {}},
+             "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null,
+             "counters": done_link_json()["counters"]},
             {"name": "new", "state": "MIRRORING", "since_ms": -1,
-             "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null, "counters": {}}
+             "source_cluster_id": "AAAAAAAAAAAAAAAAAAAAAA", "failover": null,
+             "counters": done_link_json()["counters"]}
         ]});
         assert_eq!(
-            render_links(&doc),
+            render_links(&read(doc)),
             "NAME  STATE      SINCE                    SOURCE CLUSTER          FAILOVER\n\
              east  STOPPED    2023-11-14 22:13:20 UTC  MkU3OEVBNTcwNTJENDM2Qg  complete 2/2\n\
              west  MIRRORING  1970-01-01 00:00:00 UTC  AAAAAAAAAAAAAAAAAAAAAA  -\n\
              new   MIRRORING  -                        AAAAAAAAAAAAAAAAAAAAAA  -\n"
         );
         // No record of the link yet (since_ms -1): no time of 1969.
-        let mut new = done_link();
+        let mut new = done_link_json();
         new["since_ms"] = json!(-1);
         new["failover"] = Value::Null;
+        let new = render_link(&read(new));
         assert!(
-            render_link(&new)
-                .starts_with("link            east\nstate           STOPPED\nsource cluster"),
-            "{}",
-            render_link(&new)
+            new.starts_with("link            east\nstate           STOPPED\nsource cluster"),
+            "{new}"
         );
-        assert_eq!(render_links(&json!({"links": []})), "no links configured\n");
+        assert_eq!(
+            render_links(&read(json!({"links": []}))),
+            "no links configured\n"
+        );
     }
 
     #[test]
@@ -924,29 +1010,38 @@ mod tests {
             "link            east\n\
              state           STOPPED since 2023-11-14 22:13:20 UTC\n\
              source cluster  MkU3OEVBNTcwNTJENDM2Qg\n\
-             batches_remapped 12\n\
-             failover        f1 (complete 2/2), started 2023-11-14 22:13:20 UTC, finished 2023-11-14 22:13:21 UTC\n\
+             connections_fenced 1\n\
+             link_requests_refused 0\n\
+             local_writes_refused 5\n\
+             open_link_connections 0\n\
+             failover        1700000000000 (complete 2/2), started 2023-11-14 22:13:20 UTC, finished 2023-11-14 22:13:21 UTC\n\
              \n\
              TOPIC   PARTITION  RESULT    ERROR  LOG END  EXPIRED  MESSAGE\n\
              orders  0          refused   87     42       3        INVALID_RECORD\n\
              orders  1          accepted  0      7        0        -\n"
         );
+        let mut waiting = done_link_json();
+        waiting["failover"]["unconfirmed_instances"] = json!(["b", "c"]);
+        let out = render_link(&read(waiting));
+        assert!(out.contains("\nunconfirmed     b, c\n"), "{out}");
     }
 
     #[test]
     fn progress_and_time() {
-        let mut l = done_link();
+        let mut l = done_link_json();
         l["failover"]["partitions_done"] = json!(1);
         l["failover"]["complete"] = json!(false);
         assert_eq!(
-            failover_progress(&l),
+            failover_progress(&read(l)),
             Some(Progress {
                 done: 1,
                 total: 2,
                 complete: false
             })
         );
-        assert_eq!(failover_progress(&json!({"failover": null})), None);
+        let mut never = done_link_json();
+        never["failover"] = Value::Null;
+        assert_eq!(failover_progress(&read(never)), None);
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(-1000), "1969-12-31 23:59:59 UTC");
     }
@@ -964,29 +1059,51 @@ mod tests {
             "/links/x/failover"
         );
         let report = json!({
-            "link": "x", "state": "MIRRORING", "action": "start", "refused": null,
-            "would_proceed": false, "max_delay_seconds": 60.0, "force": false,
+            "link": "x", "dry_run": true, "state": "MIRRORING", "action": "start",
+            "refused": null, "would_proceed": false, "max_delay_seconds": 60.0, "force": false,
             "over_max_delay": [{"topic": "m", "partition": 0, "delay_seconds": 90.5}],
             "live_instances": ["a", "b"], "partitions_total": 2,
             "partitions_without_delay": 1, "partitions_error": null,
             "partitions": [
                 {"topic": "m", "partition": 0, "delay_seconds": 90.5, "last_offset": 4,
-                 "last_mirrored_ms": 1_700_000_000_000_i64},
+                 "last_timestamp_ms": 1_700_000_000_000_i64,
+                 "last_mirrored_ms": 1_700_000_000_000_i64, "records": 5, "batches": 1,
+                 "bytes": 100, "duplicates_answered": 0},
                 {"topic": "m", "partition": 1, "delay_seconds": null, "last_offset": null,
-                 "last_mirrored_ms": null}
+                 "last_timestamp_ms": null, "last_mirrored_ms": null}
             ]
         });
-        let text = render_dry_run(&report);
+        assert_eq!(
+            render_dry_run(&read(report.clone())),
+            "link            x (MIRRORING)\n\
+             dry run         a failover would start a new failover\n\
+             max delay       60 s: 1 partition(s) above it: held back (--force to proceed)\n\
+             live instances  a, b\n\
+             partitions      2 (1 without a delay measured on this instance)\n\
+             TOPIC  PARTITION  DELAY(S)  LAST OFFSET  LAST MIRRORED\n\
+             m      0          90.500    4            2023-11-14 22:13:20 UTC\n\
+             m      1          -         -            -\n"
+        );
+        // Refused, and the instances unknown.
+        let mut refused = report;
+        refused["action"] = json!("refuse");
+        refused["refused"] = json!("link 'x' is STOPPED");
+        refused["live_instances"] = json!({"error": "group unreadable"});
+        refused["partitions_error"] = json!("listing the link's topics: gone");
+        let text = render_dry_run(&read(refused));
+        assert!(text.contains("a failover would be refused\n"), "{text}");
         assert!(
-            text.contains("a failover would start a new failover"),
+            text.contains("refused         link 'x' is STOPPED\n"),
             "{text}"
         );
         assert!(
-            text.contains("1 partition(s) above it: held back"),
+            text.contains("live instances  group unreadable\n"),
             "{text}"
         );
-        assert!(text.contains("live instances  a, b"), "{text}");
-        assert!(text.contains("90.500"), "{text}");
+        assert!(
+            text.contains("partitions error listing the link's topics: gone\n"),
+            "{text}"
+        );
     }
 
     #[test]

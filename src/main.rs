@@ -309,7 +309,7 @@ where
             .map_err(|e| cli::CliError::Http {
                 method: String::new(),
                 path: String::new(),
-                reason: format!("starting the runtime: {e}"),
+                source: cli::HttpError::Runtime(e),
             })?
             .block_on(command(client))
     });

@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use super::api::{BarrierRow, BarrierState, FailoverReport, LinkCounters, LinkReport};
 use super::barriers::{BarrierOutcome, BarrierResult};
 use super::io::{BarrierPlacer, Group, Store};
 use super::members::Members;
@@ -38,10 +38,10 @@ use crate::mirror::pid::ClusterId;
 use crate::mirror::produce::{Refusal, READ_ONLY_TOPIC_MIN_PRODUCE_VERSION};
 use crate::mirror::state_records::{DrainedKey, DrainedValue};
 use crate::net::tasks::Tasks;
-use crate::state::{now_ms, StateStore};
+use crate::state::{now_ms, ResolveError, StateStore};
 
 mod precheck;
-pub(crate) use precheck::{partition_row, Precheck};
+pub(crate) use precheck::{partition_row, DelayTooHigh, Precheck};
 
 #[cfg(test)]
 mod tests;
@@ -65,11 +65,11 @@ pub(crate) enum ControlError {
     #[error("the state topic is not loaded yet ({0}); retry")]
     NotLoaded(String),
     #[error("writing the link state to the state topic failed: {0}")]
-    Write(String),
+    Write(#[source] ResolveError),
     /// `max_delay` held a new failover back (the message names the
     /// partitions and their delays).
-    #[error("{0}")]
-    DelayTooHigh(String),
+    #[error(transparent)]
+    DelayTooHigh(#[from] DelayTooHigh),
 }
 
 /// Why a failover run stopped short; the next `POST
@@ -163,7 +163,7 @@ impl Drop for LinkSession {
 use crate::sync::lock;
 
 /// An error and its causes, `: `-separated, for a report.
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
@@ -518,12 +518,12 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     }
 
     /// Every link's report.
-    pub(crate) fn links(&self) -> Vec<Value> {
+    pub(crate) fn links(&self) -> Vec<LinkReport> {
         self.links.iter().map(|l| self.report(l)).collect()
     }
 
     /// One link's report.
-    pub(crate) fn link(&self, name: &str) -> Result<Value, ControlError> {
+    pub(crate) fn link(&self, name: &str) -> Result<LinkReport, ControlError> {
         Ok(self.report(self.link_by_name(name)?))
     }
 
@@ -533,7 +533,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         self: &Arc<Self>,
         name: &str,
         wait: Duration,
-    ) -> Result<(Value, bool), ControlError> {
+    ) -> Result<(LinkReport, bool), ControlError> {
         let link = Arc::clone(self.link_by_name(name)?);
         let state = self.loaded_state()?;
         let current = self.status(&link);
@@ -568,7 +568,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             let won = state
                 .write_link_state(name, next)
                 .await
-                .map_err(|e| ControlError::Write(e.to_string()))?;
+                .map_err(ControlError::Write)?;
             let now_status = self.status(&link);
             if !won && now_status.state != LinkState::Stopping {
                 return Err(Conflict::Raced {
@@ -770,7 +770,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         &self,
         name: &str,
         new_source: Option<ClusterId>,
-    ) -> Result<Value, ControlError> {
+    ) -> Result<LinkReport, ControlError> {
         let link = self.link_by_name(name)?;
         let state = self.loaded_state()?;
         let current = self.status(link);
@@ -784,7 +784,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let won = state
             .write_link_state(name, next)
             .await
-            .map_err(|e| ControlError::Write(e.to_string()))?;
+            .map_err(ControlError::Write)?;
         if !won {
             return Err(Conflict::Raced {
                 link: name.to_string(),
@@ -801,108 +801,112 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
 
     // ---- reports ----
 
-    fn report(&self, link: &Link) -> Value {
+    fn report(&self, link: &Link) -> LinkReport {
         let status = self.status(link);
         let run = lock(&self.runs).get(link.name()).cloned();
         let failover = if status.failover_id < 0 && run.is_none() {
-            Value::Null
+            None
         } else {
             let progress = run
                 .as_ref()
                 .filter(|r| r.id == status.failover_id)
                 .map(|r| lock(&r.progress).clone());
-            let partitions: Vec<Value> = match &progress {
-                Some(p) => p.partitions.iter().map(partition_json).collect(),
+            let partitions: Vec<BarrierRow> = match &progress {
+                Some(p) => p.partitions.iter().map(barrier_row).collect(),
                 None => self.recorded_partitions(link, status.failover_id),
             };
             let done = partitions
                 .iter()
-                .filter(|p| p["result"] != "pending")
+                .filter(|p| p.result != BarrierState::Pending)
                 .count();
-            json!({
-                "id": status.failover_id,
-                "started_ms": status.failover_started_ms,
-                "finished_ms": (status.failover_finished_ms >= 0).then_some(status.failover_finished_ms),
-                "complete": status.state == LinkState::Stopped,
-                "partitions_total": partitions.len(),
-                "partitions_done": done,
-                "partitions": partitions,
-                "unconfirmed_instances": progress.as_ref().map(|p| p.unconfirmed.clone()).unwrap_or_default(),
-                "error": progress.and_then(|p| p.error),
+            let (unconfirmed_instances, error) = match progress {
+                Some(p) => (p.unconfirmed, p.error),
+                None => (Vec::new(), None),
+            };
+            Some(FailoverReport {
+                id: status.failover_id,
+                started_ms: status.failover_started_ms,
+                finished_ms: (status.failover_finished_ms >= 0)
+                    .then_some(status.failover_finished_ms),
+                complete: status.state == LinkState::Stopped,
+                partitions_total: partitions.len() as u64,
+                partitions_done: done as u64,
+                partitions,
+                unconfirmed_instances,
+                error,
             })
         };
         let c = self.counters.get(link.name());
         let count = |f: fn(&Counters) -> &AtomicU64| c.map_or(0, |c| f(c).load(Ordering::Relaxed));
-        json!({
-            "name": link.name(),
-            "state": status.state.as_str(),
-            "since_ms": status.since_ms,
-            "source_cluster_id": link.show_source_cluster(&status.source),
-            "failover": failover,
-            "counters": {
-                "local_writes_refused": count(|c| &c.local_writes_refused),
-                "link_requests_refused": count(|c| &c.link_requests_refused),
-                "connections_fenced": count(|c| &c.connections_fenced),
-                "open_link_connections": self.open_sessions(link.name()),
+        LinkReport {
+            name: link.name().to_string(),
+            state: status.state,
+            since_ms: status.since_ms,
+            source_cluster_id: link.show_source_cluster(&status.source),
+            failover,
+            counters: LinkCounters {
+                local_writes_refused: count(|c| &c.local_writes_refused),
+                link_requests_refused: count(|c| &c.link_requests_refused),
+                connections_fenced: count(|c| &c.connections_fenced),
+                open_link_connections: self.open_sessions(link.name()) as u64,
             },
-        })
+        }
     }
 
     /// The barriers of failover `id` as recorded in the state topic (for a
     /// failover another instance ran).
-    fn recorded_partitions(&self, link: &Link, id: i64) -> Vec<Value> {
+    fn recorded_partitions(&self, link: &Link, id: i64) -> Vec<BarrierRow> {
         let Some(state) = &self.state else {
             return Vec::new();
         };
-        let mut out: Vec<(String, i32, Value)> = state
+        let mut out: Vec<BarrierRow> = state
             .barriers_of(link.name())
             .into_iter()
             .filter(|(_, b)| b.value.failover_id == id)
-            .map(|(k, b)| {
-                let topic = state
+            .map(|(k, b)| BarrierRow {
+                topic: state
                     .topic_name(k.topic_id)
-                    .unwrap_or_else(|| k.topic_id.to_string());
-                let result = if b.value.accepted {
-                    "accepted"
+                    .unwrap_or_else(|| k.topic_id.to_string()),
+                partition: k.partition,
+                result: if b.value.accepted {
+                    BarrierState::Accepted
                 } else {
-                    "refused"
-                };
-                let v = json!({
-                    "topic": topic,
-                    "partition": k.partition,
-                    "result": result,
-                    "error_code": b.value.error_code,
-                    "message": Value::Null,
-                    "log_end_offset": b.value.log_end_offset,
-                    "expired_producers": b.expired_here,
-                });
-                (topic, k.partition, v)
+                    BarrierState::Refused
+                },
+                error_code: b.value.error_code,
+                message: None,
+                log_end_offset: b.value.log_end_offset,
+                expired_producers: b.expired_here as u64,
             })
             .collect();
-        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-        out.into_iter().map(|(_, _, v)| v).collect()
+        out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        out
     }
 }
 
-fn partition_json(p: &PartitionProgress) -> Value {
+fn barrier_row(p: &PartitionProgress) -> BarrierRow {
     match p {
-        PartitionProgress::Pending { topic, partition } => json!({
-            "topic": topic,
-            "partition": partition,
-            "result": "pending",
-            "error_code": -1,
-            "message": Value::Null,
-            "log_end_offset": -1,
-            "expired_producers": 0,
-        }),
-        PartitionProgress::Done(o) => json!({
-            "topic": o.topic,
-            "partition": o.partition,
-            "result": o.result.as_str(),
-            "error_code": o.error_code,
-            "message": o.message,
-            "log_end_offset": o.log_end_offset,
-            "expired_producers": o.expired_producers,
-        }),
+        PartitionProgress::Pending { topic, partition } => BarrierRow {
+            topic: topic.clone(),
+            partition: *partition,
+            result: BarrierState::Pending,
+            error_code: -1,
+            message: None,
+            log_end_offset: -1,
+            expired_producers: 0,
+        },
+        PartitionProgress::Done(o) => BarrierRow {
+            topic: o.topic.clone(),
+            partition: o.partition,
+            result: match o.result {
+                BarrierResult::Accepted => BarrierState::Accepted,
+                BarrierResult::Refused => BarrierState::Refused,
+                BarrierResult::Failed => BarrierState::Failed,
+            },
+            error_code: o.error_code,
+            message: o.message.clone(),
+            log_end_offset: o.log_end_offset,
+            expired_producers: o.expired_producers as u64,
+        },
     }
 }

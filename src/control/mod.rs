@@ -1,5 +1,6 @@
 //! Link control: what a failover does to a link (SPEC §7).
 //!
+//! - `api`: the admin API's bodies, typed once for the proxy and the CLI.
 //! - `barriers`: one partition's `MIRROR_PID_RESET` barrier, sent, recorded
 //!   in the state topic and applied to the producer state.
 //! - `members`: the live proxy instances on the state topic.
@@ -8,6 +9,7 @@
 //! - `links`: the [`Control`] object the admin API calls, the fencing
 //!   and draining every instance does, and the failover runner.
 
+pub mod api;
 pub mod barriers;
 pub(crate) mod io;
 pub(crate) mod links;

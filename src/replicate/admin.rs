@@ -18,6 +18,7 @@ use super::metrics::CONTENT_TYPE;
 use super::{translation, Shared};
 use crate::admin::{error, json_response, query_param, serve_app, Timeouts};
 use crate::client::Client;
+use crate::control::links::error_chain;
 
 /// What the endpoint reads.
 #[derive(Clone)]
@@ -112,6 +113,7 @@ async fn offsets(State(admin): State<Admin>, request: Request) -> axum::response
                 "offsets": translated.iter().map(translation::Translated::to_json).collect::<Vec<_>>(),
             }),
         ),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        // With every cause: which broker, which request.
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, error_chain(&e)),
     }
 }

@@ -11,9 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
-use super::{Control, ControlError};
+use super::{error_chain, Control, ControlError};
+use crate::control::api::{
+    FailoverAction, FailoverDryRun, LiveInstances, PartitionDelay, PartitionRow,
+};
 use crate::control::io::{BarrierPlacer, Group, Store};
 use crate::metrics::mirrored::PartitionFigures;
 use crate::mirror::link_state;
@@ -29,6 +30,32 @@ pub(crate) struct Precheck {
 
 /// Partitions named in a refusal's message, at most.
 const NAMED_IN_MESSAGE: usize = 20;
+
+/// A new failover held back by `max_delay`: the partitions above it.
+#[derive(Debug, thiserror::Error)]
+#[error("failover of link '{link}' not started: {} partition(s) have a replication delay above max_delay {} s: {}; retry once the replicator has caught up, or force it (force=true, --force)", over.len(), max.as_secs_f64(), named(over))]
+pub(crate) struct DelayTooHigh {
+    pub link: String,
+    pub max: Duration,
+    /// Every partition above `max`, as (topic, partition, delay in seconds).
+    pub over: Vec<(Arc<str>, i32, f64)>,
+}
+
+/// The first [`NAMED_IN_MESSAGE`] partitions with their delays, and how
+/// many more.
+fn named(over: &[(Arc<str>, i32, f64)]) -> String {
+    let named: Vec<String> = over
+        .iter()
+        .take(NAMED_IN_MESSAGE)
+        .map(|(t, p, d)| format!("{t}-{p} ({d:.3} s)"))
+        .collect();
+    let more = over.len().saturating_sub(NAMED_IN_MESSAGE);
+    if more > 0 {
+        format!("{} and {more} more", named.join(", "))
+    } else {
+        named.join(", ")
+    }
+}
 
 impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     /// This instance's figures of `link`'s partitions.
@@ -65,26 +92,17 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         if over.is_empty() {
             return Ok(());
         }
-        let named: Vec<String> = over
-            .iter()
-            .take(NAMED_IN_MESSAGE)
-            .map(|(t, p, d)| format!("{t}-{p} ({d:.3} s)"))
-            .collect();
-        let more = over.len().saturating_sub(NAMED_IN_MESSAGE);
-        let message = format!(
-            "failover of link '{name}' not started: {} partition(s) have a replication delay above max_delay {} s: {}{}; retry once the replicator has caught up, or force it (force=true, --force)",
-            over.len(),
-            max.as_secs_f64(),
-            named.join(", "),
-            if more > 0 { format!(" and {more} more") } else { String::new() },
-        );
         tracing::warn!(
             link = name,
             partitions = over.len(),
             max_delay_s = max.as_secs_f64(),
             "refused to start a failover: replication delay above max_delay"
         );
-        Err(ControlError::DelayTooHigh(message))
+        Err(ControlError::DelayTooHigh(DelayTooHigh {
+            link: name.to_string(),
+            max,
+            over,
+        }))
     }
 
     /// What a failover of `name` would do now, changing nothing: whether it
@@ -95,17 +113,20 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         &self,
         name: &str,
         check: Precheck,
-    ) -> Result<Value, ControlError> {
+    ) -> Result<FailoverDryRun, ControlError> {
         let link = Arc::clone(self.link_by_name(name)?);
         let status = self.status(&link);
         let (action, refused) = match link_state::failover_from(name, &status) {
-            Ok(true) => ("start", None),
-            Ok(false) => ("resume", None),
-            Err(conflict) => ("refuse", Some(conflict.to_string())),
+            Ok(true) => (FailoverAction::Start, None),
+            Ok(false) => (FailoverAction::Resume, None),
+            // The reason is shown, not handled: its message is the answer.
+            Err(conflict) => (FailoverAction::Refuse, Some(conflict.to_string())),
         };
         let live = match self.live_instances().await {
-            Ok(live) => json!(live),
-            Err(e) => json!({ "error": e.to_string() }),
+            Ok(live) => LiveInstances::Listed(live),
+            Err(e) => LiveInstances::Unknown {
+                error: error_chain(&e),
+            },
         };
         let figures = self.figures(name);
         let figure = |topic: &str, partition: i32| {
@@ -120,69 +141,78 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
                     all.sort();
                     (all, None)
                 }
-                Err(e) => (Vec::new(), Some(format!("listing the link's topics: {e}"))),
+                Err(e) => (
+                    Vec::new(),
+                    Some(format!("listing the link's topics: {}", error_chain(&e))),
+                ),
             },
             None => (Vec::new(), Some("no state store".to_string())),
         };
-        let rows: Vec<Value> = partitions
+        let rows: Vec<PartitionRow> = partitions
             .iter()
             .map(|(topic, partition)| {
                 let f = figure(topic, *partition);
                 partition_row(topic, *partition, f.as_ref())
             })
             .collect();
-        let over: Vec<Value> = check
+        let over: Vec<PartitionDelay> = check
             .max_delay
             .map(|max| self.over(name, max))
             .unwrap_or_default()
             .into_iter()
-            .map(|(t, p, d)| json!({ "topic": &*t, "partition": p, "delay_seconds": d }))
+            .map(|(t, p, d)| PartitionDelay {
+                topic: t.to_string(),
+                partition: p,
+                delay_seconds: d,
+            })
             .collect();
-        let held_back = action == "start" && !over.is_empty() && !check.force;
-        let unknown = rows.iter().filter(|r| r["delay_seconds"].is_null()).count();
-        Ok(json!({
-            "link": name,
-            "dry_run": true,
-            "state": status.state.as_str(),
-            "action": action,
-            "refused": refused,
-            "would_proceed": refused.is_none() && !held_back,
-            "max_delay_seconds": check.max_delay.map(|d| d.as_secs_f64()),
-            "force": check.force,
-            "over_max_delay": over,
-            "live_instances": live,
-            "partitions_total": rows.len(),
-            "partitions_without_delay": unknown,
-            "partitions": rows,
-            "partitions_error": partitions_error,
-        }))
+        let held_back = action == FailoverAction::Start && !over.is_empty() && !check.force;
+        let unknown = rows.iter().filter(|r| r.delay_seconds.is_none()).count();
+        Ok(FailoverDryRun {
+            link: name.to_string(),
+            dry_run: true,
+            state: status.state,
+            action,
+            would_proceed: refused.is_none() && !held_back,
+            refused,
+            max_delay_seconds: check.max_delay.map(|d| d.as_secs_f64()),
+            force: check.force,
+            over_max_delay: over,
+            live_instances: live,
+            partitions_total: rows.len() as u64,
+            partitions_without_delay: unknown as u64,
+            partitions: rows,
+            partitions_error,
+        })
     }
 }
 
 /// One partition's row, as the pre-check and `GET /links/{name}/partitions`
 /// show it.
-pub(crate) fn partition_row(topic: &str, partition: i32, f: Option<&PartitionFigures>) -> Value {
+pub(crate) fn partition_row(
+    topic: &str,
+    partition: i32,
+    f: Option<&PartitionFigures>,
+) -> PartitionRow {
     let known = |v: i64| (v >= 0).then_some(v);
     match f {
-        None => json!({
-            "topic": topic,
-            "partition": partition,
-            "delay_seconds": null,
-            "last_offset": null,
-            "last_timestamp_ms": null,
-            "last_mirrored_ms": null,
-        }),
-        Some(f) => json!({
-            "topic": topic,
-            "partition": partition,
-            "delay_seconds": known(f.delay_ms).map(|d| d as f64 / 1000.0),
-            "last_offset": known(f.last_offset),
-            "last_timestamp_ms": known(f.newest_create_ms),
-            "last_mirrored_ms": known(f.mirrored_at_ms),
-            "records": f.records,
-            "batches": f.batches,
-            "bytes": f.bytes,
-            "duplicates_answered": f.duplicates_answered,
-        }),
+        None => PartitionRow {
+            topic: topic.to_string(),
+            partition,
+            ..PartitionRow::default()
+        },
+        Some(f) => PartitionRow {
+            topic: topic.to_string(),
+            partition,
+            delay_seconds: known(f.delay_ms).map(|d| d as f64 / 1000.0),
+            last_offset: known(f.last_offset),
+            last_timestamp_ms: known(f.newest_create_ms),
+            last_mirrored_ms: known(f.mirrored_at_ms),
+            records: Some(f.records),
+            batches: Some(f.batches),
+            bytes: Some(f.bytes),
+            duplicates_answered: Some(f.duplicates_answered),
+            producers: None,
+        },
     }
 }

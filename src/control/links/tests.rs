@@ -17,6 +17,11 @@ use crate::state::{AppliedBarrier, ResolveError};
 
 const LINK: &str = "east";
 
+/// The failover of a link's report, which the test expects there.
+fn failover_of(report: &LinkReport) -> &FailoverReport {
+    report.failover.as_ref().expect("the report has a failover")
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Event {
     /// A link state persisted by this instance, with the state in effect
@@ -344,7 +349,7 @@ fn setup(live: &[&str], drain_timeout: Duration, records: &[LinkStatus]) -> Setu
         Some(Arc::clone(&store)),
         Some(group),
         Some(Arc::clone(&placer)),
-        Arc::new(Metrics::default()),
+        Arc::new(Metrics::new([LINK])),
         ReadOnlyError::PolicyViolation,
         drain_timeout,
         crate::net::tasks::Tasks::default(),
@@ -374,7 +379,7 @@ async fn failover_writes_stopping_drains_places_barriers_then_writes_stopped() {
 
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
 
-    assert!(complete, "{report}");
+    assert!(complete, "{report:?}");
     let events = t.events.all();
     let [Event::Wrote {
         state: LinkState::Stopping,
@@ -412,11 +417,14 @@ async fn failover_writes_stopping_drains_places_barriers_then_writes_stopped() {
     partitions.sort();
     assert_eq!(partitions, vec![0, 1]);
 
-    assert_eq!(report["state"], "STOPPED");
-    assert_eq!(report["failover"]["id"], *id);
-    assert_eq!(report["failover"]["partitions_done"], 2);
-    assert_eq!(report["failover"]["unconfirmed_instances"], json!([]));
-    assert_eq!(report["failover"]["error"], Value::Null);
+    assert_eq!(report.state, LinkState::Stopped);
+    assert_eq!(failover_of(&report).id, *id);
+    assert_eq!(failover_of(&report).partitions_done, 2);
+    assert_eq!(
+        failover_of(&report).unconfirmed_instances,
+        Vec::<String>::new()
+    );
+    assert_eq!(failover_of(&report).error, None);
     assert!(t.control.read_only("orders", 9).is_none());
     let fenced = t.control.fenced(&t.link).unwrap();
     assert!(fenced.contains("(STOPPED)"), "{fenced}");
@@ -435,7 +443,7 @@ async fn the_drain_wait_ends_when_every_live_instance_has_confirmed() {
     t.store.apply_drained("peer", id);
     let (report, complete) = failover.await.unwrap().unwrap();
 
-    assert!(complete, "{report}");
+    assert!(complete, "{report:?}");
     let placed = t.events.placed();
     assert_eq!(placed.len(), 2, "{placed:?}");
     // Placed as the peer confirmed, long before the drain timeout.
@@ -443,7 +451,10 @@ async fn the_drain_wait_ends_when_every_live_instance_has_confirmed() {
         placed.iter().all(|(at, ..)| *at == Duration::from_secs(2)),
         "{placed:?}"
     );
-    assert_eq!(report["failover"]["unconfirmed_instances"], json!([]));
+    assert_eq!(
+        failover_of(&report).unconfirmed_instances,
+        Vec::<String>::new()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -455,11 +466,11 @@ async fn the_drain_wait_ends_at_the_timeout_naming_the_unconfirmed() {
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
 
     // The barriers are placed anyway, once the timeout is over.
-    assert!(complete, "{report}");
+    assert!(complete, "{report:?}");
     let placed = t.events.placed();
     assert_eq!(placed.len(), 2, "{placed:?}");
     assert!(placed.iter().all(|(at, ..)| *at == drain), "{placed:?}");
-    assert_eq!(report["failover"]["unconfirmed_instances"], json!(["peer"]));
+    assert_eq!(failover_of(&report).unconfirmed_instances, vec!["peer"]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -472,7 +483,7 @@ async fn failed_barriers_are_retried_then_reported_and_the_link_stays_stopping()
 
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
 
-    assert!(!complete, "{report}");
+    assert!(!complete, "{report:?}");
     let attempts = |p: i32| -> Vec<(Duration, BarrierResult)> {
         t.events
             .placed()
@@ -493,17 +504,16 @@ async fn failed_barriers_are_retried_then_reported_and_the_link_stays_stopping()
         assert_eq!(pair[1].0 - pair[0].0, BARRIER_RETRY, "{p1:?}");
     }
     assert_eq!(
-        report["failover"]["error"],
-        "1 of 2 partition barrier(s) failed after 5 attempts each; the link stays STOPPING"
+        failover_of(&report).error.as_deref(),
+        Some("1 of 2 partition barrier(s) failed after 5 attempts each; the link stays STOPPING")
     );
-    let results: Vec<&Value> = report["failover"]["partitions"]
-        .as_array()
-        .unwrap()
+    let results: Vec<BarrierState> = failover_of(&report)
+        .partitions
         .iter()
-        .map(|p| &p["result"])
+        .map(|p| p.result)
         .collect();
-    assert_eq!(results, vec!["accepted", "failed"]);
-    assert_eq!(report["state"], "STOPPING");
+    assert_eq!(results, vec![BarrierState::Accepted, BarrierState::Failed]);
+    assert_eq!(report.state, LinkState::Stopping);
     assert!(!t.events.all().iter().any(|e| matches!(
         e,
         Event::Wrote {
@@ -519,8 +529,8 @@ async fn failed_barriers_are_retried_then_reported_and_the_link_stays_stopping()
     t.placer.script(1, &[]);
     let id = t.store.status(LINK).unwrap().failover_id;
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
-    assert!(complete, "{report}");
-    assert_eq!(report["failover"]["id"], id);
+    assert!(complete, "{report:?}");
+    assert_eq!(failover_of(&report).id, id);
     let stopping_writes = t
         .events
         .all()
@@ -677,11 +687,11 @@ async fn a_transition_not_written_does_not_take_effect() {
     // STOPPING written, STOPPED not: the link stays STOPPING.
     lock(&t.store.failing_writes).extend([false, true]);
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
-    assert!(!complete, "{report}");
-    assert_eq!(report["state"], "STOPPING");
+    assert!(!complete, "{report:?}");
+    assert_eq!(report.state, LinkState::Stopping);
     assert_eq!(
-        report["failover"]["error"],
-        "persisting STOPPED: writing to the state topic failed: broker down"
+        failover_of(&report).error.as_deref(),
+        Some("persisting STOPPED: writing to the state topic failed: broker down")
     );
     assert_eq!(t.events.placed().len(), 2);
     assert!(t.control.read_only("orders", 9).is_some());
@@ -694,8 +704,8 @@ async fn a_failover_that_loses_the_race_joins_the_winner_or_is_refused() {
     t.control.start();
     lock(&t.store.foreign).push(status(LinkState::Stopping, 99));
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
-    assert!(complete, "{report}");
-    assert_eq!(report["failover"]["id"], 99);
+    assert!(complete, "{report:?}");
+    assert_eq!(failover_of(&report).id, 99);
     let now = t.store.status(LINK).unwrap();
     assert_eq!((now.state, now.failover_id), (LinkState::Stopped, 99));
     assert_eq!(t.events.placed().len(), 2);
@@ -730,7 +740,7 @@ async fn the_drained_record_waits_for_the_links_connections() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(t.events.all().is_empty(), "{:#?}", t.events.all());
     let report = t.control.link(LINK).unwrap();
-    assert_eq!(report["counters"]["open_link_connections"], 1);
+    assert_eq!(report.counters.open_link_connections, 1);
 
     // The failover (resumed by this control: it found the link STOPPING)
     // goes on once the drained record is written, when the connection
@@ -757,8 +767,8 @@ async fn start_makes_a_stopped_link_mirroring_with_a_new_source() {
 
     let report = t.control.start_link(LINK, Some(other)).await.unwrap();
 
-    assert_eq!(report["state"], "MIRRORING");
-    assert_eq!(report["source_cluster_id"], other.to_string());
+    assert_eq!(report.state, LinkState::Mirroring);
+    assert_eq!(report.source_cluster_id, other.to_string());
     assert_eq!(
         t.events.all(),
         vec![Event::Wrote {
@@ -779,13 +789,13 @@ async fn a_new_failover_deletes_the_drained_records_of_the_last_one_first() {
     let t = setup(&["me"], DRAIN, &[]);
     t.control.start();
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
-    assert!(complete, "{report}");
+    assert!(complete, "{report:?}");
     t.control.start_link(LINK, None).await.unwrap();
     let first = t.events.all().len();
 
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
 
-    assert!(complete, "{report}");
+    assert!(complete, "{report:?}");
     let events = t.events.all();
     let [Event::ForgotDrained(1), Event::Wrote {
         state: LinkState::Stopping,
@@ -807,11 +817,11 @@ async fn barriers_wait_out_the_lease_when_an_instance_did_not_confirm() {
 
     let (report, complete) = t.control.failover(LINK, WAIT).await.unwrap();
 
-    assert!(complete, "{report}");
+    assert!(complete, "{report:?}");
     let placed = t.events.placed();
     assert_eq!(placed.len(), 2, "{placed:?}");
     assert!(placed.iter().all(|(at, ..)| *at == LEASE), "{placed:?}");
-    assert_eq!(report["failover"]["unconfirmed_instances"], json!(["peer"]));
+    assert_eq!(failover_of(&report).unconfirmed_instances, vec!["peer"]);
 }
 
 /// A failover that stopped short reports its cause, not only its context.
@@ -828,4 +838,121 @@ fn a_failover_error_keeps_its_cause() {
     assert!(chain.contains("broker 2 refused"), "{chain}");
     // The cause is quoted once, not once per level.
     assert_eq!(chain.matches("broker 2 refused").count(), 1, "{chain}");
+}
+
+/// `orders`-`partition` mirrored with a delay of `delay_ms` on this instance.
+fn mirrored(t: &Setup, partition: i32, delay_ms: i64) {
+    let now = now_ms();
+    let mut m = crate::metrics::mirrored::MirroredBatches::default();
+    m.add(100, 5, 4, 0, false, now - delay_ms);
+    t.control
+        .metrics
+        .link_mirror(LINK)
+        .expect("the link's figures")
+        .acknowledged(Some("orders"), partition, &m, 40, now);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_reports_what_a_failover_would_do_and_changes_nothing() {
+    use crate::control::api::{FailoverAction, LiveInstances, PartitionDelay};
+    let t = setup(&["me", "peer"], DRAIN, &[]);
+    mirrored(&t, 0, 90_000);
+    let check = Precheck {
+        max_delay: Some(Duration::from_secs(60)),
+        force: false,
+    };
+
+    let dry = t.control.failover_dry_run(LINK, check).await.unwrap();
+
+    assert_eq!(dry.state, LinkState::Mirroring);
+    assert_eq!(dry.action, FailoverAction::Start);
+    assert_eq!(dry.refused, None);
+    assert!(!dry.would_proceed, "held back by max_delay: {dry:?}");
+    assert_eq!(dry.max_delay_seconds, Some(60.0));
+    assert_eq!(
+        dry.over_max_delay,
+        vec![PartitionDelay {
+            topic: "orders".into(),
+            partition: 0,
+            delay_seconds: 90.0
+        }]
+    );
+    assert_eq!(
+        dry.live_instances,
+        LiveInstances::Listed(vec!["me".into(), "peer".into()])
+    );
+    assert_eq!((dry.partitions_total, dry.partitions_without_delay), (2, 1));
+    let rows: Vec<(i32, Option<f64>, Option<u64>)> = dry
+        .partitions
+        .iter()
+        .map(|p| (p.partition, p.delay_seconds, p.records))
+        .collect();
+    assert_eq!(rows, vec![(0, Some(90.0), Some(5)), (1, None, None)]);
+    assert_eq!(dry.partitions[0].last_offset, Some(44));
+    assert!(t.events.all().is_empty(), "{:#?}", t.events.all());
+
+    // Forced, it would proceed; a real failover is refused with the delays.
+    let forced = Precheck {
+        force: true,
+        ..check
+    };
+    let dry = t.control.failover_dry_run(LINK, forced).await.unwrap();
+    assert!(dry.would_proceed, "{dry:?}");
+    assert!(t.control.check_failover(LINK, forced).is_ok());
+    let e = t.control.check_failover(LINK, check).unwrap_err();
+    assert!(matches!(e, ControlError::DelayTooHigh(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "failover of link 'east' not started: 1 partition(s) have a replication delay above max_delay 60 s: orders-0 (90.000 s); retry once the replicator has caught up, or force it (force=true, --force)"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_of_a_stopped_link_would_be_refused() {
+    use crate::control::api::FailoverAction;
+    let t = setup(&["me"], DRAIN, &[status(LinkState::Stopped, 7)]);
+    let dry = t
+        .control
+        .failover_dry_run(LINK, Precheck::default())
+        .await
+        .unwrap();
+    assert_eq!(dry.action, FailoverAction::Refuse);
+    assert!(!dry.would_proceed);
+    let why = dry.refused.expect("the reason it would be refused");
+    assert!(why.contains("STOPPED"), "{why}");
+}
+
+#[test]
+fn a_delay_refusal_names_twenty_partitions_and_counts_the_rest() {
+    let over = (0..22).map(|p| (Arc::from("t"), p, 61.5)).collect();
+    let e = DelayTooHigh {
+        link: "east".into(),
+        max: Duration::from_secs(60),
+        over,
+    };
+    let message = e.to_string();
+    assert!(
+        message.contains(": t-0 (61.500 s), t-1 (61.500 s), "),
+        "{message}"
+    );
+    assert!(
+        message.contains("t-19 (61.500 s) and 2 more; retry"),
+        "{message}"
+    );
+    assert!(!message.contains("t-20"), "{message}");
+}
+
+/// A failed state write keeps the store's error as its source.
+#[test]
+fn a_failed_link_state_write_keeps_its_cause() {
+    let e = ControlError::Write(ResolveError::Write("broker down".into()));
+    let source = std::error::Error::source(&e).expect("a source");
+    assert_eq!(
+        source.to_string(),
+        "writing to the state topic failed: broker down"
+    );
+    assert_eq!(
+        error_chain(&e),
+        "writing the link state to the state topic failed: writing to the state topic failed: broker down"
+    );
 }

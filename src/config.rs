@@ -698,6 +698,8 @@ mod tests {
     use crate::mirror::link::ControlBatchPolicy;
     use crate::mirror::link_state::LinkState;
     use crate::wire::sasl::Mechanism;
+    use std::collections::BTreeSet;
+    use table::docs::{documented, drift, render, Column};
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
@@ -713,6 +715,14 @@ mod tests {
         }
     }
 
+    /// A variable's default, read from the table as `from_vars` reads it.
+    fn default<T>(var: &Var<T>) -> T {
+        match (var.parse)(var.default.text()) {
+            Ok(value) => value,
+            Err(e) => panic!("{}'s default: {e:?}", var.name),
+        }
+    }
+
     fn problem_for<'a>(p: &'a [ConfigProblem], var: &str) -> Option<&'a ConfigProblem> {
         p.iter().find(|p| p.variable == format!("{PREFIX}{var}"))
     }
@@ -720,32 +730,93 @@ mod tests {
     /// The startup log line shows every setting and no secret.
     #[test]
     fn debug_shows_every_setting_but_no_secret() {
-        let c = Config::from_vars(&vars(&[
+        // The variables whose values are secrets; the table's meanings say
+        // which are never logged, and each of those must be here.
+        let secrets = [
+            ("ADMIN_TOKEN", "admin-token-secret-value"),
+            ("STATE_KEY", "state-key-secret-value-of-32-bytes-or-more"),
+            ("UPSTREAM_SASL_PASSWORD", "sasl-password-secret-value"),
+        ];
+        for (name, _, meaning) in VARIABLES {
+            if meaning.to_ascii_lowercase().contains("never logged") {
+                assert!(
+                    secrets.iter().any(|(secret, _)| secret == name),
+                    "{name} is never logged, so this test must set it"
+                );
+            }
+        }
+        let mut set = vec![
             ("BOOTSTRAP_SERVERS", "b:9092"),
             ("LISTEN", "127.0.0.1:9092"),
-            ("ADMIN_TOKEN", "admin-token-secret-value"),
             ("UPSTREAM_SASL_MECHANISM", "PLAIN"),
             ("UPSTREAM_SASL_USERNAME", "proxy"),
-            ("UPSTREAM_SASL_PASSWORD", "sasl-password-secret-value"),
             ("CONNECT_TIMEOUT_MS", "4321"),
             ("LOG_FORMAT", "json"),
             ("LINKS", "east"),
             ("LINK_EAST_SOURCE_CLUSTER_ID", "MkU3OEVBNTcwNTJENDM2Qg"),
             ("LINK_EAST_TOPICS", "orders"),
-        ]))
-        .expect("valid");
+        ];
+        set.extend(secrets);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
         let shown = format!("{c:?}");
-        for secret in ["admin-token-secret-value", "sasl-password-secret-value"] {
-            assert!(!shown.contains(secret), "{shown}");
+        for (name, secret) in secrets {
+            assert!(!shown.contains(secret), "{name} shown: {shown}");
         }
         for setting in [
             "connect_timeout_ms: 4321",
             "log_format: Json",
             "admin_token: Some(Secret(..))",
+            "state_key: Some(StateKey(..))",
             "links: [\"east\"]",
         ] {
             assert!(shown.contains(setting), "{setting} missing: {shown}");
         }
+        // Every field of the struct, read from its declaration here.
+        let source = include_str!("config.rs");
+        let declaration = source
+            .split("pub struct Config {")
+            .nth(1)
+            .and_then(|rest| rest.split("\n}").next())
+            .unwrap_or("");
+        let fields: Vec<&str> = declaration
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|l| l.split(':').next())
+            .collect();
+        assert!(fields.len() > 30, "{fields:?}");
+        for field in fields {
+            assert!(
+                shown.contains(&format!(" {field}: ")),
+                "{field} missing: {shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_value_keeps_its_cause() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+            ("MAX_CONNECTIONS", "many"),
+            ("MAX_FRAME_BYTES", "0"),
+        ]);
+        let many = problem_for(&p, "MAX_CONNECTIONS").expect("MAX_CONNECTIONS named");
+        let cause = many.source().expect("the parse error");
+        assert!(
+            cause.downcast_ref::<std::num::ParseIntError>().is_some(),
+            "{cause:?}"
+        );
+        assert_eq!(
+            many.to_string(),
+            format!("MIRROR_PROXY_MAX_CONNECTIONS=\"many\": expected a whole number of connections greater than 0 ({cause})")
+        );
+        // A number out of range has no cause beyond the expectation.
+        let zero = problem_for(&p, "MAX_FRAME_BYTES").expect("MAX_FRAME_BYTES named");
+        assert!(zero.source().is_none());
+        assert_eq!(
+            zero.to_string(),
+            "MIRROR_PROXY_MAX_FRAME_BYTES=\"0\": expected a whole number of bytes from 1024 to 2147483647"
+        );
     }
 
     #[test]
@@ -826,24 +897,43 @@ mod tests {
         assert_eq!(c.advertised_host, "127.0.0.1");
         // Node 0 must not land on the bootstrap port.
         assert_eq!(c.broker_port_base, 19093);
-        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
-        assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
-        assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
-        assert_eq!(c.max_buffered_response_bytes, 512 * 1024 * 1024);
-        assert_eq!(c.buffer_wait_timeout_ms, 60_000);
-        assert_eq!(c.write_timeout_ms, 30_000);
+        assert_eq!(c.admin_listen, default(&v::ADMIN_LISTEN));
+        assert_eq!(c.max_frame_bytes, default(&v::MAX_FRAME_BYTES));
+        assert_eq!(c.max_buffered_bytes, default(&v::MAX_BUFFERED_BYTES));
+        assert_eq!(
+            c.max_buffered_response_bytes,
+            default(&v::MAX_BUFFERED_RESPONSE_BYTES)
+        );
+        assert_eq!(
+            c.buffer_wait_timeout_ms,
+            default(&v::BUFFER_WAIT_TIMEOUT_MS)
+        );
+        assert_eq!(c.write_timeout_ms, default(&v::WRITE_TIMEOUT_MS));
         assert!(
             c.buffer_wait_timeout_ms > c.write_timeout_ms,
             "stuck writers must be closed before the frames waiting for their memory"
         );
-        assert_eq!(c.max_connections, 4096);
-        assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(c.max_connections, default(&v::MAX_CONNECTIONS));
+        assert_eq!(
+            c.connections_max_idle_ms,
+            default(&v::CONNECTIONS_MAX_IDLE_MS)
+        );
         assert_eq!(c.worker_threads, None);
-        assert_eq!(c.request_read_timeout_ms, 30_000);
-        assert_eq!(c.response_read_timeout_ms, 30_000);
-        assert_eq!(c.tls_handshake_timeout_ms, 10_000);
-        assert_eq!(c.shutdown_timeout_ms, 30_000);
-        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(
+            c.request_read_timeout_ms,
+            default(&v::REQUEST_READ_TIMEOUT_MS)
+        );
+        assert_eq!(
+            c.response_read_timeout_ms,
+            default(&v::RESPONSE_READ_TIMEOUT_MS)
+        );
+        assert_eq!(
+            c.tls_handshake_timeout_ms,
+            default(&v::TLS_HANDSHAKE_TIMEOUT_MS)
+        );
+        assert_eq!(c.shutdown_timeout_ms, default(&v::SHUTDOWN_TIMEOUT_MS));
+        assert_eq!(c.log_format, default(&v::LOG_FORMAT));
+        assert_eq!(c.connect_timeout_ms, default(&v::CONNECT_TIMEOUT_MS));
         assert!(c.client_tls.is_none() && c.upstream_tls.is_none());
         assert!(c.links.is_empty());
     }
@@ -896,7 +986,7 @@ mod tests {
         assert!(east.mirrors_topic("orders"));
         assert!(east.mirrors_topic("audit.2024"));
         assert!(!east.mirrors_topic("orders2"));
-        assert_eq!(east.control_batches(), ControlBatchPolicy::Drop);
+        assert_eq!(east.control_batches(), default(&v::LINK_CONTROL_BATCHES));
         let west = c.links.by_client_id("west-replicator").expect("west");
         assert_eq!(west.control_batches(), ControlBatchPolicy::Forward);
     }
@@ -1027,9 +1117,6 @@ mod tests {
         }
         assert_eq!(read, table);
     }
-
-    use std::collections::BTreeSet;
-    use table::docs::{documented, drift, render, Column};
 
     #[test]
     fn upstream_sasl_credentials() {
@@ -1175,11 +1262,17 @@ mod tests {
             ("LINK_EAST_TOPICS", "orders"),
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
-        assert_eq!(c.read_only_error, ReadOnlyError::PolicyViolation);
-        assert_eq!(c.failover_drain_timeout_ms, 30_000);
-        assert_eq!(c.unknown_outcome_wait_ms, 10_000);
+        assert_eq!(c.read_only_error, default(&v::READ_ONLY_ERROR));
+        assert_eq!(
+            c.failover_drain_timeout_ms,
+            default(&v::FAILOVER_DRAIN_TIMEOUT_MS)
+        );
+        assert_eq!(
+            c.unknown_outcome_wait_ms,
+            default(&v::UNKNOWN_OUTCOME_WAIT_MS)
+        );
         let east = c.links.iter().next().expect("one link");
-        assert_eq!(east.initial_state(), LinkState::Mirroring);
+        assert_eq!(east.initial_state(), default(&v::LINK_INITIAL_STATE));
 
         let mut set = base.to_vec();
         set.extend([
@@ -1219,10 +1312,19 @@ mod tests {
             ("LISTEN", "127.0.0.1:9092"),
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
-        assert_eq!(c.state_topic, "__mirror_state");
-        assert_eq!(c.producer_expiration_ms, 86_400_000);
-        assert_eq!(c.producer_state_max_entries, 100_000);
-        assert_eq!(c.producer_state_rebuild_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.state_topic, DEFAULT_STATE_TOPIC);
+        assert_eq!(
+            c.producer_expiration_ms,
+            default(&v::PRODUCER_EXPIRATION_MS)
+        );
+        assert_eq!(
+            c.producer_state_max_entries,
+            default(&v::PRODUCER_STATE_MAX_ENTRIES)
+        );
+        assert_eq!(
+            c.producer_state_rebuild_bytes,
+            default(&v::PRODUCER_STATE_REBUILD_BYTES)
+        );
         let mut set = base.to_vec();
         set.extend([
             ("STATE_TOPIC", "mirror.state-2"),
@@ -1234,7 +1336,10 @@ mod tests {
         assert_eq!(c.producer_expiration_ms, 5000);
         assert_eq!(c.producer_state_max_entries, 7);
         assert_eq!(c.state_key, None);
-        assert_eq!(c.state_key_unsigned_before, 0);
+        assert_eq!(
+            c.state_key_unsigned_before,
+            default(&v::STATE_KEY_UNSIGNED_BEFORE)
+        );
         let key = "k".repeat(32);
         let mut keyed = base.to_vec();
         keyed.extend([
@@ -1295,7 +1400,10 @@ mod tests {
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
         assert_eq!(c.instance_id, None);
-        assert_eq!(c.instance_session_timeout_ms, 10_000);
+        assert_eq!(
+            c.instance_session_timeout_ms,
+            default(&v::INSTANCE_SESSION_TIMEOUT_MS)
+        );
         let mut set = base.to_vec();
         set.extend([
             ("INSTANCE_ID", "proxy-a.1"),

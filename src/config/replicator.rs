@@ -357,16 +357,18 @@ pub enum Isolation {
     ReadUncommitted,
 }
 
-/// One cluster's connection settings.
-#[derive(Clone, Default)]
+/// One cluster's connection settings. Its `Debug` shows no secret: the
+/// TLS settings print their files, the credentials no password.
+#[derive(Clone, Debug, Default)]
 pub struct Side {
     pub bootstrap: Vec<String>,
     pub tls: Option<UpstreamTls>,
     pub sasl: Option<Credentials>,
 }
 
-/// The replicator's validated settings.
-#[derive(Clone)]
+/// The replicator's validated settings. Its `Debug` is the startup log
+/// line: every setting, no secret (see [`Side`]).
+#[derive(Clone, Debug)]
 pub struct ReplicatorConfig {
     pub source: Side,
     pub destination: Side,
@@ -407,24 +409,6 @@ pub struct ReplicatorConfig {
     pub retry_backoff_max: Duration,
     pub unknown_outcome_wait: Duration,
     pub log_format: LogFormat,
-}
-
-impl std::fmt::Debug for ReplicatorConfig {
-    // By hand: no TLS key or password is printed.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicatorConfig")
-            .field("source", &self.source.bootstrap)
-            .field("destination", &self.destination.bootstrap)
-            .field("link", &self.link)
-            .field("client_id", &self.client_id)
-            .field(
-                "topics",
-                &self.topics.iter().map(Regex::as_str).collect::<Vec<_>>(),
-            )
-            .field("group_id", &self.group_id)
-            .field("membership", &self.membership)
-            .finish_non_exhaustive()
-    }
 }
 
 impl ReplicatorConfig {
@@ -636,6 +620,50 @@ mod tests {
         assert_eq!(c.until_caught_up, default(&UNTIL_CAUGHT_UP));
         assert_eq!(c.fetch_max_wait, default(&FETCH_MAX_WAIT_MS));
         assert!(c.source.tls.is_none() && c.destination.sasl.is_none());
+    }
+
+    #[test]
+    fn debug_shows_every_setting_but_no_secret() {
+        let mut set = REQUIRED.to_vec();
+        set.extend([
+            ("SOURCE_SASL_MECHANISM", "PLAIN"),
+            ("SOURCE_SASL_USERNAME", "replicator"),
+            ("SOURCE_SASL_PASSWORD", "source-password-secret"),
+            ("DESTINATION_SASL_MECHANISM", "PLAIN"),
+            ("DESTINATION_SASL_USERNAME", "replicator"),
+            ("DESTINATION_SASL_PASSWORD", "destination-password-secret"),
+        ]);
+        for (name, _, meaning) in VARIABLES {
+            if meaning.contains("never logged") {
+                assert!(
+                    set.iter().any(|(set, _)| set == name),
+                    "{name} is never logged, so this test must set it"
+                );
+            }
+        }
+        let c = ReplicatorConfig::from_vars(&vars(&set)).expect("valid");
+        let shown = format!("{c:?}");
+        for secret in ["source-password-secret", "destination-password-secret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let source = include_str!("replicator.rs");
+        let declaration = source
+            .split("pub struct ReplicatorConfig {")
+            .nth(1)
+            .and_then(|rest| rest.split("\n}").next())
+            .unwrap_or("");
+        let fields: Vec<&str> = declaration
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|l| l.split(':').next())
+            .collect();
+        assert!(fields.len() > 30, "{fields:?}");
+        for field in fields {
+            assert!(
+                shown.contains(&format!(" {field}: ")),
+                "{field} missing: {shown}"
+            );
+        }
     }
 
     #[test]

@@ -23,7 +23,6 @@ pub(crate) mod sni;
 mod table;
 mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
-pub use table::Unset;
 use table::{link_var, process_vars, upstream_sasl, upstream_tls, Env, Var};
 use variables as v;
 pub use variables::VARIABLES;

@@ -396,15 +396,21 @@ fn valid_host_port(s: &str) -> bool {
 /// alike).
 pub(crate) fn patterns(s: &str) -> Result<Vec<Regex>, Invalid> {
     let mut patterns = Vec::new();
+    // Every bad pattern is named; the first one's error is the cause.
+    let mut bad: Vec<String> = Vec::new();
+    let mut cause = None;
     for p in s.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match Regex::new(&format!("^(?:{p})$")) {
             Ok(re) => patterns.push(re),
             Err(e) => {
-                return Err(
-                    Invalid::expected(format!("valid regular expressions ({p:?})")).because(e),
-                )
+                bad.push(format!("{p:?}"));
+                cause.get_or_insert(e);
             }
         }
+    }
+    if let Some(cause) = cause {
+        let expected = format!("valid regular expressions ({})", bad.join(", "));
+        return Err(Invalid::expected(expected).because(cause));
     }
     if patterns.is_empty() {
         return Err(Invalid::expected(
@@ -561,6 +567,52 @@ pub(crate) fn upstream_sasl(env: &mut Env<'_>, vars: &SaslVars) -> Option<Creden
         username: username?,
         password: password?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_are_anchored_and_every_bad_one_is_named() {
+        let topics = patterns("orders, audit\\..*").expect("valid");
+        assert!(topics.iter().any(|re| re.is_match("audit.x")));
+        assert!(!topics.iter().any(|re| re.is_match("xorders")));
+        let bad = patterns("ok,(,[").expect_err("refused");
+        assert_eq!(bad.expected, r#"valid regular expressions ("(", "[")"#);
+        assert!(bad.source.is_some());
+        assert_eq!(
+            patterns(" , ").expect_err("refused").expected,
+            "at least one topic name or regular expression"
+        );
+    }
+
+    #[test]
+    fn a_template_is_filled_and_a_value_is_its_own_text() {
+        assert_eq!(
+            Unset::Template("replicator.<client id>").fill(&[("<client id>", "mirror-east")]),
+            "replicator.mirror-east"
+        );
+        assert_eq!(Unset::Value("drop").fill(&[("<name>", "x")]), "drop");
+        assert_eq!(Unset::Described("(none)").text(), "(none)");
+    }
+
+    #[test]
+    fn a_secret_is_never_echoed() {
+        const KEY: Var<String> = Var {
+            name: "KEY",
+            default: Unset::Described("(none)"),
+            parse: |_| Err(Invalid::expected("a longer key").secret()),
+            summary: "",
+            meaning: "",
+        };
+        let vars = HashMap::from([("P_KEY".to_string(), "hunter2".to_string())]);
+        let mut env = Env::new("P_", &vars);
+        assert!(env.get(&KEY).is_none());
+        assert_eq!(env.problems.len(), 1);
+        assert_eq!(env.problems[0].value, None);
+        assert!(!env.problems[0].to_string().contains("hunter2"));
+    }
 }
 
 /// The documented tables, checked against a program's table row by row.

@@ -771,17 +771,8 @@ mod tests {
             assert!(shown.contains(setting), "{setting} missing: {shown}");
         }
         // Every field of the struct, read from its declaration here.
-        let source = include_str!("config.rs");
-        let declaration = source
-            .split("pub struct Config {")
-            .nth(1)
-            .and_then(|rest| rest.split("\n}").next())
-            .unwrap_or("");
-        let fields: Vec<&str> = declaration
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("pub "))
-            .filter_map(|l| l.split(':').next())
-            .collect();
+        let fields =
+            crate::config::table::docs::declared_fields(include_str!("config.rs"), "Config");
         assert!(fields.len() > 30, "{fields:?}");
         for field in fields {
             assert!(

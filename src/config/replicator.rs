@@ -646,17 +646,10 @@ mod tests {
         for secret in ["source-password-secret", "destination-password-secret"] {
             assert!(!shown.contains(secret), "{shown}");
         }
-        let source = include_str!("replicator.rs");
-        let declaration = source
-            .split("pub struct ReplicatorConfig {")
-            .nth(1)
-            .and_then(|rest| rest.split("\n}").next())
-            .unwrap_or("");
-        let fields: Vec<&str> = declaration
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("pub "))
-            .filter_map(|l| l.split(':').next())
-            .collect();
+        let fields = crate::config::table::docs::declared_fields(
+            include_str!("replicator.rs"),
+            "ReplicatorConfig",
+        );
         assert!(fields.len() > 30, "{fields:?}");
         for field in fields {
             assert!(

@@ -679,4 +679,18 @@ pub(crate) mod docs {
         }
         drift
     }
+
+    /// The fields of `pub struct {name}` as `source` declares them (its
+    /// `pub` lines), so a test can hold a `Debug` to every one of them.
+    pub(crate) fn declared_fields<'a>(source: &'a str, name: &str) -> Vec<&'a str> {
+        source
+            .split(&format!("pub struct {name} {{"))
+            .nth(1)
+            .and_then(|rest| rest.split("\n}").next())
+            .unwrap_or("")
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|l| l.split(':').next())
+            .collect()
+    }
 }

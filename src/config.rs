@@ -23,7 +23,7 @@ pub(crate) mod sni;
 mod table;
 mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
-use table::{link_var, process_vars, upstream_sasl, upstream_tls, Env, Var};
+use table::{link_var, process_vars, read_all, upstream_sasl, upstream_tls, Env, Var};
 use variables as v;
 pub use variables::VARIABLES;
 
@@ -287,11 +287,7 @@ impl Config {
     /// variable of [`VARIABLES`] read by its entry, then the checks across
     /// variables.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        let mut env = Env::new(PREFIX, vars);
-        match Self::read(&mut env) {
-            Some(config) if env.problems.is_empty() => Ok(config),
-            _ => Err(ConfigError(env.problems)),
-        }
+        read_all(PREFIX, vars, Self::read)
     }
 
     /// The configuration `env` holds; `None` beside a problem.

@@ -12,8 +12,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::table::{
     boolean, host_ports, log_format, millis, one_of, patterns, pem_certs, pem_key, process_vars,
-    sasl_mechanism, socket_addr, text, upstream_sasl, upstream_tls, variables, whole, Env, Invalid,
-    SaslVars, TlsVars,
+    read_all, sasl_mechanism, socket_addr, text, upstream_sasl, upstream_tls, variables, whole,
+    Env, Invalid, SaslVars, TlsVars,
     Unset::{Described, Template, Value},
 };
 use super::{ConfigError, LogFormat, UpstreamTls};
@@ -443,15 +443,11 @@ impl ReplicatorConfig {
     /// variable of [`VARIABLES`] read by its entry, then the checks across
     /// variables.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<ReplicatorConfig, ConfigError> {
-        let mut env = Env::new(PREFIX, vars);
-        match Self::from_env_of(&mut env) {
-            Some(config) if env.problems.is_empty() => Ok(config),
-            _ => Err(ConfigError(env.problems)),
-        }
+        read_all(PREFIX, vars, Self::read)
     }
 
     /// The settings `env` holds; `None` beside a problem.
-    fn from_env_of(env: &mut Env<'_>) -> Option<ReplicatorConfig> {
+    fn read(env: &mut Env<'_>) -> Option<ReplicatorConfig> {
         let source_bootstrap = env.required(
             SOURCE_BOOTSTRAP_SERVERS.name,
             &SOURCE_BOOTSTRAP_SERVERS,
@@ -713,7 +709,7 @@ mod tests {
         with_groups.push(("GROUPS", "g.*"));
         let vars = vars(&with_groups);
         let mut env = Env::new(PREFIX, &vars);
-        let read = ReplicatorConfig::from_env_of(&mut env);
+        let read = ReplicatorConfig::read(&mut env);
         assert!(read.is_some(), "{:?}", env.problems);
         let table: std::collections::BTreeSet<String> =
             VARIABLES.iter().map(|(n, _, _)| n.to_string()).collect();

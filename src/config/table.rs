@@ -17,7 +17,7 @@ use regex::Regex;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::{ConfigProblem, LogFormat, UpstreamTls};
+use super::{ConfigError, ConfigProblem, LogFormat, UpstreamTls};
 use crate::wire::sasl::{Credentials, Mechanism};
 
 /// What a variable is when it is not set.
@@ -294,6 +294,20 @@ impl<'a> Env<'a> {
             return None;
         }
         self.set(name, var)
+    }
+}
+
+/// What `read` makes of `vars`, or every problem it found there: a value
+/// only when there is no problem at all.
+pub(crate) fn read_all<T>(
+    prefix: &'static str,
+    vars: &HashMap<String, String>,
+    read: fn(&mut Env<'_>) -> Option<T>,
+) -> Result<T, ConfigError> {
+    let mut env = Env::new(prefix, vars);
+    match read(&mut env) {
+        Some(value) if env.problems.is_empty() => Ok(value),
+        _ => Err(ConfigError(env.problems)),
     }
 }
 

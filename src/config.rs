@@ -7,45 +7,80 @@
 //! configuration error, not a runtime surprise on the first connection.
 
 use std::collections::{BTreeMap, HashMap};
+use std::error::Error;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use regex::Regex;
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::mirror::link::{link_env_name, ControlBatchPolicy, Link, Links};
-use crate::mirror::link_state::LinkState;
-use crate::mirror::pid::ClusterId;
-use crate::wire::sasl::{Credentials, Mechanism};
+use crate::mirror::link::{Link, Links};
+use crate::wire::sasl::Credentials;
 
 pub mod replicator;
 pub(crate) mod sni;
+mod table;
+mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
+use table::{link_var, process_vars, read_all, upstream_sasl, upstream_tls, Env, Var};
+use variables as v;
+pub use variables::VARIABLES;
 
 /// The prefix shared by every variable the proxy reads.
 pub(crate) const PREFIX: &str = "MIRROR_PROXY_";
 
-/// One problem with one variable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One problem with one variable: what it should hold, and the error that
+/// refused its value when there was one.
+#[derive(Debug, Clone)]
 pub struct ConfigProblem {
     pub variable: String,
     pub value: Option<String>,
     pub expected: String,
+    pub source: Option<Arc<dyn Error + Send + Sync>>,
 }
 
+impl ConfigProblem {
+    fn named(
+        prefix: &str,
+        name: &str,
+        value: Option<String>,
+        expected: &str,
+        source: impl Error + Send + Sync + 'static,
+    ) -> ConfigProblem {
+        ConfigProblem {
+            variable: format!("{prefix}{name}"),
+            value,
+            expected: expected.to_string(),
+            source: Some(Arc::new(source)),
+        }
+    }
+}
+
+// The cause is shown too: the problems are what an operator reads, and
+// most print no chain.
 impl fmt::Display for ConfigProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.value {
-            Some(v) => write!(f, "{}={:?}: expected {}", self.variable, v, self.expected),
+            Some(v) => write!(f, "{}={:?}: expected {}", self.variable, v, self.expected)?,
             None => write!(
                 f,
                 "{} is not set: expected {}",
                 self.variable, self.expected
-            ),
+            )?,
         }
+        match &self.source {
+            Some(cause) => write!(f, " ({cause})"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Error for ConfigProblem {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|cause| cause as &(dyn Error + 'static))
     }
 }
 
@@ -242,300 +277,180 @@ pub enum ReadOnlyError {
 /// `STATE_TOPIC`'s default.
 pub const DEFAULT_STATE_TOPIC: &str = "__mirror_state";
 
-/// Documentation of every variable: (name without prefix, default, meaning).
-/// The configuration tables of the README and docs/configuration.md are
-/// written from this list; a test holds their variables and defaults to it.
-pub const VARIABLES: &[(&str, &str, &str)] = &[
-    ("BOOTSTRAP_SERVERS", "(required)", "Comma-separated host:port of the destination brokers the proxy bootstraps from."),
-    ("LISTEN", "0.0.0.0:9092", "Bootstrap listener address (host:port)."),
-    ("ADVERTISED_HOST", "host of LISTEN", "Host name clients are told to connect to for every broker; required when LISTEN binds all interfaces. Port-per-node routing only (not with SNI_HOST_PATTERN)."),
-    ("BROKER_PORT_BASE", "port of LISTEN + 1", "Broker node n is served at ADVERTISED_HOST:(BROKER_PORT_BASE + n). Must be above the LISTEN port, so that no node id maps onto the bootstrap listener. Port-per-node routing only (not with SNI_HOST_PATTERN)."),
-    ("SNI_HOST_PATTERN", "(none)", "Enables SNI routing instead of a port per node: broker node n is advertised as this host name with `$(nodeId)` replaced by n (e.g. `broker-$(nodeId).kafka.example.com`), on the one LISTEN port, and each client connection goes to the node its TLS ClientHello names. Requires TLS_CERT (a certificate valid for the bootstrap name and every node name, e.g. a wildcard) and SNI_BOOTSTRAP_HOST; ADVERTISED_HOST and BROKER_PORT_BASE must not be set. A connection without SNI, or naming neither the bootstrap nor a known node, is refused with a TLS access_denied alert."),
-    ("SNI_BOOTSTRAP_HOST", "(required with SNI_HOST_PATTERN)", "With SNI routing: the host name clients bootstrap at; a connection naming it goes to any of BOOTSTRAP_SERVERS."),
-    ("SNI_ADVERTISED_PORT", "port of LISTEN", "With SNI routing: the port advertised for every node, when clients reach the listener through another port (a load balancer's)."),
-    ("ADMIN_LISTEN", "127.0.0.1:9190", "Admin HTTP address (/healthz, /readyz, /metrics). Must be loopback unless ADMIN_TOKEN is set."),
-    ("ADMIN_TOKEN", "(none)", "Bearer token required by the admin endpoint; allows a non-loopback ADMIN_LISTEN."),
-    ("MAX_FRAME_BYTES", "104857600", "Largest request or response frame accepted, in bytes; a larger one closes that connection."),
-    ("MAX_BUFFERED_BYTES", "536870912", "Memory for client request frames, in bytes, shared by all connections (frames are allocated as their bytes arrive). When it is used up, the proxy stops reading requests until forwarded frames free some. A connection holds at most one request frame of it at a time. At least MAX_FRAME_BYTES."),
-    ("MAX_BUFFERED_RESPONSE_BYTES", "536870912", "Memory for broker response frames, in bytes, shared by all connections. When it is used up, the proxy stops reading responses from the brokers until responses written to their clients free some. A connection holds at most one response frame of it at a time. At least MAX_FRAME_BYTES."),
-    ("BUFFER_WAIT_TIMEOUT_MS", "60000", "A request or response frame that cannot get memory under MAX_BUFFERED_BYTES or MAX_BUFFERED_RESPONSE_BYTES within this time closes its connection (WARN; counted as `buffer_wait_timeout`); the client retries on a new connection. Longer than WRITE_TIMEOUT_MS, so that connections whose writes are stuck are closed, and give their memory back, before the ones waiting for it."),
-    ("WRITE_TIMEOUT_MS", "30000", "A write of a request to its broker, or of a response to its client, that makes no progress for this long closes the connection (WARN; counted as `upstream_write_timeout` or `client_write_timeout`), giving back the memory its frame holds. A broker reads nothing more from a connection while it holds a request there (a Fetch long poll, a Produce waiting for acks), and a client may stop reading: without this bound such a connection would hold its frame's memory for as long as it liked. Clients that pipeline more than the socket buffers hold behind a request the broker may keep longer than this (a Produce timeout_ms, a Fetch max_wait_ms above 30 s) need it raised."),
-    ("MAX_CONNECTIONS", "4096", "Client connections open at once; a connection over it is accepted and closed at once (WARN, at most one line per 10 s; counted). Each client connection also holds one broker connection, so the process needs about twice as many file descriptors."),
-    ("CONNECTIONS_MAX_IDLE_MS", "600000", "A client connection with no request in flight that sends nothing for this long is closed (like the broker's connections.max.idle.ms)."),
-    ("REQUEST_READ_TIMEOUT_MS", "30000", "Once the first byte of a request frame has arrived, the whole frame must arrive within this time, or the connection is closed."),
-    ("RESPONSE_READ_TIMEOUT_MS", "30000", "Once the first byte of a broker's response frame has arrived, the whole frame must arrive within this time (time it waits for memory under MAX_BUFFERED_RESPONSE_BYTES does not count), or the broker connection and its client's connection are closed (WARN; counted as `upstream_read_timeout`), giving back the memory the frame holds. A broker that stalls or trickles in the middle of a response would otherwise hold that memory for as long as it liked. Kafka clients give up on a response after their own request.timeout.ms (30 s by default), counted from before its first byte, so a response slower than this is one they no longer wait for; raise it with theirs."),
-    ("TLS_HANDSHAKE_TIMEOUT_MS", "10000", "Time a client has to complete the TLS handshake (with TLS_CERT set)."),
-    ("SHUTDOWN_TIMEOUT_MS", "30000", "On SIGTERM or SIGINT, how long requests in flight may take to be answered before the remaining connections are closed."),
-    ("CONNECT_TIMEOUT_MS", "10000", "Timeout for connecting (and TLS handshaking) to a broker."),
-    ("WORKER_THREADS", "number of cores", "Worker threads of tokio's runtime, which run the proxy's connections. On the 2-core machines the benchmarks run on, 1 cost 1-19% less CPU per GB than 2 in the same runs, with as much throughput (README, Benchmarks); the default stays one per core so that no proxy is capped at one core unasked."),
-    ("LOG_FORMAT", "text", "`text` or `json` (one JSON object per line). Filter with RUST_LOG (default info)."),
-    ("TLS_CERT", "(none)", "PEM certificate chain served to clients; enables TLS on every client listener."),
-    ("TLS_KEY", "(none)", "PEM private key for TLS_CERT (PKCS#8, PKCS#1 or SEC1)."),
-    ("TLS_CLIENT_CA", "(none)", "PEM CA bundle for client certificates. Clients may still connect without one; links with TLS_SUBJECT require one."),
-    ("UPSTREAM_TLS", "false", "`true` to connect to the brokers with TLS."),
-    ("UPSTREAM_TLS_CA", "(required with UPSTREAM_TLS)", "PEM CA bundle that signs the broker certificates."),
-    ("UPSTREAM_TLS_CERT", "(none)", "PEM client certificate chain presented to the brokers."),
-    ("UPSTREAM_TLS_KEY", "(none)", "PEM private key for UPSTREAM_TLS_CERT."),
-    ("UPSTREAM_TLS_SERVER_NAME", "(broker host)", "Name the broker certificates are verified against, instead of the advertised broker host."),
-    ("UPSTREAM_SASL_MECHANISM", "(none)", "SASL for the proxy's own connections to the brokers (state topic, failover barrier): `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`. Client connections always pass their own SASL through."),
-    ("UPSTREAM_SASL_USERNAME", "(required with UPSTREAM_SASL_MECHANISM)", "User name for UPSTREAM_SASL_MECHANISM."),
-    ("UPSTREAM_SASL_PASSWORD", "(required with UPSTREAM_SASL_MECHANISM)", "Password for UPSTREAM_SASL_MECHANISM, taken as is (not trimmed); never logged or echoed in errors."),
-    ("STATE_TOPIC", DEFAULT_STATE_TOPIC, "Compacted topic on the destination cluster holding the producer-id mapping state (origins, salts), shared by every proxy instance. Created when missing (one partition, cleanup.policy=compact, compression.type=producer, replication factor min(3, brokers), min.insync.replicas min(2, RF)); an existing topic that is not compacted stops the proxy; one whose batches the brokers recompress is read (every codec), with a WARN."),
-    ("STATE_KEY", "(none)", "Shared secret (at least 32 bytes, e.g. `openssl rand -base64 32`) with which every instance signs the records it writes to the state topic (HMAC-SHA256 in a `kmp-mac` header) and without which it applies none: records written around the proxy, without the key, are skipped (logged, `state_records_skipped_total`). Every instance sharing the state topic needs the same key. Never logged. Enabling it on a topic written without it: see STATE_KEY_UNSIGNED_BEFORE."),
-    ("STATE_KEY_UNSIGNED_BEFORE", "0", "With STATE_KEY: records at offsets below this one are applied without checking their MAC (written before every instance signed with the key). To enable or change the key on a running deployment: roll every instance with the key and 9223372036854775807 (they sign, and still accept the records of instances not yet rolled), then roll them again with the state topic's end offset read after the first roll (docs/state-topic.md)."),
-    ("PRODUCER_EXPIRATION_MS", "86400000", "A mirrored producer (origin) not seen for this long is forgotten: its state-topic records are tombstoned and its mapped PID may be reused. Last-seen times are persisted at most once per tenth of it. Until then each instance holds its claim: about 400 bytes of memory an origin (a million origins: about 400 MiB). Origins are bounded by this expiration, not by a count: a claim dropped while its producer may still write would let another origin take its mapped PID."),
-    ("PRODUCER_STATE_MAX_ENTRIES", "100000", "Mirrored producers (destination partition and mapped producer id) whose state the proxy keeps to answer link retries without duplicates and refuse out-of-order batches; the least recently used with no batch in flight is evicted first (counted); one with a batch in flight never is, and when every producer held has one a new producer's batch is refused with the retriable NOT_ENOUGH_REPLICAS (`producer_state_full`). About 250 bytes each: the default bounds it near 25 MiB, room for e.g. 1,000 partitions with 100 producers each."),
-    ("READ_ONLY_ERROR", "policy_violation", "How a local Produce to a topic of a link that is not STOPPED is refused (per partition, non-retriable, with a message naming the link and the failover command): `policy_violation` (POLICY_VIOLATION, 44) or `read_only_topic` (READ_ONLY_TOPIC, 134, only at Produce versions whose clients know it; Kafka 4.4.0 defines no such error (its code 134 is GROUP_DELETION_FAILED) and Produce only up to v13, so today every version falls back to POLICY_VIOLATION)."),
-    ("FAILOVER_DRAIN_TIMEOUT_MS", "30000", "How long a failover waits for every live proxy instance to confirm it closed the link's connections before placing the barriers anyway; instances that did not confirm are named in the failover's result."),
-    ("PRODUCER_STATE_REBUILD_BYTES", "4194304", "Bytes of a mirrored partition's log tail the proxy reads, on the first link Produce to it after start-up (and after an unknown outcome, a leader move or a truncation), to rebuild the producer state (so that a retry of a batch appended before a restart or a lost answer is still answered as a duplicate). Batches older than the tail that fits are not deduplicated (counted: `mirror_producer_state_offsets_beyond_bound`)."),
-    ("UNKNOWN_OUTCOME_WAIT_MS", "10000", "A link Produce sent to the broker whose answer never came (the connection was lost) may still be appended later: the broker handles a request it read even after the connection closed, and one may wait in its queue or on the network. Until the request's own `timeout_ms`, capped by this, has passed since the loss was seen, its producer's batches on that partition are answered with the retriable NOT_ENOUGH_REPLICAS (`outcome_unknown`) unless the log tail shows the lost batch (then the retry is answered as a duplicate); after it, a stable re-read of the tail without the batch is taken to mean it was never appended. A lost request the broker appends later than this is appended twice: raise it where requests can sit longer (a loaded broker, a slow network)."),
-    ("INSTANCE_ID", "a random UUID per process", "This process's name among the proxy instances sharing the state topic (1 to 200 characters of [a-zA-Z0-9._-]); it appears in the instances' group as the member client id `kafka-mirror-proxy/<id>`. Two running processes must not share one."),
-    ("INSTANCE_SESSION_TIMEOUT_MS", "10000", "With links: the instances' group coordinator drops an instance that has not heartbeaten for this long (a killed proxy stops being counted as live within it). Must lie within the brokers' `group.min.session.timeout.ms` (6000) and `group.max.session.timeout.ms` (1800000). Half of it is each instance's state-topic lease: an instance that has not read the state topic to its end for that long forwards no link batch (retriable NOT_ENOUGH_REPLICAS), and a failover that an instance did not confirm waits that long before its barriers."),
-    ("LINKS", "(none)", "Comma-separated mirror link names ([a-z0-9-]+). Each link has the LINK_<NAME>_* variables below, <NAME> upper-cased with - as _."),
-    ("LINK_<NAME>_SOURCE_CLUSTER_ID", "(required per link)", "The link's source cluster id: 22 characters of URL-safe base64 (16 bytes)."),
-    ("LINK_<NAME>_CLIENT_ID", "mirror-<name>", "The client.id the link's replicator uses; its Produce requests are remapped."),
-    ("LINK_<NAME>_TOPICS", "(required per link)", "Comma-separated mirrored topics: names or regular expressions, each matched against the whole topic name."),
-    ("LINK_<NAME>_TLS_SUBJECT", "(none)", "When set, only a TLS client whose certificate subject matches may act as the link (`CN=name` matches the common name; anything else the full subject, e.g. `CN=replicator,O=acme`)."),
-    ("LINK_<NAME>_INITIAL_STATE", "MIRRORING", "The link's state while the state topic has no record of it (a record, once written by a failover or start, always wins): `MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING` (a failback link: fenced and read-only until `kafka-mirror-proxy failback` starts it)."),
-    ("LINK_<NAME>_REVERSE_OF", "(none)", "For a failback link (SPEC §12): the link of the source cluster's proxy that mirrored this cluster into the source and failed over. With `LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS` it enables `GET /links/<name>/failback` (the divergence report) and `POST /links/<name>/failback` on the admin API, as `kafka-mirror-proxy failback` does."),
-    ("LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS", "(none)", "For a failback link: the source cluster's brokers (host:port,...), read by the failback API over plain TCP (its state topic under this proxy's STATE_TOPIC name, the replicators' `__mirror_offsets`, their groups `replicator.mirror-<link>`)."),
-    ("LINK_<NAME>_CONTROL_BATCHES", "drop", "Control batches arriving on the link: `drop` (acknowledge without writing, counted) or `forward` (send on, remapped, for the broker to decide)."),
-];
-
-/// The variables of one program (the proxy's `MIRROR_PROXY_*`, the
-/// replicator's `MIRROR_REPLICATOR_*`) and the problems found in them.
-struct Env<'a> {
-    prefix: &'static str,
-    vars: &'a HashMap<String, String>,
-    problems: Vec<ConfigProblem>,
-}
-
-impl<'a> Env<'a> {
-    fn new(prefix: &'static str, vars: &'a HashMap<String, String>) -> Env<'a> {
-        Env {
-            prefix,
-            vars,
-            problems: Vec::new(),
-        }
-    }
-
-    fn raw(&self, name: &str) -> Option<String> {
-        self.vars
-            .get(&format!("{}{name}", self.prefix))
-            .map(|v| v.trim().to_string())
-            .filter(|v| !v.is_empty())
-    }
-
-    fn problem(&mut self, name: &str, value: Option<String>, expected: impl Into<String>) {
-        self.problems.push(ConfigProblem {
-            variable: format!("{}{name}", self.prefix),
-            value,
-            expected: expected.into(),
-        });
-    }
-
-    /// Parse an optional variable; a bad value is recorded and yields `None`.
-    fn parse<T>(
-        &mut self,
-        name: &str,
-        expected: &str,
-        parse: impl FnOnce(&str) -> Option<T>,
-    ) -> Option<T> {
-        let raw = self.raw(name)?;
-        match parse(&raw) {
-            Some(v) => Some(v),
-            None => {
-                self.problem(name, Some(raw), expected);
-                None
-            }
-        }
-    }
-
-    fn certs(&mut self, name: &str) -> Option<Vec<CertificateDer<'static>>> {
-        let path = self.raw(name)?;
-        let loaded = CertificateDer::pem_file_iter(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string()));
-        match loaded {
-            Ok(certs) if !certs.is_empty() => Some(certs),
-            Ok(_) => {
-                self.problem(
-                    name,
-                    Some(path),
-                    "a PEM file holding at least one CERTIFICATE",
-                );
-                None
-            }
-            Err(e) => {
-                self.problem(
-                    name,
-                    Some(path),
-                    format!("a readable PEM certificate file ({e})"),
-                );
-                None
-            }
-        }
-    }
-
-    /// Required: a comma-separated `host:port` list.
-    fn host_ports(&mut self, name: &str, what: &str) -> Vec<String> {
-        let Some(raw) = self.raw(name) else {
-            self.problem(
-                name,
-                None,
-                format!("comma-separated host:port list of {what}"),
-            );
-            return Vec::new();
-        };
-        let list: Vec<String> = raw
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        if list.is_empty() || !list.iter().all(|s| valid_host_port(s)) {
-            self.problem(
-                name,
-                Some(raw),
-                "comma-separated host:port list, e.g. broker1:9092,broker2:9092",
-            );
-        }
-        list
-    }
-
-    /// Required: comma-separated topic names or regular expressions, each
-    /// anchored at both ends (a link's topics, in the proxy and the
-    /// replicator alike).
-    fn topic_patterns(&mut self, name: &str) -> Option<Vec<Regex>> {
-        let Some(v) = self.raw(name) else {
-            self.problem(
-                name,
-                None,
-                "comma-separated topic names or regular expressions",
-            );
-            return None;
-        };
-        let mut patterns = Vec::new();
-        let mut ok = true;
-        for p in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            match Regex::new(&format!("^(?:{p})$")) {
-                Ok(re) => patterns.push(re),
-                Err(e) => {
-                    ok = false;
-                    self.problem(
-                        name,
-                        Some(v.clone()),
-                        format!("valid regular expressions ({p:?}: {e})"),
-                    );
-                }
-            }
-        }
-        if ok && patterns.is_empty() {
-            self.problem(
-                name,
-                Some(v),
-                "at least one topic name or regular expression",
-            );
-            return None;
-        }
-        ok.then_some(patterns)
-    }
-
-    fn key(&mut self, name: &str) -> Option<PrivateKeyDer<'static>> {
-        let path = self.raw(name)?;
-        match PrivateKeyDer::from_pem_file(PathBuf::from(&path)) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                self.problem(
-                    name,
-                    Some(path),
-                    format!("a readable PEM private key file ({e})"),
-                );
-                None
-            }
-        }
-    }
-}
-
-fn parse_socket_addr(s: &str) -> Option<SocketAddr> {
-    s.parse().ok()
-}
-
-/// The process environment's variables named with `prefix`.
-fn process_vars(prefix: &str) -> HashMap<String, String> {
-    std::env::vars()
-        .filter(|(k, _)| k.starts_with(prefix))
-        .collect()
-}
-
-fn parse_bool(s: &str) -> Option<bool> {
-    match s.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" => Some(true),
-        "false" | "0" | "no" => Some(false),
-        _ => None,
-    }
-}
-
-fn valid_host_port(s: &str) -> bool {
-    match s.rsplit_once(':') {
-        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
-        None => false,
-    }
-}
-
 impl Config {
     /// Read the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
         Self::from_vars(&process_vars(PREFIX))
     }
 
-    /// Validate a map of variables (full names, with the prefix).
+    /// Validate a map of variables (full names, with the prefix): each
+    /// variable of [`VARIABLES`] read by its entry, then the checks across
+    /// variables.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        let mut env = Env::new(PREFIX, vars);
+        read_all(PREFIX, vars, Self::read)
+    }
 
-        let bootstrap_servers = env.host_ports("BOOTSTRAP_SERVERS", "the destination brokers");
-
-        let listen_default: SocketAddr = ([0, 0, 0, 0], 9092).into();
-        let listen = env
-            .parse(
-                "LISTEN",
-                "host:port with an IP address, e.g. 0.0.0.0:9092",
-                parse_socket_addr,
-            )
-            .unwrap_or(listen_default);
-
-        let sni_pattern = env.raw("SNI_HOST_PATTERN");
-        let advertised_host = match env.raw("ADVERTISED_HOST") {
-            Some(h)
-                if h.contains(':')
-                    && !h.starts_with('[')
-                    && h.parse::<std::net::Ipv6Addr>().is_err() =>
-            {
+    /// The configuration `env` holds; `None` beside a problem.
+    fn read(env: &mut Env<'_>) -> Option<Config> {
+        let bootstrap_servers = env.required(
+            v::BOOTSTRAP_SERVERS.name,
+            &v::BOOTSTRAP_SERVERS,
+            "comma-separated host:port list of the destination brokers",
+        );
+        let listen = env.get(&v::LISTEN);
+        let advertised_host = Self::advertised_host(env, listen);
+        let broker_port_base = env.get(&v::BROKER_PORT_BASE);
+        let broker_port_base =
+            listen.and_then(|l| Self::broker_port_base(env, l, broker_port_base));
+        let admin_token = env.get(&v::ADMIN_TOKEN);
+        let admin_listen = env.get(&v::ADMIN_LISTEN);
+        if let Some(admin_listen) = admin_listen {
+            if !admin_listen.ip().is_loopback() && admin_token.is_none() {
                 env.problem(
-                    "ADVERTISED_HOST",
-                    Some(h),
-                    "a host name or IP address without a port",
+                    v::ADMIN_LISTEN.name,
+                    Some(admin_listen.to_string()),
+                    "a loopback address unless MIRROR_PROXY_ADMIN_TOKEN is set",
                 );
-                String::new()
             }
-            Some(h) => h,
-            None if listen.ip().is_unspecified() && sni_pattern.is_none() => {
-                env.problem("ADVERTISED_HOST", None, "the host clients reach the proxy at (required because MIRROR_PROXY_LISTEN binds all interfaces)");
-                String::new()
+        }
+        let max_frame_bytes = env.get(&v::MAX_FRAME_BYTES);
+        let max_buffered_bytes =
+            Self::budget(env, &v::MAX_BUFFERED_BYTES, max_frame_bytes, "a frame");
+        let max_buffered_response_bytes = Self::budget(
+            env,
+            &v::MAX_BUFFERED_RESPONSE_BYTES,
+            max_frame_bytes,
+            "a response",
+        );
+        let max_connections = env.get(&v::MAX_CONNECTIONS);
+        let worker_threads = env.get(&v::WORKER_THREADS);
+        let producer_state_max_entries = env.get(&v::PRODUCER_STATE_MAX_ENTRIES);
+        let producer_state_rebuild_bytes = env.get(&v::PRODUCER_STATE_REBUILD_BYTES);
+        let connect_timeout_ms = env.get(&v::CONNECT_TIMEOUT_MS);
+        let connections_max_idle_ms = env.get(&v::CONNECTIONS_MAX_IDLE_MS);
+        let request_read_timeout_ms = env.get(&v::REQUEST_READ_TIMEOUT_MS);
+        let response_read_timeout_ms = env.get(&v::RESPONSE_READ_TIMEOUT_MS);
+        let buffer_wait_timeout_ms = env.get(&v::BUFFER_WAIT_TIMEOUT_MS);
+        let write_timeout_ms = env.get(&v::WRITE_TIMEOUT_MS);
+        let tls_handshake_timeout_ms = env.get(&v::TLS_HANDSHAKE_TIMEOUT_MS);
+        let shutdown_timeout_ms = env.get(&v::SHUTDOWN_TIMEOUT_MS);
+        let producer_expiration_ms = env.get(&v::PRODUCER_EXPIRATION_MS);
+        let failover_drain_timeout_ms = env.get(&v::FAILOVER_DRAIN_TIMEOUT_MS);
+        let unknown_outcome_wait_ms = env.get(&v::UNKNOWN_OUTCOME_WAIT_MS);
+        let instance_session_timeout_ms = env.get(&v::INSTANCE_SESSION_TIMEOUT_MS);
+        let read_only_error = env.get(&v::READ_ONLY_ERROR);
+        let instance_id = env.get(&v::INSTANCE_ID);
+        let state_topic = env.get(&v::STATE_TOPIC);
+        let state_key = env.get(&v::STATE_KEY);
+        let state_key_unsigned_before = env.get(&v::STATE_KEY_UNSIGNED_BEFORE);
+        let log_format = env.get(&v::LOG_FORMAT);
+        let client_tls = Self::client_tls(env);
+        let sni = Self::sni(env, client_tls.is_some());
+        let upstream_tls = upstream_tls(env, &v::UPSTREAM_TLS_VARS);
+        let upstream_sasl = upstream_sasl(env, &v::UPSTREAM_SASL_VARS);
+        let links = Self::links(env, client_tls.as_ref(), true);
+        // A link that mirrored the state topic would let its replicator
+        // write the records every instance applies.
+        if let Some(state_topic) = &state_topic {
+            for link in links.iter().filter(|l| l.mirrors_topic(state_topic)) {
+                let name = link_var(v::LINK_TOPICS.name, link.name());
+                let value = env.raw(&name);
+                env.problem(
+                    &name,
+                    value,
+                    format!("topics that do not include the state topic '{state_topic}'"),
+                );
             }
-            None => listen.ip().to_string(),
-        };
+        }
 
-        // Node ids start at 0, so the node ports are base..=65535: the
-        // bootstrap port must lie below them or node (port - base) would be
-        // served on the bootstrap listener.
-        let broker_port_base = match env.parse(
-            "BROKER_PORT_BASE",
-            "a port number (1-65535); node n is served at base + n",
-            |s| s.parse::<u16>().ok().filter(|p| *p > 0),
-        ) {
+        // Every value the table gives is `Some` unless a problem was
+        // recorded for it, so a `?` below returns only beside a problem.
+        Some(Config {
+            bootstrap_servers: bootstrap_servers?,
+            listen: listen?,
+            advertised_host: advertised_host?,
+            broker_port_base: broker_port_base?,
+            sni,
+            admin_listen: admin_listen?,
+            admin_token,
+            max_frame_bytes: max_frame_bytes?,
+            max_buffered_bytes: max_buffered_bytes?,
+            max_buffered_response_bytes: max_buffered_response_bytes?,
+            buffer_wait_timeout_ms: buffer_wait_timeout_ms?,
+            write_timeout_ms: write_timeout_ms?,
+            max_connections: max_connections?,
+            worker_threads,
+            connections_max_idle_ms: connections_max_idle_ms?,
+            request_read_timeout_ms: request_read_timeout_ms?,
+            response_read_timeout_ms: response_read_timeout_ms?,
+            tls_handshake_timeout_ms: tls_handshake_timeout_ms?,
+            shutdown_timeout_ms: shutdown_timeout_ms?,
+            connect_timeout_ms: connect_timeout_ms?,
+            log_format: log_format?,
+            client_tls,
+            upstream_tls,
+            upstream_sasl,
+            links,
+            state_topic: state_topic?,
+            producer_expiration_ms: producer_expiration_ms?,
+            state_key,
+            state_key_unsigned_before: state_key_unsigned_before?,
+            producer_state_max_entries: producer_state_max_entries?,
+            read_only_error: read_only_error?,
+            failover_drain_timeout_ms: failover_drain_timeout_ms?,
+            producer_state_rebuild_bytes: producer_state_rebuild_bytes?,
+            unknown_outcome_wait_ms: unknown_outcome_wait_ms?,
+            instance_id,
+            instance_session_timeout_ms: instance_session_timeout_ms?,
+        })
+    }
+
+    /// ADVERTISED_HOST, else the LISTEN host, which clients cannot reach
+    /// when LISTEN binds all interfaces (SNI routing advertises names of
+    /// its own).
+    fn advertised_host(env: &mut Env<'_>, listen: Option<SocketAddr>) -> Option<String> {
+        let set = env.get(&v::ADVERTISED_HOST);
+        let sni = env.raw(v::SNI_HOST_PATTERN.name).is_some();
+        match (set, listen) {
+            (Some(host), _) => Some(host),
+            // Set but refused: already a problem.
+            (None, _) if env.raw(v::ADVERTISED_HOST.name).is_some() => Some(String::new()),
+            (None, Some(listen)) if listen.ip().is_unspecified() && !sni => {
+                env.problem(v::ADVERTISED_HOST.name, None, "the host clients reach the proxy at (required because MIRROR_PROXY_LISTEN binds all interfaces)");
+                Some(String::new())
+            }
+            (None, listen) => listen.map(|l| l.ip().to_string()),
+        }
+    }
+
+    /// A buffer budget. A frame is held whole before it is passed on: a
+    /// budget smaller than the largest frame could never read it.
+    fn budget(
+        env: &mut Env<'_>,
+        var: &Var<usize>,
+        max_frame_bytes: Option<usize>,
+        what: &str,
+    ) -> Option<usize> {
+        let bytes = env.get(var)?;
+        if let Some(frame) = max_frame_bytes.filter(|frame| bytes < *frame) {
+            env.problem(
+                var.name,
+                Some(bytes.to_string()),
+                format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({frame}): {what} larger than the buffer budget could never be read"),
+            );
+        }
+        Some(bytes)
+    }
+
+    /// Node ids start at 0, so the node ports are base..=65535: the
+    /// bootstrap port must lie below them or node (port - base) would be
+    /// served on the bootstrap listener.
+    fn broker_port_base(env: &mut Env<'_>, listen: SocketAddr, set: Option<u16>) -> Option<u16> {
+        let name = v::BROKER_PORT_BASE.name;
+        match set {
             Some(base) if listen.port() != 0 && listen.port() >= base => {
                 env.problem(
-                    "BROKER_PORT_BASE",
+                    name,
                     Some(base.to_string()),
                     format!(
                         "a port above the MIRROR_PROXY_LISTEN port {}: node {} would be served on the bootstrap port",
@@ -543,252 +458,29 @@ impl Config {
                         listen.port() - base
                     ),
                 );
-                base
+                Some(base)
             }
-            Some(base) => base,
+            Some(base) => Some(base),
+            // Set but refused: already a problem.
+            None if env.raw(name).is_some() => Some(0),
             None => match listen.port().checked_add(1) {
-                Some(base) => base,
+                Some(base) => Some(base),
                 None => {
                     env.problem(
-                        "BROKER_PORT_BASE",
+                        name,
                         None,
                         "a port for node 0, because the MIRROR_PROXY_LISTEN port 65535 leaves none above it",
                     );
-                    0
+                    Some(0)
                 }
             },
-        };
-
-        let admin_token = env.raw("ADMIN_TOKEN");
-        let admin_default: SocketAddr = ([127, 0, 0, 1], 9190).into();
-        let admin_listen = env
-            .parse(
-                "ADMIN_LISTEN",
-                "host:port with an IP address, e.g. 127.0.0.1:9190",
-                parse_socket_addr,
-            )
-            .unwrap_or(admin_default);
-        if !admin_listen.ip().is_loopback() && admin_token.is_none() {
-            env.problem(
-                "ADMIN_LISTEN",
-                Some(admin_listen.to_string()),
-                "a loopback address unless MIRROR_PROXY_ADMIN_TOKEN is set",
-            );
-        }
-
-        let max_frame_bytes = env
-            .parse(
-                "MAX_FRAME_BYTES",
-                "a whole number of bytes from 1024 to 2147483647",
-                |s| {
-                    s.parse::<usize>()
-                        .ok()
-                        .filter(|n| (1024..=i32::MAX as usize).contains(n))
-                },
-            )
-            .unwrap_or(100 * 1024 * 1024);
-
-        // A frame is held whole before it is passed on: a budget smaller
-        // than the largest frame could never read it.
-        let budget = |env: &mut Env, name: &str, what: &str| {
-            let bytes = env
-                .parse(name, "a whole number of bytes from 1024 up", |s| {
-                    s.parse::<usize>().ok().filter(|n| *n >= 1024)
-                })
-                .unwrap_or(512 * 1024 * 1024);
-            if bytes < max_frame_bytes {
-                env.problem(
-                    name,
-                    Some(bytes.to_string()),
-                    format!("at least MIRROR_PROXY_MAX_FRAME_BYTES ({max_frame_bytes}): {what} larger than the buffer budget could never be read"),
-                );
-            }
-            bytes
-        };
-        let max_buffered_bytes = budget(&mut env, "MAX_BUFFERED_BYTES", "a frame");
-        let max_buffered_response_bytes =
-            budget(&mut env, "MAX_BUFFERED_RESPONSE_BYTES", "a response");
-        let max_connections = env
-            .parse(
-                "MAX_CONNECTIONS",
-                "a whole number of connections greater than 0",
-                |s| s.parse::<usize>().ok().filter(|n| *n > 0),
-            )
-            .unwrap_or(4096);
-        let worker_threads = env.parse(
-            "WORKER_THREADS",
-            "a whole number of threads from 1 to 1024",
-            |s| s.parse::<usize>().ok().filter(|n| (1..=1024).contains(n)),
-        );
-        let producer_state_max_entries = env
-            .parse(
-                "PRODUCER_STATE_MAX_ENTRIES",
-                "a whole number of producers greater than 0",
-                |s| s.parse::<usize>().ok().filter(|n| *n > 0),
-            )
-            .unwrap_or(100_000);
-        let producer_state_rebuild_bytes = env
-            .parse(
-                "PRODUCER_STATE_REBUILD_BYTES",
-                "a whole number of bytes from 1024 to 2147483647",
-                |s| s.parse::<i32>().ok().filter(|n| *n >= 1024),
-            )
-            .unwrap_or(4 * 1024 * 1024);
-        let mut ms = |name: &str, default: u64| {
-            env.parse(name, "a whole number of milliseconds greater than 0", |s| {
-                s.parse::<u64>().ok().filter(|n| *n > 0)
-            })
-            .unwrap_or(default)
-        };
-        let connect_timeout_ms = ms("CONNECT_TIMEOUT_MS", 10_000);
-        let connections_max_idle_ms = ms("CONNECTIONS_MAX_IDLE_MS", 600_000);
-        let request_read_timeout_ms = ms("REQUEST_READ_TIMEOUT_MS", 30_000);
-        let response_read_timeout_ms = ms("RESPONSE_READ_TIMEOUT_MS", 30_000);
-        let buffer_wait_timeout_ms = ms("BUFFER_WAIT_TIMEOUT_MS", 60_000);
-        let write_timeout_ms = ms("WRITE_TIMEOUT_MS", 30_000);
-        let tls_handshake_timeout_ms = ms("TLS_HANDSHAKE_TIMEOUT_MS", 10_000);
-        let shutdown_timeout_ms = ms("SHUTDOWN_TIMEOUT_MS", 30_000);
-        let producer_expiration_ms = ms("PRODUCER_EXPIRATION_MS", 86_400_000);
-        let failover_drain_timeout_ms = ms("FAILOVER_DRAIN_TIMEOUT_MS", 30_000);
-        let unknown_outcome_wait_ms = ms("UNKNOWN_OUTCOME_WAIT_MS", 10_000);
-        let instance_session_timeout_ms = ms("INSTANCE_SESSION_TIMEOUT_MS", 10_000);
-        let read_only_error = env
-            .parse(
-                "READ_ONLY_ERROR",
-                "`policy_violation` or `read_only_topic`",
-                |s| match s {
-                    "policy_violation" => Some(ReadOnlyError::PolicyViolation),
-                    "read_only_topic" => Some(ReadOnlyError::ReadOnlyTopic),
-                    _ => None,
-                },
-            )
-            .unwrap_or(ReadOnlyError::PolicyViolation);
-        let instance_id = env.parse(
-            "INSTANCE_ID",
-            "1 to 200 characters of [a-zA-Z0-9._-]",
-            |s| {
-                let ok = !s.is_empty()
-                    && s.len() <= 200
-                    && s.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-                ok.then(|| s.to_string())
-            },
-        );
-        let state_topic = env
-            .parse(
-                "STATE_TOPIC",
-                "a Kafka topic name: 1 to 249 characters of [a-zA-Z0-9._-]",
-                |s| {
-                    let ok = !s.is_empty()
-                        && s.len() <= 249
-                        && s != "."
-                        && s != ".."
-                        && s.chars()
-                            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-                    ok.then(|| s.to_string())
-                },
-            )
-            .unwrap_or_else(|| DEFAULT_STATE_TOPIC.to_string());
-
-        // The key is never echoed, not even in a configuration error.
-        let state_key = match env.raw("STATE_KEY") {
-            Some(k) if k.len() >= StateKey::MIN_LEN => Some(StateKey(k.into_bytes())),
-            Some(_) => {
-                env.problem(
-                    "STATE_KEY",
-                    None,
-                    "a secret of at least 32 bytes (the value given is shorter; it is not shown)",
-                );
-                None
-            }
-            None => None,
-        };
-        let state_key_unsigned_before = env
-            .parse(
-                "STATE_KEY_UNSIGNED_BEFORE",
-                "an offset from 0 to 9223372036854775807",
-                |s| s.parse::<i64>().ok().filter(|n| *n >= 0),
-            )
-            .unwrap_or(0);
-
-        let log_format = env
-            .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
-                "text" => Some(LogFormat::Text),
-                "json" => Some(LogFormat::Json),
-                _ => None,
-            })
-            .unwrap_or(LogFormat::Text);
-
-        let client_tls = Self::client_tls(&mut env);
-        let sni = Self::sni(&mut env, client_tls.is_some());
-        let upstream_tls = upstream_tls(&mut env, "UPSTREAM");
-        let upstream_sasl = upstream_sasl(&mut env, "UPSTREAM");
-        let links = Self::links(&mut env, client_tls.as_ref(), true);
-        // A link that mirrored the state topic would let its replicator
-        // write the records every instance applies.
-        for link in links.iter().filter(|l| l.mirrors_topic(&state_topic)) {
-            let name = format!(
-                "LINK_{}_TOPICS",
-                crate::mirror::link::link_env_name(link.name())
-            );
-            let value = env.raw(&name);
-            env.problem(
-                &name,
-                value,
-                format!("topics that do not include the state topic '{state_topic}'"),
-            );
-        }
-
-        if env.problems.is_empty() {
-            Ok(Config {
-                bootstrap_servers,
-                listen,
-                advertised_host,
-                broker_port_base,
-                sni,
-                admin_listen,
-                admin_token: admin_token.map(Secret),
-                max_frame_bytes,
-                max_buffered_bytes,
-                max_buffered_response_bytes,
-                buffer_wait_timeout_ms,
-                write_timeout_ms,
-                max_connections,
-                worker_threads,
-                connections_max_idle_ms,
-                request_read_timeout_ms,
-                response_read_timeout_ms,
-                tls_handshake_timeout_ms,
-                shutdown_timeout_ms,
-                connect_timeout_ms,
-                log_format,
-                client_tls,
-                upstream_tls,
-                upstream_sasl,
-                links,
-                state_topic,
-                producer_expiration_ms,
-                state_key,
-                state_key_unsigned_before,
-                producer_state_max_entries,
-                read_only_error,
-                failover_drain_timeout_ms,
-                producer_state_rebuild_bytes,
-                unknown_outcome_wait_ms,
-                instance_id,
-                instance_session_timeout_ms,
-            })
-        } else {
-            Err(ConfigError(env.problems))
         }
     }
 
     /// Only the mirror links (for the `unmap` subcommand, which needs no
     /// listener or TLS settings).
     pub fn links_from_env() -> Result<Links, ConfigError> {
-        let vars: HashMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with(PREFIX))
-            .collect();
+        let vars = process_vars(PREFIX);
         let mut env = Env::new(PREFIX, &vars);
         let links = Self::links(&mut env, None, false);
         if env.problems.is_empty() {
@@ -802,71 +494,82 @@ impl Config {
     /// variables are refused beside it: an operator who set them expects
     /// ports the proxy would not open.
     fn sni(env: &mut Env<'_>, tls: bool) -> Option<SniRouting> {
-        let Some(pattern) = env.raw("SNI_HOST_PATTERN") else {
-            for name in ["SNI_BOOTSTRAP_HOST", "SNI_ADVERTISED_PORT"] {
-                if let Some(v) = env.raw(name) {
-                    env.problem(name, Some(v), "unset, because MIRROR_PROXY_SNI_HOST_PATTERN is not set (SNI routing is off)");
+        let Some(pattern) = env.get(&v::SNI_HOST_PATTERN) else {
+            for name in [v::SNI_BOOTSTRAP_HOST.name, v::SNI_ADVERTISED_PORT.name] {
+                if let Some(value) = env.raw(name) {
+                    env.problem(name, Some(value), "unset, because MIRROR_PROXY_SNI_HOST_PATTERN is not set (SNI routing is off)");
                 }
             }
             return None;
         };
-        if !tls && env.raw("TLS_CERT").is_none() {
+        if !tls && env.raw(v::TLS_CERT.name).is_none() {
             env.problem(
-                "TLS_CERT",
+                v::TLS_CERT.name,
                 None,
                 "a server certificate: SNI routing (MIRROR_PROXY_SNI_HOST_PATTERN) reads the host name from the TLS ClientHello, so it needs TLS on the client listener",
             );
         }
-        for name in ["ADVERTISED_HOST", "BROKER_PORT_BASE"] {
-            if let Some(v) = env.raw(name) {
-                env.problem(name, Some(v), "unset with SNI routing: nodes are advertised by MIRROR_PROXY_SNI_HOST_PATTERN on the MIRROR_PROXY_LISTEN port");
+        for name in [v::ADVERTISED_HOST.name, v::BROKER_PORT_BASE.name] {
+            if let Some(value) = env.raw(name) {
+                env.problem(name, Some(value), "unset with SNI routing: nodes are advertised by MIRROR_PROXY_SNI_HOST_PATTERN on the MIRROR_PROXY_LISTEN port");
             }
         }
-        let advertised_port = env.parse("SNI_ADVERTISED_PORT", "a port number (1-65535)", |s| {
-            s.parse::<u16>().ok().filter(|p| *p > 0)
-        });
-        let Some(bootstrap) = env.raw("SNI_BOOTSTRAP_HOST") else {
-            env.problem(
-                "SNI_BOOTSTRAP_HOST",
-                None,
-                "the host name clients bootstrap at (required with MIRROR_PROXY_SNI_HOST_PATTERN)",
-            );
-            return None;
-        };
+        let advertised_port = env.get(&v::SNI_ADVERTISED_PORT);
+        let bootstrap = env.required(
+            v::SNI_BOOTSTRAP_HOST.name,
+            &v::SNI_BOOTSTRAP_HOST,
+            "the host name clients bootstrap at (required with MIRROR_PROXY_SNI_HOST_PATTERN)",
+        )?;
         match SniNames::new(&pattern, &bootstrap) {
             Ok(names) => Some(SniRouting {
                 names,
                 advertised_port,
             }),
-            Err(e) if e.is_bootstrap() => {
-                env.problem("SNI_BOOTSTRAP_HOST", Some(bootstrap), e.to_string());
-                None
-            }
             Err(e) => {
-                env.problem("SNI_HOST_PATTERN", Some(pattern), e.to_string());
+                let (name, value) = if e.is_bootstrap() {
+                    (v::SNI_BOOTSTRAP_HOST.name, bootstrap)
+                } else {
+                    (v::SNI_HOST_PATTERN.name, pattern)
+                };
+                let expected = if e.is_bootstrap() {
+                    "an SNI bootstrap host name"
+                } else {
+                    "an SNI host name pattern"
+                };
+                env.problems.push(ConfigProblem::named(
+                    env.prefix,
+                    name,
+                    Some(value),
+                    expected,
+                    e,
+                ));
                 None
             }
         }
     }
 
     fn client_tls(env: &mut Env<'_>) -> Option<ClientTls> {
-        let cert = env.certs("TLS_CERT");
-        let key = env.key("TLS_KEY");
-        let client_ca = env.certs("TLS_CLIENT_CA");
-        let cert_set = env.raw("TLS_CERT").is_some();
-        let key_set = env.raw("TLS_KEY").is_some();
+        let cert = env.get(&v::TLS_CERT);
+        let key = env.get(&v::TLS_KEY);
+        let client_ca = env.get(&v::TLS_CLIENT_CA);
+        let cert_set = env.raw(v::TLS_CERT.name).is_some();
+        let key_set = env.raw(v::TLS_KEY.name).is_some();
         if cert_set != key_set {
-            let missing = if cert_set { "TLS_KEY" } else { "TLS_CERT" };
+            let missing = if cert_set {
+                v::TLS_KEY.name
+            } else {
+                v::TLS_CERT.name
+            };
             env.problem(missing, None, "set together with its partner: TLS needs both MIRROR_PROXY_TLS_CERT and MIRROR_PROXY_TLS_KEY");
         }
-        if env.raw("TLS_CLIENT_CA").is_some() && !cert_set {
+        if env.raw(v::TLS_CLIENT_CA.name).is_some() && !cert_set {
             env.problem(
-                "TLS_CERT",
+                v::TLS_CERT.name,
                 None,
                 "a server certificate, because MIRROR_PROXY_TLS_CLIENT_CA is set",
             );
         }
-        let files = ["TLS_CERT", "TLS_KEY", "TLS_CLIENT_CA"]
+        let files = [v::TLS_CERT.name, v::TLS_KEY.name, v::TLS_CLIENT_CA.name]
             .iter()
             .filter_map(|name| env.raw(name).map(PathBuf::from))
             .collect();
@@ -878,105 +581,92 @@ impl Config {
         })
     }
 
+    /// The links of LINKS, each from its `LINK_<NAME>_*` variables.
     fn links(env: &mut Env<'_>, client_tls: Option<&ClientTls>, check_tls: bool) -> Links {
-        let Some(raw) = env.raw("LINKS") else {
+        let Some(raw) = env.get(&v::LINKS) else {
             return Links::default();
         };
-        let name_re = Regex::new("^[a-z0-9-]+$").ok();
         let mut links = Vec::new();
         let mut client_ids: BTreeMap<String, String> = BTreeMap::new();
         for name in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            if !name_re.as_ref().is_some_and(|re| re.is_match(name)) {
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            {
                 env.problem(
-                    "LINKS",
+                    v::LINKS.name,
                     Some(raw.clone()),
                     format!("link names made of [a-z0-9-]+ (found {name:?})"),
                 );
                 continue;
             }
-            let var = |suffix: &str| format!("LINK_{}_{suffix}", link_env_name(name));
+            let var = |entry: &str| link_var(entry, name);
 
-            let source_cluster_id = match env.raw(&var("SOURCE_CLUSTER_ID")) {
-                None => {
-                    env.problem(
-                        &var("SOURCE_CLUSTER_ID"),
-                        None,
-                        "the source cluster id: 22 characters of URL-safe base64 encoding 16 bytes",
-                    );
-                    None
-                }
-                Some(v) => match v.parse::<ClusterId>() {
-                    Ok(id) => Some((id, v)),
-                    Err(e) => {
-                        env.problem(
-                            &var("SOURCE_CLUSTER_ID"),
-                            Some(v),
-                            format!("a Kafka cluster id, 22 characters of URL-safe base64 encoding 16 bytes ({e})"),
-                        );
-                        None
-                    }
-                },
-            };
-            let client_id = env
-                .raw(&var("CLIENT_ID"))
-                .unwrap_or_else(|| format!("mirror-{name}"));
+            let source_cluster_id = env.required(
+                &var(v::LINK_SOURCE_CLUSTER_ID.name),
+                &v::LINK_SOURCE_CLUSTER_ID,
+                "the source cluster id: 22 characters of URL-safe base64 encoding 16 bytes",
+            );
+            let client_id = env.get_filled(
+                &var(v::LINK_CLIENT_ID.name),
+                &v::LINK_CLIENT_ID,
+                &[("<name>", name)],
+            );
             if let Some(other) = client_ids.insert(client_id.clone(), name.to_string()) {
                 env.problem(
-                    &var("CLIENT_ID"),
+                    &var(v::LINK_CLIENT_ID.name),
                     Some(client_id.clone()),
                     format!("a client id no other link uses (link {other:?} has it)"),
                 );
             }
-            let topics = env.topic_patterns(&var("TOPICS"));
-            let tls_subject = env.raw(&var("TLS_SUBJECT"));
+            let topics = env.required(
+                &var(v::LINK_TOPICS.name),
+                &v::LINK_TOPICS,
+                "comma-separated topic names or regular expressions",
+            );
+            let tls_subject = env.get_named(&var(v::LINK_TLS_SUBJECT.name), &v::LINK_TLS_SUBJECT);
             if check_tls
                 && tls_subject.is_some()
                 && client_tls.and_then(|t| t.client_ca.as_ref()).is_none()
             {
-                env.problem(&var("TLS_SUBJECT"), tls_subject.clone(), "client TLS with client certificates: set MIRROR_PROXY_TLS_CERT, MIRROR_PROXY_TLS_KEY and MIRROR_PROXY_TLS_CLIENT_CA");
+                env.problem(&var(v::LINK_TLS_SUBJECT.name), tls_subject.clone(), "client TLS with client certificates: set MIRROR_PROXY_TLS_CERT, MIRROR_PROXY_TLS_KEY and MIRROR_PROXY_TLS_CLIENT_CA");
             }
-            let control_batches = env
-                .parse(
-                    &var("CONTROL_BATCHES"),
-                    "`drop` or `forward`",
-                    |s| match s {
-                        "drop" => Some(ControlBatchPolicy::Drop),
-                        "forward" => Some(ControlBatchPolicy::Forward),
-                        _ => None,
-                    },
-                )
-                .unwrap_or(ControlBatchPolicy::Drop);
-            let initial_state = env
-                .parse(
-                    &var("INITIAL_STATE"),
-                    "`MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING`",
-                    LinkState::parse,
-                )
-                .unwrap_or(LinkState::Mirroring);
+            let control_batches =
+                env.get_named(&var(v::LINK_CONTROL_BATCHES.name), &v::LINK_CONTROL_BATCHES);
+            let initial_state =
+                env.get_named(&var(v::LINK_INITIAL_STATE.name), &v::LINK_INITIAL_STATE);
             let failback = match (
-                env.raw(&var("REVERSE_OF")),
-                env.raw(&var("SOURCE_BOOTSTRAP_SERVERS")),
+                env.get_named(&var(v::LINK_REVERSE_OF.name), &v::LINK_REVERSE_OF),
+                env.get_named(
+                    &var(v::LINK_SOURCE_BOOTSTRAP_SERVERS.name),
+                    &v::LINK_SOURCE_BOOTSTRAP_SERVERS,
+                ),
             ) {
-                (Some(reverse_of), Some(servers)) => Some(crate::mirror::link::Failback {
-                    reverse_of,
-                    source_bootstrap_servers: servers
-                        .split(',')
-                        .map(|s| s.trim().to_string())
-                        .filter(|s| !s.is_empty())
-                        .collect(),
-                }),
+                (Some(reverse_of), Some(source_bootstrap_servers)) => {
+                    Some(crate::mirror::link::Failback {
+                        reverse_of,
+                        source_bootstrap_servers,
+                    })
+                }
                 (None, None) => None,
-                (Some(v), None) | (None, Some(v)) => {
+                (Some(_), None) | (None, Some(_)) => {
+                    let value = env
+                        .raw(&var(v::LINK_REVERSE_OF.name))
+                        .or_else(|| env.raw(&var(v::LINK_SOURCE_BOOTSTRAP_SERVERS.name)));
                     env.problem(
-                        &var("REVERSE_OF"),
-                        Some(v),
+                        &var(v::LINK_REVERSE_OF.name),
+                        value,
                         "both LINK_<NAME>_REVERSE_OF and LINK_<NAME>_SOURCE_BOOTSTRAP_SERVERS, or neither",
                     );
                     None
                 }
             };
-            if let (Some((source_cluster_id, source_cluster_spelling)), Some(topics)) =
-                (source_cluster_id, topics)
+            if let (
+                Some((source_cluster_id, source_cluster_spelling)),
+                Some(topics),
+                Some(control_batches),
+                Some(initial_state),
+            ) = (source_cluster_id, topics, control_batches, initial_state)
             {
                 links.push(
                     Link::new(
@@ -997,125 +687,14 @@ impl Config {
     }
 }
 
-/// TLS to brokers from `<STEM>_TLS`, `_TLS_CA`, `_TLS_CERT`, `_TLS_KEY` and
-/// `_TLS_SERVER_NAME` (the proxy's stem is `UPSTREAM`, the replicator's
-/// `SOURCE` and `DESTINATION`).
-fn upstream_tls(env: &mut Env<'_>, stem: &str) -> Option<UpstreamTls> {
-    let var = |name: &str| format!("{stem}_{name}");
-    let enabled = env
-        .parse(&var("TLS"), "`true` or `false`", parse_bool)
-        .unwrap_or(false);
-    let ca = env.certs(&var("TLS_CA"));
-    let cert = env.certs(&var("TLS_CERT"));
-    let key = env.key(&var("TLS_KEY"));
-    let server_name = env.raw(&var("TLS_SERVER_NAME"));
-    if !enabled {
-        return None;
-    }
-    if env.raw(&var("TLS_CA")).is_none() {
-        env.problem(
-            &var("TLS_CA"),
-            None,
-            format!(
-                "a PEM CA bundle, because {}{} is true",
-                env.prefix,
-                var("TLS")
-            ),
-        );
-    }
-    let cert_set = env.raw(&var("TLS_CERT")).is_some();
-    if cert_set != env.raw(&var("TLS_KEY")).is_some() {
-        let missing = if cert_set {
-            var("TLS_KEY")
-        } else {
-            var("TLS_CERT")
-        };
-        env.problem(
-            &missing,
-            None,
-            "set together with its partner (client certificate and key)",
-        );
-    }
-    let client_cert = match (cert, key) {
-        (Some(c), Some(k)) => Some((c, Arc::new(k))),
-        _ => None,
-    };
-    let files = [var("TLS_CA"), var("TLS_CERT"), var("TLS_KEY")]
-        .iter()
-        .filter_map(|name| env.raw(name).map(PathBuf::from))
-        .collect();
-    Some(UpstreamTls {
-        ca: ca?,
-        client_cert,
-        server_name,
-        files,
-    })
-}
-
-/// SASL credentials from `<STEM>_SASL_MECHANISM`, `_USERNAME` and
-/// `_PASSWORD`.
-fn upstream_sasl(env: &mut Env<'_>, stem: &str) -> Option<Credentials> {
-    let var = |name: &str| format!("{stem}_{name}");
-    let mechanism = env.parse(
-        &var("SASL_MECHANISM"),
-        "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`",
-        |s| s.parse::<Mechanism>().ok(),
-    );
-    let mechanism_set = env.raw(&var("SASL_MECHANISM")).is_some();
-    let username = env.raw(&var("SASL_USERNAME"));
-    // Untrimmed: spaces may belong to a password. Its value never goes
-    // into a problem report.
-    let password = env
-        .vars
-        .get(&format!("{}{}", env.prefix, var("SASL_PASSWORD")))
-        .filter(|p| !p.is_empty())
-        .cloned();
-    if !mechanism_set {
-        if username.is_some() || password.is_some() {
-            env.problem(
-                &var("SASL_MECHANISM"),
-                None,
-                format!(
-                    "a SASL mechanism (`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`), because {}{} or _PASSWORD is set",
-                    env.prefix,
-                    var("SASL_USERNAME")
-                ),
-            );
-        }
-        return None;
-    }
-    if username.is_none() {
-        env.problem(
-            &var("SASL_USERNAME"),
-            None,
-            format!(
-                "the SASL user name, because {}{} is set",
-                env.prefix,
-                var("SASL_MECHANISM")
-            ),
-        );
-    }
-    if password.is_none() {
-        env.problem(
-            &var("SASL_PASSWORD"),
-            None,
-            format!(
-                "the SASL password, because {}{} is set",
-                env.prefix,
-                var("SASL_MECHANISM")
-            ),
-        );
-    }
-    Some(Credentials {
-        mechanism: mechanism?,
-        username: username?,
-        password: password?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mirror::link::ControlBatchPolicy;
+    use crate::mirror::link_state::LinkState;
+    use crate::wire::sasl::Mechanism;
+    use std::collections::BTreeSet;
+    use table::docs::{documented, drift, render, Column};
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
@@ -1131,6 +710,14 @@ mod tests {
         }
     }
 
+    /// A variable's default, read from the table as `from_vars` reads it.
+    fn default<T>(var: &Var<T>) -> T {
+        match (var.parse)(var.default.text()) {
+            Ok(value) => value,
+            Err(e) => panic!("{}'s default: {e:?}", var.name),
+        }
+    }
+
     fn problem_for<'a>(p: &'a [ConfigProblem], var: &str) -> Option<&'a ConfigProblem> {
         p.iter().find(|p| p.variable == format!("{PREFIX}{var}"))
     }
@@ -1138,32 +725,84 @@ mod tests {
     /// The startup log line shows every setting and no secret.
     #[test]
     fn debug_shows_every_setting_but_no_secret() {
-        let c = Config::from_vars(&vars(&[
+        // The variables whose values are secrets; the table's meanings say
+        // which are never logged, and each of those must be here.
+        let secrets = [
+            ("ADMIN_TOKEN", "admin-token-secret-value"),
+            ("STATE_KEY", "state-key-secret-value-of-32-bytes-or-more"),
+            ("UPSTREAM_SASL_PASSWORD", "sasl-password-secret-value"),
+        ];
+        for (name, _, meaning) in VARIABLES {
+            if meaning.to_ascii_lowercase().contains("never logged") {
+                assert!(
+                    secrets.iter().any(|(secret, _)| secret == name),
+                    "{name} is never logged, so this test must set it"
+                );
+            }
+        }
+        let mut set = vec![
             ("BOOTSTRAP_SERVERS", "b:9092"),
             ("LISTEN", "127.0.0.1:9092"),
-            ("ADMIN_TOKEN", "admin-token-secret-value"),
             ("UPSTREAM_SASL_MECHANISM", "PLAIN"),
             ("UPSTREAM_SASL_USERNAME", "proxy"),
-            ("UPSTREAM_SASL_PASSWORD", "sasl-password-secret-value"),
             ("CONNECT_TIMEOUT_MS", "4321"),
             ("LOG_FORMAT", "json"),
             ("LINKS", "east"),
             ("LINK_EAST_SOURCE_CLUSTER_ID", "MkU3OEVBNTcwNTJENDM2Qg"),
             ("LINK_EAST_TOPICS", "orders"),
-        ]))
-        .expect("valid");
+        ];
+        set.extend(secrets);
+        let c = Config::from_vars(&vars(&set)).expect("valid");
         let shown = format!("{c:?}");
-        for secret in ["admin-token-secret-value", "sasl-password-secret-value"] {
-            assert!(!shown.contains(secret), "{shown}");
+        for (name, secret) in secrets {
+            assert!(!shown.contains(secret), "{name} shown: {shown}");
         }
         for setting in [
             "connect_timeout_ms: 4321",
             "log_format: Json",
             "admin_token: Some(Secret(..))",
+            "state_key: Some(StateKey(..))",
             "links: [\"east\"]",
         ] {
             assert!(shown.contains(setting), "{setting} missing: {shown}");
         }
+        // Every field of the struct, read from its declaration here.
+        let fields =
+            crate::config::table::docs::declared_fields(include_str!("config.rs"), "Config");
+        assert!(fields.len() > 30, "{fields:?}");
+        for field in fields {
+            assert!(
+                shown.contains(&format!(" {field}: ")),
+                "{field} missing: {shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_value_keeps_its_cause() {
+        let p = problems(&[
+            ("BOOTSTRAP_SERVERS", "b:9092"),
+            ("LISTEN", "127.0.0.1:9092"),
+            ("MAX_CONNECTIONS", "many"),
+            ("MAX_FRAME_BYTES", "0"),
+        ]);
+        let many = problem_for(&p, "MAX_CONNECTIONS").expect("MAX_CONNECTIONS named");
+        let cause = many.source().expect("the parse error");
+        assert!(
+            cause.downcast_ref::<std::num::ParseIntError>().is_some(),
+            "{cause:?}"
+        );
+        assert_eq!(
+            many.to_string(),
+            format!("MIRROR_PROXY_MAX_CONNECTIONS=\"many\": expected a whole number of connections greater than 0 ({cause})")
+        );
+        // A number out of range has no cause beyond the expectation.
+        let zero = problem_for(&p, "MAX_FRAME_BYTES").expect("MAX_FRAME_BYTES named");
+        assert!(zero.source().is_none());
+        assert_eq!(
+            zero.to_string(),
+            "MIRROR_PROXY_MAX_FRAME_BYTES=\"0\": expected a whole number of bytes from 1024 to 2147483647"
+        );
     }
 
     #[test]
@@ -1244,24 +883,43 @@ mod tests {
         assert_eq!(c.advertised_host, "127.0.0.1");
         // Node 0 must not land on the bootstrap port.
         assert_eq!(c.broker_port_base, 19093);
-        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9190");
-        assert_eq!(c.max_frame_bytes, 100 * 1024 * 1024);
-        assert_eq!(c.max_buffered_bytes, 512 * 1024 * 1024);
-        assert_eq!(c.max_buffered_response_bytes, 512 * 1024 * 1024);
-        assert_eq!(c.buffer_wait_timeout_ms, 60_000);
-        assert_eq!(c.write_timeout_ms, 30_000);
+        assert_eq!(c.admin_listen, default(&v::ADMIN_LISTEN));
+        assert_eq!(c.max_frame_bytes, default(&v::MAX_FRAME_BYTES));
+        assert_eq!(c.max_buffered_bytes, default(&v::MAX_BUFFERED_BYTES));
+        assert_eq!(
+            c.max_buffered_response_bytes,
+            default(&v::MAX_BUFFERED_RESPONSE_BYTES)
+        );
+        assert_eq!(
+            c.buffer_wait_timeout_ms,
+            default(&v::BUFFER_WAIT_TIMEOUT_MS)
+        );
+        assert_eq!(c.write_timeout_ms, default(&v::WRITE_TIMEOUT_MS));
         assert!(
             c.buffer_wait_timeout_ms > c.write_timeout_ms,
             "stuck writers must be closed before the frames waiting for their memory"
         );
-        assert_eq!(c.max_connections, 4096);
-        assert_eq!(c.connections_max_idle_ms, 600_000);
+        assert_eq!(c.max_connections, default(&v::MAX_CONNECTIONS));
+        assert_eq!(
+            c.connections_max_idle_ms,
+            default(&v::CONNECTIONS_MAX_IDLE_MS)
+        );
         assert_eq!(c.worker_threads, None);
-        assert_eq!(c.request_read_timeout_ms, 30_000);
-        assert_eq!(c.response_read_timeout_ms, 30_000);
-        assert_eq!(c.tls_handshake_timeout_ms, 10_000);
-        assert_eq!(c.shutdown_timeout_ms, 30_000);
-        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(
+            c.request_read_timeout_ms,
+            default(&v::REQUEST_READ_TIMEOUT_MS)
+        );
+        assert_eq!(
+            c.response_read_timeout_ms,
+            default(&v::RESPONSE_READ_TIMEOUT_MS)
+        );
+        assert_eq!(
+            c.tls_handshake_timeout_ms,
+            default(&v::TLS_HANDSHAKE_TIMEOUT_MS)
+        );
+        assert_eq!(c.shutdown_timeout_ms, default(&v::SHUTDOWN_TIMEOUT_MS));
+        assert_eq!(c.log_format, default(&v::LOG_FORMAT));
+        assert_eq!(c.connect_timeout_ms, default(&v::CONNECT_TIMEOUT_MS));
         assert!(c.client_tls.is_none() && c.upstream_tls.is_none());
         assert!(c.links.is_empty());
     }
@@ -1314,7 +972,7 @@ mod tests {
         assert!(east.mirrors_topic("orders"));
         assert!(east.mirrors_topic("audit.2024"));
         assert!(!east.mirrors_topic("orders2"));
-        assert_eq!(east.control_batches(), ControlBatchPolicy::Drop);
+        assert_eq!(east.control_batches(), default(&v::LINK_CONTROL_BATCHES));
         let west = c.links.by_client_id("west-replicator").expect("west");
         assert_eq!(west.control_batches(), ControlBatchPolicy::Forward);
     }
@@ -1349,108 +1007,101 @@ mod tests {
         assert!(id.expected.contains("22 characters"), "{}", id.expected);
     }
 
-    /// The rows of the configuration table in `doc` (the table under the
-    /// `| variable | default | meaning |` header): each row's variable and
-    /// default, without their backticks.
-    fn documented_table(doc: &str) -> Vec<(String, String)> {
-        doc.lines()
-            .skip_while(|l| l.trim() != "| variable | default | meaning |")
-            .skip(2)
-            .take_while(|l| l.starts_with('|'))
-            .map(|l| {
-                let mut cells = l.trim_start_matches('|').split(" | ");
-                let mut cell = || cells.next().unwrap_or("").trim().trim_matches('`');
-                (cell().to_string(), cell().to_string())
-            })
-            .collect()
-    }
-
-    /// How the configuration table in `doc` differs from [`VARIABLES`]:
-    /// a variable without exactly one row, a row whose default is not
-    /// exactly the variable's, a row for no variable.
-    fn table_drift(doc: &str) -> Vec<String> {
-        let rows = documented_table(doc);
-        let mut drift = Vec::new();
-        for (name, default, _) in VARIABLES {
-            let name = format!("{PREFIX}{name}");
-            let documented: Vec<&String> = rows
-                .iter()
-                .filter(|(n, _)| *n == name)
-                .map(|(_, d)| d)
-                .collect();
-            match documented[..] {
-                [] => drift.push(format!("no row for {name}")),
-                [d] if d == default => {}
-                [d] => drift.push(format!(
-                    "{name}: the row says {d:?}, the default is {default:?}"
-                )),
-                _ => drift.push(format!("{} rows for {name}", documented.len())),
-            }
-        }
-        for (name, _) in &rows {
-            if !VARIABLES
-                .iter()
-                .any(|(n, _, _)| format!("{PREFIX}{n}") == *name)
-            {
-                drift.push(format!("a row for {name}, which is no variable"));
-            }
-        }
-        drift
-    }
-
     #[test]
-    fn the_documented_tables_are_the_variables() {
-        // The README's short table and docs/configuration.md's full one
-        // name every variable with exactly its default, and nothing else.
-        for (doc, text) in [
-            ("README.md", include_str!("../README.md")),
+    fn the_documented_tables_are_the_table() {
+        // docs/configuration.md's full table and the README's short one:
+        // every row exactly as the table renders it, in its order.
+        let rows = variables::rows();
+        for (doc, text, column) in [
             (
                 "docs/configuration.md",
                 include_str!("../docs/configuration.md"),
+                Column::Meaning,
             ),
+            ("README.md", include_str!("../README.md"), Column::Summary),
         ] {
-            let drift = table_drift(text);
+            let rendered = render(PREFIX, &rows, column);
+            let drift = drift(&documented(text), &rendered);
             assert!(
                 drift.is_empty(),
-                "{doc}'s configuration table differs from config::VARIABLES:\n{}",
-                drift.join("\n")
+                "{doc}'s configuration table differs from config::VARIABLES:\n{}\n\nthe table renders as:\n{}",
+                drift.join("\n"),
+                rendered.join("\n")
             );
         }
     }
 
     #[test]
     fn a_drifted_table_is_reported() {
-        let row = |name: &str, default: &str| format!("| `{PREFIX}{name}` | `{default}` | x |\n");
-        let table = |rows: &mut dyn Iterator<Item = String>| {
-            let mut doc = "intro\n\n| variable | default | meaning |\n|---|---|---|\n".to_string();
-            doc.extend(rows);
-            doc + "\nafter | the table\n"
+        let rendered = render(PREFIX, &variables::rows(), Column::Meaning);
+        let doc = |lines: &[String]| {
+            format!(
+                "intro\n\n| variable | default | meaning |\n|---|---|---|\n{}\n\nafter | the table\n",
+                lines.join("\n")
+            )
         };
-        let exact = table(&mut VARIABLES.iter().map(|(n, d, _)| row(n, d)));
-        assert_eq!(table_drift(&exact), Vec::<String>::new());
-        // One default changed (to a value found elsewhere in the table),
-        // one row dropped, one row for a variable that does not exist.
-        let drifted = table(
-            &mut VARIABLES
-                .iter()
-                .filter(|(n, _, _)| *n != "LISTEN")
-                .map(|(n, d, _)| {
-                    if *n == "UPSTREAM_TLS" {
-                        row(n, "0")
-                    } else {
-                        row(n, d)
-                    }
-                })
-                .chain([row("LISTEN_TWICE", "0.0.0.0:9092")]),
-        );
         assert_eq!(
-            table_drift(&drifted),
-            [
-                format!("no row for {PREFIX}LISTEN"),
-                format!("{PREFIX}UPSTREAM_TLS: the row says \"0\", the default is \"false\""),
-                format!("a row for {PREFIX}LISTEN_TWICE, which is no variable"),
-            ]
+            drift(&documented(&doc(&rendered)), &rendered),
+            Vec::<String>::new()
         );
+        // A default changed to a value found elsewhere in the table, a
+        // meaning shortened, the last row dropped.
+        let mut drifted = rendered.clone();
+        drifted[1] = drifted[1].replace("`0.0.0.0:9092`", "`0`");
+        drifted[2] = drifted[2].replace("every broker;", "every broker.");
+        drifted.pop();
+        let found = drift(&documented(&doc(&drifted)), &rendered);
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(
+            found[0].starts_with("row 2 (MIRROR_PROXY_LISTEN)"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("row 3 (MIRROR_PROXY_ADVERTISED_HOST)"),
+            "{found:?}"
+        );
+        assert!(
+            found[2].contains("no row for MIRROR_PROXY_LINK_<NAME>_CONTROL_BATCHES"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn every_default_is_a_value_its_parser_reads() {
+        for row in variables::rows() {
+            assert!(
+                row.default_parses,
+                "{}'s default {:?}",
+                row.name, row.default
+            );
+        }
+    }
+
+    #[test]
+    fn every_variable_read_is_in_the_table_and_every_entry_is_read() {
+        let table: BTreeSet<String> = VARIABLES.iter().map(|(n, _, _)| n.to_string()).collect();
+        let mut read = BTreeSet::new();
+        // Plain, and with a link and SNI routing (whose variables only
+        // then are read).
+        for set in [
+            vec![("BOOTSTRAP_SERVERS", "b:9092")],
+            vec![
+                ("BOOTSTRAP_SERVERS", "b:9092"),
+                ("SNI_HOST_PATTERN", "broker-$(nodeId).example.com"),
+                ("LINKS", "east-1"),
+            ],
+        ] {
+            let vars = vars(&set);
+            let mut env = Env::new(PREFIX, &vars);
+            let _ = Config::read(&mut env);
+            read.extend(
+                env.read
+                    .take()
+                    .into_iter()
+                    .map(|n| n.replace("LINK_EAST_1_", "LINK_<NAME>_")),
+            );
+        }
+        assert_eq!(read, table);
     }
 
     #[test]
@@ -1597,11 +1248,17 @@ mod tests {
             ("LINK_EAST_TOPICS", "orders"),
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
-        assert_eq!(c.read_only_error, ReadOnlyError::PolicyViolation);
-        assert_eq!(c.failover_drain_timeout_ms, 30_000);
-        assert_eq!(c.unknown_outcome_wait_ms, 10_000);
+        assert_eq!(c.read_only_error, default(&v::READ_ONLY_ERROR));
+        assert_eq!(
+            c.failover_drain_timeout_ms,
+            default(&v::FAILOVER_DRAIN_TIMEOUT_MS)
+        );
+        assert_eq!(
+            c.unknown_outcome_wait_ms,
+            default(&v::UNKNOWN_OUTCOME_WAIT_MS)
+        );
         let east = c.links.iter().next().expect("one link");
-        assert_eq!(east.initial_state(), LinkState::Mirroring);
+        assert_eq!(east.initial_state(), default(&v::LINK_INITIAL_STATE));
 
         let mut set = base.to_vec();
         set.extend([
@@ -1641,10 +1298,19 @@ mod tests {
             ("LISTEN", "127.0.0.1:9092"),
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
-        assert_eq!(c.state_topic, "__mirror_state");
-        assert_eq!(c.producer_expiration_ms, 86_400_000);
-        assert_eq!(c.producer_state_max_entries, 100_000);
-        assert_eq!(c.producer_state_rebuild_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.state_topic, DEFAULT_STATE_TOPIC);
+        assert_eq!(
+            c.producer_expiration_ms,
+            default(&v::PRODUCER_EXPIRATION_MS)
+        );
+        assert_eq!(
+            c.producer_state_max_entries,
+            default(&v::PRODUCER_STATE_MAX_ENTRIES)
+        );
+        assert_eq!(
+            c.producer_state_rebuild_bytes,
+            default(&v::PRODUCER_STATE_REBUILD_BYTES)
+        );
         let mut set = base.to_vec();
         set.extend([
             ("STATE_TOPIC", "mirror.state-2"),
@@ -1656,7 +1322,10 @@ mod tests {
         assert_eq!(c.producer_expiration_ms, 5000);
         assert_eq!(c.producer_state_max_entries, 7);
         assert_eq!(c.state_key, None);
-        assert_eq!(c.state_key_unsigned_before, 0);
+        assert_eq!(
+            c.state_key_unsigned_before,
+            default(&v::STATE_KEY_UNSIGNED_BEFORE)
+        );
         let key = "k".repeat(32);
         let mut keyed = base.to_vec();
         keyed.extend([
@@ -1717,7 +1386,10 @@ mod tests {
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
         assert_eq!(c.instance_id, None);
-        assert_eq!(c.instance_session_timeout_ms, 10_000);
+        assert_eq!(
+            c.instance_session_timeout_ms,
+            default(&v::INSTANCE_SESSION_TIMEOUT_MS)
+        );
         let mut set = base.to_vec();
         set.extend([
             ("INSTANCE_ID", "proxy-a.1"),

@@ -8,69 +8,333 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use regex::Regex;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::{
-    parse_bool, parse_socket_addr, process_vars, upstream_sasl, upstream_tls, ConfigError, Env,
-    LogFormat, UpstreamTls,
+use super::table::{
+    boolean, host_ports, log_format, millis, one_of, patterns, pem_certs, pem_key, process_vars,
+    read_all, sasl_mechanism, socket_addr, text, upstream_sasl, upstream_tls, variables, whole,
+    Env, Invalid, SaslVars, TlsVars,
+    Unset::{Described, Template, Value},
 };
-use crate::wire::sasl::Credentials;
+use super::{ConfigError, LogFormat, UpstreamTls};
+use crate::wire::sasl::{Credentials, Mechanism};
 
 pub const PREFIX: &str = "MIRROR_REPLICATOR_";
 
 /// `OFFSETS_TOPIC`'s default.
 pub const DEFAULT_OFFSETS_TOPIC: &str = "__mirror_offsets";
 
-/// Every variable: (name without the prefix, default, meaning). The flags,
-/// the parser below and docs/replicator.md come from this table.
-pub const VARIABLES: &[(&str, &str, &str)] = &[
-    ("SOURCE_BOOTSTRAP_SERVERS", "(required)", "Source cluster brokers, host:port,..."),
-    ("DESTINATION_BOOTSTRAP_SERVERS", "(required)", "The proxy in front of the destination cluster, host:port,..."),
-    ("LINK", "(required)", "The link's name, as in the proxy's MIRROR_PROXY_LINKS ([a-z0-9-]+)."),
-    ("CLIENT_ID", "mirror-<link>", "The client.id of the Produce requests through the proxy (must equal the proxy's MIRROR_PROXY_LINK_<NAME>_CLIENT_ID) and of every request to the source; the replicator's other requests to the destination send <client id>.control (metadata, topics, progress, groups) and <client id>.offsets (the offsets topic)."),
-    ("TOPICS", "(required)", "Comma-separated topic names or regular expressions, each matched against the whole name (the proxy's LINK_<NAME>_TOPICS syntax)."),
-    ("TRANSACTIONAL_ID", "<client id>", "Sent on Produce requests that carry a transactional batch (brokers require one)."),
-    ("GROUP_ID", "replicator.<client id>", "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions)."),
-    ("OFFSETS_TOPIC", DEFAULT_OFFSETS_TOPIC, "Compacted topic on the destination cluster (written through the proxy) holding the offset translation: where each partition's source and destination offsets stop moving together. Saved before every progress commit; read by `kafka-mirror-proxy offsets`."),
-    ("GROUPS", "(none)", "Consumer groups of the source (names or regular expressions, as TOPICS) whose committed offsets are translated and committed on the destination while the group has no active member there."),
-    ("GROUP_SYNC_INTERVAL_MS", "10000", "How often the GROUPS' offsets are read on the source and committed on the destination."),
-    ("MEMBERSHIP", "true", "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone."),
-    ("SESSION_TIMEOUT_MS", "10000", "Membership: an instance that stops heartbeating for this long loses its partitions to the others (the source brokers' group.min/max.session.timeout.ms bound it)."),
-    ("ADMIN_LISTEN", "127.0.0.1:9191", "HTTP listener for /metrics, /healthz, /readyz and /offsets."),
-    ("DISCOVERY_INTERVAL_MS", "30000", "How often the source's topics, partitions and configs are read again."),
-    ("START_OFFSET", "earliest", "Where a partition without progress starts: `earliest`, `latest` or an offset."),
-    ("ISOLATION_LEVEL", "read_committed", "`read_committed` (aborted transactions dropped) or `read_uncommitted` (every data batch copied)."),
-    ("FETCH_MAX_BYTES", "52428800", "Bound on one Fetch response (all partitions of one source broker)."),
-    ("PARTITION_FETCH_MAX_BYTES", "1048576", "One partition's share of a Fetch response."),
-    ("FETCH_MAX_WAIT_MS", "500", "How long a source broker may hold a Fetch while it has no new records."),
-    ("MAX_BUFFERED_BYTES", "268435456", "Fetched and not yet acknowledged bytes, all partitions together: the replicator's memory bound."),
-    ("MAX_IN_FLIGHT_REQUESTS", "5", "Produce requests in flight on each destination connection (1 to 5)."),
-    ("COMMIT_INTERVAL_MS", "5000", "Acknowledged positions are committed at least this often (and after every 4 acknowledged batches of a partition)."),
-    ("CREATE_TOPICS", "true", "Create missing destination topics, add partitions the source added, and follow the source's replicated topic configs."),
-    ("REPLICATION_FACTOR", "-1", "Replication factor of created topics (-1: the destination cluster's default)."),
-    ("UNTIL_CAUGHT_UP", "false", "Stop once every partition reached the source high watermark seen at start, and print a report."),
-    ("CONNECT_TIMEOUT_MS", "10000", "Connecting (and TLS) to a broker of either cluster."),
-    ("REQUEST_TIMEOUT_MS", "30000", "Bound on one request's round trip (a Fetch adds its wait)."),
-    ("RETRY_BACKOFF_MS", "100", "First wait before retrying a failed request; doubles up to RETRY_BACKOFF_MAX_MS."),
-    ("UNKNOWN_OUTCOME_WAIT_MS", "10000", "A batch whose answer was lost with its connection is sent again after this long, and a partition resumed from a commit sends nothing for this long after start: a request a proxy instance still holds from before lands first, and the retry is its duplicate (the proxy's own UNKNOWN_OUTCOME_WAIT_MS)."),
-    ("RETRY_BACKOFF_MAX_MS", "5000", "Longest wait between retries. Retriable errors are retried for as long as the replicator runs."),
-    ("LOG_FORMAT", "text", "`text` or `json`; filter with RUST_LOG (default `info`)."),
-    ("SOURCE_TLS", "false", "TLS to the source brokers."),
-    ("SOURCE_TLS_CA", "(required with SOURCE_TLS)", "PEM CA bundle for the source brokers' certificates."),
-    ("SOURCE_TLS_CERT", "(none)", "PEM client certificate chain for the source brokers."),
-    ("SOURCE_TLS_KEY", "(none)", "Its PEM private key."),
-    ("SOURCE_TLS_SERVER_NAME", "(broker host)", "Name the source brokers' certificates are verified against."),
-    ("SOURCE_SASL_MECHANISM", "(none)", "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` for the source cluster."),
-    ("SOURCE_SASL_USERNAME", "(required with SOURCE_SASL_MECHANISM)", "Its user name."),
-    ("SOURCE_SASL_PASSWORD", "(required with SOURCE_SASL_MECHANISM)", "Its password, never logged."),
-    ("DESTINATION_TLS", "false", "TLS to the proxy."),
-    ("DESTINATION_TLS_CA", "(required with DESTINATION_TLS)", "PEM CA bundle for the proxy's certificate."),
-    ("DESTINATION_TLS_CERT", "(none)", "PEM client certificate chain (the proxy's LINK_<NAME>_TLS_SUBJECT checks it)."),
-    ("DESTINATION_TLS_KEY", "(none)", "Its PEM private key."),
-    ("DESTINATION_TLS_SERVER_NAME", "(proxy host)", "Name the proxy's certificate is verified against."),
-    ("DESTINATION_SASL_MECHANISM", "(none)", "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` for the destination (passed through the proxy)."),
-    ("DESTINATION_SASL_USERNAME", "(required with DESTINATION_SASL_MECHANISM)", "Its user name."),
-    ("DESTINATION_SASL_PASSWORD", "(required with DESTINATION_SASL_MECHANISM)", "Its password, never logged."),
-];
+variables! {
+    /// Every variable: (name without the prefix, default, meaning). The
+    /// flags, the parser below and docs/replicator.md come from this table.
+    pub const VARIABLES;
+    rows: rows;
+    SOURCE_BOOTSTRAP_SERVERS: Vec<String> {
+        default: Described("(required)"),
+        parse: host_ports,
+        meaning: "Source cluster brokers, host:port,...",
+    }
+    DESTINATION_BOOTSTRAP_SERVERS: Vec<String> {
+        default: Described("(required)"),
+        parse: host_ports,
+        meaning: "The proxy in front of the destination cluster, host:port,...",
+    }
+    LINK: String {
+        default: Described("(required)"),
+        parse: link_name,
+        meaning: "The link's name, as in the proxy's MIRROR_PROXY_LINKS ([a-z0-9-]+).",
+    }
+    CLIENT_ID: String {
+        default: Template("mirror-<link>"),
+        parse: text,
+        meaning: "The client.id of the Produce requests through the proxy (must equal the proxy's MIRROR_PROXY_LINK_<NAME>_CLIENT_ID) and of every request to the source; the replicator's other requests to the destination send <client id>.control (metadata, topics, progress, groups) and <client id>.offsets (the offsets topic).",
+    }
+    TOPICS: Vec<Regex> {
+        default: Described("(required)"),
+        parse: patterns,
+        meaning: "Comma-separated topic names or regular expressions, each matched against the whole name (the proxy's LINK_<NAME>_TOPICS syntax).",
+    }
+    TRANSACTIONAL_ID: String {
+        default: Template("<client id>"),
+        parse: text,
+        meaning: "Sent on Produce requests that carry a transactional batch (brokers require one).",
+    }
+    GROUP_ID: String {
+        default: Template("replicator.<client id>"),
+        parse: text,
+        meaning: "Consumer group on the destination cluster holding the replicator's progress (acknowledged source positions).",
+    }
+    OFFSETS_TOPIC: String {
+        default: Value(DEFAULT_OFFSETS_TOPIC),
+        parse: text,
+        meaning: "Compacted topic on the destination cluster (written through the proxy) holding the offset translation: where each partition's source and destination offsets stop moving together. Saved before every progress commit; read by `kafka-mirror-proxy offsets`.",
+    }
+    GROUPS: Vec<Regex> {
+        default: Described("(none)"),
+        parse: patterns,
+        meaning: "Consumer groups of the source (names or regular expressions, as TOPICS) whose committed offsets are translated and committed on the destination while the group has no active member there.",
+    }
+    GROUP_SYNC_INTERVAL_MS: Duration {
+        default: Value("10000"),
+        parse: duration,
+        meaning: "How often the GROUPS' offsets are read on the source and committed on the destination.",
+    }
+    MEMBERSHIP: bool {
+        default: Value("true"),
+        parse: boolean,
+        meaning: "Share the link's partitions with its other instances: each instance joins the consumer group <GROUP_ID>.instances on the source cluster and copies the partitions its slot owns; `false`: this instance copies every partition alone.",
+    }
+    SESSION_TIMEOUT_MS: Duration {
+        default: Value("10000"),
+        parse: duration,
+        meaning: "Membership: an instance that stops heartbeating for this long loses its partitions to the others (the source brokers' group.min/max.session.timeout.ms bound it).",
+    }
+    ADMIN_LISTEN: SocketAddr {
+        default: Value("127.0.0.1:9191"),
+        parse: |s| socket_addr(s, "host:port with an IP address, e.g. 127.0.0.1:9191"),
+        meaning: "HTTP listener for /metrics, /healthz, /readyz and /offsets.",
+    }
+    DISCOVERY_INTERVAL_MS: Duration {
+        default: Value("30000"),
+        parse: duration,
+        meaning: "How often the source's topics, partitions and configs are read again.",
+    }
+    START_OFFSET: StartOffset {
+        default: Value("earliest"),
+        parse: start_offset,
+        meaning: "Where a partition without progress starts: `earliest`, `latest` or an offset.",
+    }
+    ISOLATION_LEVEL: Isolation {
+        default: Value("read_committed"),
+        parse: isolation,
+        meaning: "`read_committed` (aborted transactions dropped) or `read_uncommitted` (every data batch copied).",
+    }
+    FETCH_MAX_BYTES: i32 {
+        default: Value("52428800"),
+        parse: fetch_bytes,
+        meaning: "Bound on one Fetch response (all partitions of one source broker).",
+    }
+    PARTITION_FETCH_MAX_BYTES: i32 {
+        default: Value("1048576"),
+        parse: fetch_bytes,
+        meaning: "One partition's share of a Fetch response.",
+    }
+    FETCH_MAX_WAIT_MS: Duration {
+        default: Value("500"),
+        parse: duration,
+        meaning: "How long a source broker may hold a Fetch while it has no new records.",
+    }
+    MAX_BUFFERED_BYTES: usize {
+        default: Value("268435456"),
+        parse: |s| whole(s, |n: &usize| *n >= 1024 * 1024, "a whole number of bytes, at least 1048576"),
+        meaning: "Fetched and not yet acknowledged bytes, all partitions together: the replicator's memory bound.",
+    }
+    MAX_IN_FLIGHT_REQUESTS: usize {
+        default: Value("5"),
+        parse: |s| whole(s, |n: &usize| (1..=5).contains(n), "a number from 1 to 5"),
+        meaning: "Produce requests in flight on each destination connection (1 to 5).",
+    }
+    COMMIT_INTERVAL_MS: Duration {
+        default: Value("5000"),
+        parse: duration,
+        meaning: "Acknowledged positions are committed at least this often (and after every 4 acknowledged batches of a partition).",
+    }
+    CREATE_TOPICS: bool {
+        default: Value("true"),
+        parse: boolean,
+        meaning: "Create missing destination topics, add partitions the source added, and follow the source's replicated topic configs.",
+    }
+    REPLICATION_FACTOR: i16 {
+        default: Value("-1"),
+        parse: |s| whole(s, |n: &i16| *n == -1 || *n >= 1, "-1 (the cluster's default) or a replication factor from 1 to 32767"),
+        meaning: "Replication factor of created topics (-1: the destination cluster's default).",
+    }
+    UNTIL_CAUGHT_UP: bool {
+        default: Value("false"),
+        parse: boolean,
+        meaning: "Stop once every partition reached the source high watermark seen at start, and print a report.",
+    }
+    CONNECT_TIMEOUT_MS: Duration {
+        default: Value("10000"),
+        parse: duration,
+        meaning: "Connecting (and TLS) to a broker of either cluster.",
+    }
+    REQUEST_TIMEOUT_MS: Duration {
+        default: Value("30000"),
+        parse: duration,
+        meaning: "Bound on one request's round trip (a Fetch adds its wait).",
+    }
+    RETRY_BACKOFF_MS: Duration {
+        default: Value("100"),
+        parse: duration,
+        meaning: "First wait before retrying a failed request; doubles up to RETRY_BACKOFF_MAX_MS.",
+    }
+    UNKNOWN_OUTCOME_WAIT_MS: Duration {
+        default: Value("10000"),
+        parse: duration,
+        meaning: "A batch whose answer was lost with its connection is sent again after this long, and a partition resumed from a commit sends nothing for this long after start: a request a proxy instance still holds from before lands first, and the retry is its duplicate (the proxy's own UNKNOWN_OUTCOME_WAIT_MS).",
+    }
+    RETRY_BACKOFF_MAX_MS: Duration {
+        default: Value("5000"),
+        parse: duration,
+        meaning: "Longest wait between retries. Retriable errors are retried for as long as the replicator runs.",
+    }
+    LOG_FORMAT: LogFormat {
+        default: Value("text"),
+        parse: log_format,
+        meaning: "`text` or `json`; filter with RUST_LOG (default `info`).",
+    }
+    SOURCE_TLS: bool {
+        default: Value("false"),
+        parse: boolean,
+        meaning: "TLS to the source brokers.",
+    }
+    SOURCE_TLS_CA: Vec<CertificateDer<'static>> {
+        default: Described("(required with SOURCE_TLS)"),
+        parse: pem_certs,
+        meaning: "PEM CA bundle for the source brokers' certificates.",
+    }
+    SOURCE_TLS_CERT: Vec<CertificateDer<'static>> {
+        default: Described("(none)"),
+        parse: pem_certs,
+        meaning: "PEM client certificate chain for the source brokers.",
+    }
+    SOURCE_TLS_KEY: PrivateKeyDer<'static> {
+        default: Described("(none)"),
+        parse: pem_key,
+        meaning: "Its PEM private key.",
+    }
+    SOURCE_TLS_SERVER_NAME: String {
+        default: Described("(broker host)"),
+        parse: text,
+        meaning: "Name the source brokers' certificates are verified against.",
+    }
+    SOURCE_SASL_MECHANISM: Mechanism {
+        default: Described("(none)"),
+        parse: sasl_mechanism,
+        meaning: "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` for the source cluster.",
+    }
+    SOURCE_SASL_USERNAME: String {
+        default: Described("(required with SOURCE_SASL_MECHANISM)"),
+        parse: text,
+        meaning: "Its user name.",
+    }
+    SOURCE_SASL_PASSWORD: String {
+        default: Described("(required with SOURCE_SASL_MECHANISM)"),
+        parse: text,
+        meaning: "Its password, never logged.",
+    }
+    DESTINATION_TLS: bool {
+        default: Value("false"),
+        parse: boolean,
+        meaning: "TLS to the proxy.",
+    }
+    DESTINATION_TLS_CA: Vec<CertificateDer<'static>> {
+        default: Described("(required with DESTINATION_TLS)"),
+        parse: pem_certs,
+        meaning: "PEM CA bundle for the proxy's certificate.",
+    }
+    DESTINATION_TLS_CERT: Vec<CertificateDer<'static>> {
+        default: Described("(none)"),
+        parse: pem_certs,
+        meaning: "PEM client certificate chain (the proxy's LINK_<NAME>_TLS_SUBJECT checks it).",
+    }
+    DESTINATION_TLS_KEY: PrivateKeyDer<'static> {
+        default: Described("(none)"),
+        parse: pem_key,
+        meaning: "Its PEM private key.",
+    }
+    DESTINATION_TLS_SERVER_NAME: String {
+        default: Described("(proxy host)"),
+        parse: text,
+        meaning: "Name the proxy's certificate is verified against.",
+    }
+    DESTINATION_SASL_MECHANISM: Mechanism {
+        default: Described("(none)"),
+        parse: sasl_mechanism,
+        meaning: "`PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` for the destination (passed through the proxy).",
+    }
+    DESTINATION_SASL_USERNAME: String {
+        default: Described("(required with DESTINATION_SASL_MECHANISM)"),
+        parse: text,
+        meaning: "Its user name.",
+    }
+    DESTINATION_SASL_PASSWORD: String {
+        default: Described("(required with DESTINATION_SASL_MECHANISM)"),
+        parse: text,
+        meaning: "Its password, never logged.",
+    }
+}
+
+const SOURCE_TLS_VARS: TlsVars = TlsVars {
+    tls: &SOURCE_TLS,
+    ca: &SOURCE_TLS_CA,
+    cert: &SOURCE_TLS_CERT,
+    key: &SOURCE_TLS_KEY,
+    server_name: &SOURCE_TLS_SERVER_NAME,
+};
+
+const SOURCE_SASL_VARS: SaslVars = SaslVars {
+    mechanism: &SOURCE_SASL_MECHANISM,
+    username: &SOURCE_SASL_USERNAME,
+    password: &SOURCE_SASL_PASSWORD,
+};
+
+const DESTINATION_TLS_VARS: TlsVars = TlsVars {
+    tls: &DESTINATION_TLS,
+    ca: &DESTINATION_TLS_CA,
+    cert: &DESTINATION_TLS_CERT,
+    key: &DESTINATION_TLS_KEY,
+    server_name: &DESTINATION_TLS_SERVER_NAME,
+};
+
+const DESTINATION_SASL_VARS: SaslVars = SaslVars {
+    mechanism: &DESTINATION_SASL_MECHANISM,
+    username: &DESTINATION_SASL_USERNAME,
+    password: &DESTINATION_SASL_PASSWORD,
+};
+
+fn duration(s: &str) -> Result<Duration, Invalid> {
+    millis(s).map(Duration::from_millis)
+}
+
+fn link_name(s: &str) -> Result<String, Invalid> {
+    if !s
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(Invalid::expected("a link name made of a-z, 0-9 and -"));
+    }
+    Ok(s.to_string())
+}
+
+fn start_offset(s: &str) -> Result<StartOffset, Invalid> {
+    let expected = "`earliest`, `latest` or an offset (0 or more)";
+    match s {
+        "earliest" => Ok(StartOffset::Earliest),
+        "latest" => Ok(StartOffset::Latest),
+        n => whole(n, |n: &i64| *n >= 0, expected).map(StartOffset::At),
+    }
+}
+
+fn isolation(s: &str) -> Result<Isolation, Invalid> {
+    one_of(
+        s,
+        &[
+            ("read_committed", Isolation::ReadCommitted),
+            ("read_uncommitted", Isolation::ReadUncommitted),
+        ],
+        "`read_committed` or `read_uncommitted`",
+    )
+}
+
+fn fetch_bytes(s: &str) -> Result<i32, Invalid> {
+    whole(
+        s,
+        |n: &i32| *n >= 1024,
+        "a whole number of bytes from 1024 to 2147483647",
+    )
+}
 
 /// The flag of a variable: `SOURCE_TLS_CA` is `source-tls-ca`.
 pub fn flag_name(variable: &str) -> String {
@@ -93,16 +357,18 @@ pub enum Isolation {
     ReadUncommitted,
 }
 
-/// One cluster's connection settings.
-#[derive(Clone, Default)]
+/// One cluster's connection settings. Its `Debug` shows no secret: the
+/// TLS settings print their files, the credentials no password.
+#[derive(Clone, Debug, Default)]
 pub struct Side {
     pub bootstrap: Vec<String>,
     pub tls: Option<UpstreamTls>,
     pub sasl: Option<Credentials>,
 }
 
-/// The replicator's validated settings.
-#[derive(Clone)]
+/// The replicator's validated settings. Its `Debug` is the startup log
+/// line: every setting, no secret (see [`Side`]).
+#[derive(Clone, Debug)]
 pub struct ReplicatorConfig {
     pub source: Side,
     pub destination: Side,
@@ -145,24 +411,6 @@ pub struct ReplicatorConfig {
     pub log_format: LogFormat,
 }
 
-impl std::fmt::Debug for ReplicatorConfig {
-    // By hand: no TLS key or password is printed.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplicatorConfig")
-            .field("source", &self.source.bootstrap)
-            .field("destination", &self.destination.bootstrap)
-            .field("link", &self.link)
-            .field("client_id", &self.client_id)
-            .field(
-                "topics",
-                &self.topics.iter().map(Regex::as_str).collect::<Vec<_>>(),
-            )
-            .field("group_id", &self.group_id)
-            .field("membership", &self.membership)
-            .finish_non_exhaustive()
-    }
-}
-
 impl ReplicatorConfig {
     /// Settings for a program that builds them itself (tests, benchmarks):
     /// the defaults of [`VARIABLES`], no admin listener, no TLS or SASL.
@@ -191,190 +439,115 @@ impl ReplicatorConfig {
         Self::from_vars(&process_vars(PREFIX))
     }
 
-    /// Validate a map of variables (full names, with the prefix).
+    /// Validate a map of variables (full names, with the prefix): each
+    /// variable of [`VARIABLES`] read by its entry, then the checks across
+    /// variables.
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<ReplicatorConfig, ConfigError> {
-        let mut env = Env::new(PREFIX, vars);
-        let source_bootstrap = env.host_ports("SOURCE_BOOTSTRAP_SERVERS", "the source brokers");
-        let destination_bootstrap = env.host_ports(
-            "DESTINATION_BOOTSTRAP_SERVERS",
-            "the proxy in front of the destination",
+        read_all(PREFIX, vars, Self::read)
+    }
+
+    /// The settings `env` holds; `None` beside a problem.
+    fn read(env: &mut Env<'_>) -> Option<ReplicatorConfig> {
+        let source_bootstrap = env.required(
+            SOURCE_BOOTSTRAP_SERVERS.name,
+            &SOURCE_BOOTSTRAP_SERVERS,
+            "comma-separated host:port list of the source brokers",
         );
-        let link = match env.raw("LINK") {
-            None => {
-                env.problem("LINK", None, "the link's name, as in MIRROR_PROXY_LINKS");
-                String::new()
-            }
-            Some(l)
-                if l.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-') =>
-            {
-                l
-            }
-            Some(l) => {
-                env.problem("LINK", Some(l), "a link name made of a-z, 0-9 and -");
-                String::new()
-            }
-        };
-        let client_id = env
-            .raw("CLIENT_ID")
-            .unwrap_or_else(|| format!("mirror-{link}"));
-        let transactional_id = env
-            .raw("TRANSACTIONAL_ID")
-            .unwrap_or_else(|| client_id.clone());
-        let group_id = env
-            .raw("GROUP_ID")
-            .unwrap_or_else(|| format!("replicator.{client_id}"));
-        let topics = env.topic_patterns("TOPICS").unwrap_or_default();
-        let groups = if env.raw("GROUPS").is_some() {
-            env.topic_patterns("GROUPS").unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let admin_listen = env
-            .parse(
-                "ADMIN_LISTEN",
-                "host:port with an IP address, e.g. 127.0.0.1:9191",
-                parse_socket_addr,
+        let destination_bootstrap = env.required(
+            DESTINATION_BOOTSTRAP_SERVERS.name,
+            &DESTINATION_BOOTSTRAP_SERVERS,
+            "comma-separated host:port list of the proxy in front of the destination",
+        );
+        let link = env
+            .required(
+                LINK.name,
+                &LINK,
+                "the link's name, as in MIRROR_PROXY_LINKS",
             )
-            .unwrap_or(([127, 0, 0, 1], 9191).into());
-        let mut ms = |name: &str, default: u64| {
-            Duration::from_millis(
-                env.parse(name, "a whole number of milliseconds greater than 0", |s| {
-                    s.parse::<u64>().ok().filter(|n| *n > 0)
-                })
-                .unwrap_or(default),
-            )
-        };
-        let discovery_interval = ms("DISCOVERY_INTERVAL_MS", 30_000);
-        let fetch_max_wait = ms("FETCH_MAX_WAIT_MS", 500);
-        let commit_interval = ms("COMMIT_INTERVAL_MS", 5_000);
-        let connect_timeout = ms("CONNECT_TIMEOUT_MS", 10_000);
-        let request_timeout = ms("REQUEST_TIMEOUT_MS", 30_000);
-        let retry_backoff = ms("RETRY_BACKOFF_MS", 100);
-        let retry_backoff_max = ms("RETRY_BACKOFF_MAX_MS", 5_000);
-        let unknown_outcome_wait = ms("UNKNOWN_OUTCOME_WAIT_MS", 10_000);
-        let session_timeout = ms("SESSION_TIMEOUT_MS", 10_000);
-        let group_sync_interval = ms("GROUP_SYNC_INTERVAL_MS", 10_000);
-        let start_offset = env
-            .parse(
-                "START_OFFSET",
-                "`earliest`, `latest` or an offset (0 or more)",
-                |s| match s {
-                    "earliest" => Some(StartOffset::Earliest),
-                    "latest" => Some(StartOffset::Latest),
-                    n => n
-                        .parse::<i64>()
-                        .ok()
-                        .filter(|n| *n >= 0)
-                        .map(StartOffset::At),
-                },
-            )
-            .unwrap_or(StartOffset::Earliest);
-        let isolation = env
-            .parse(
-                "ISOLATION_LEVEL",
-                "`read_committed` or `read_uncommitted`",
-                |s| match s {
-                    "read_committed" => Some(Isolation::ReadCommitted),
-                    "read_uncommitted" => Some(Isolation::ReadUncommitted),
-                    _ => None,
-                },
-            )
-            .unwrap_or(Isolation::ReadCommitted);
-        let mut bytes = |name: &str, default: i32| {
-            env.parse(
-                name,
-                "a whole number of bytes from 1024 to 2147483647",
-                |s| s.parse::<i32>().ok().filter(|n| *n >= 1024),
-            )
-            .unwrap_or(default)
-        };
-        let fetch_max_bytes = bytes("FETCH_MAX_BYTES", 50 * 1024 * 1024);
-        let partition_fetch_max_bytes = bytes("PARTITION_FETCH_MAX_BYTES", 1024 * 1024);
-        let max_buffered_bytes = env
-            .parse(
-                "MAX_BUFFERED_BYTES",
-                "a whole number of bytes, at least 1048576",
-                |s| s.parse::<usize>().ok().filter(|n| *n >= 1024 * 1024),
-            )
-            .unwrap_or(256 * 1024 * 1024);
-        let max_in_flight_requests = env
-            .parse("MAX_IN_FLIGHT_REQUESTS", "a number from 1 to 5", |s| {
-                s.parse::<usize>().ok().filter(|n| (1..=5).contains(n))
-            })
-            .unwrap_or(5);
-        let create_topics = env
-            .parse("CREATE_TOPICS", "`true` or `false`", parse_bool)
-            .unwrap_or(true);
-        let replication_factor = env
-            .parse(
-                "REPLICATION_FACTOR",
-                "-1 (the cluster's default) or a replication factor from 1 to 32767",
-                |s| s.parse::<i16>().ok().filter(|n| *n == -1 || *n >= 1),
-            )
-            .unwrap_or(-1);
-        let until_caught_up = env
-            .parse("UNTIL_CAUGHT_UP", "`true` or `false`", parse_bool)
-            .unwrap_or(false);
-        let membership = env
-            .parse("MEMBERSHIP", "`true` or `false`", parse_bool)
-            .unwrap_or(true);
-        let offsets_topic = env
-            .raw("OFFSETS_TOPIC")
-            .unwrap_or_else(|| DEFAULT_OFFSETS_TOPIC.to_string());
-        let log_format = env
-            .parse("LOG_FORMAT", "`text` or `json`", |s| match s {
-                "text" => Some(LogFormat::Text),
-                "json" => Some(LogFormat::Json),
-                _ => None,
-            })
-            .unwrap_or(LogFormat::Text);
-        let source = Side {
-            bootstrap: source_bootstrap,
-            tls: upstream_tls(&mut env, "SOURCE"),
-            sasl: upstream_sasl(&mut env, "SOURCE"),
-        };
-        let destination = Side {
-            bootstrap: destination_bootstrap,
-            tls: upstream_tls(&mut env, "DESTINATION"),
-            sasl: upstream_sasl(&mut env, "DESTINATION"),
-        };
-        if !env.problems.is_empty() {
-            return Err(ConfigError(env.problems));
-        }
-        Ok(ReplicatorConfig {
-            source,
-            destination,
+            .unwrap_or_default();
+        let client_id = env.get_filled(CLIENT_ID.name, &CLIENT_ID, &[("<link>", &link)]);
+        let transactional_id = env.get_filled(
+            TRANSACTIONAL_ID.name,
+            &TRANSACTIONAL_ID,
+            &[("<client id>", &client_id)],
+        );
+        let group_id = env.get_filled(GROUP_ID.name, &GROUP_ID, &[("<client id>", &client_id)]);
+        let topics = env.required(
+            TOPICS.name,
+            &TOPICS,
+            "comma-separated topic names or regular expressions",
+        );
+        let groups = env.get(&GROUPS).unwrap_or_default();
+        let admin_listen = env.get(&ADMIN_LISTEN);
+        let discovery_interval = env.get(&DISCOVERY_INTERVAL_MS);
+        let fetch_max_wait = env.get(&FETCH_MAX_WAIT_MS);
+        let commit_interval = env.get(&COMMIT_INTERVAL_MS);
+        let connect_timeout = env.get(&CONNECT_TIMEOUT_MS);
+        let request_timeout = env.get(&REQUEST_TIMEOUT_MS);
+        let retry_backoff = env.get(&RETRY_BACKOFF_MS);
+        let retry_backoff_max = env.get(&RETRY_BACKOFF_MAX_MS);
+        let unknown_outcome_wait = env.get(&UNKNOWN_OUTCOME_WAIT_MS);
+        let session_timeout = env.get(&SESSION_TIMEOUT_MS);
+        let group_sync_interval = env.get(&GROUP_SYNC_INTERVAL_MS);
+        let start_offset = env.get(&START_OFFSET);
+        let isolation = env.get(&ISOLATION_LEVEL);
+        let fetch_max_bytes = env.get(&FETCH_MAX_BYTES);
+        let partition_fetch_max_bytes = env.get(&PARTITION_FETCH_MAX_BYTES);
+        let max_buffered_bytes = env.get(&MAX_BUFFERED_BYTES);
+        let max_in_flight_requests = env.get(&MAX_IN_FLIGHT_REQUESTS);
+        let create_topics = env.get(&CREATE_TOPICS);
+        let replication_factor = env.get(&REPLICATION_FACTOR);
+        let until_caught_up = env.get(&UNTIL_CAUGHT_UP);
+        let membership = env.get(&MEMBERSHIP);
+        let offsets_topic = env.get(&OFFSETS_TOPIC);
+        let log_format = env.get(&LOG_FORMAT);
+        let source_tls = upstream_tls(env, &SOURCE_TLS_VARS);
+        let source_sasl = upstream_sasl(env, &SOURCE_SASL_VARS);
+        let destination_tls = upstream_tls(env, &DESTINATION_TLS_VARS);
+        let destination_sasl = upstream_sasl(env, &DESTINATION_SASL_VARS);
+        // Every value the table gives is `Some` unless a problem was
+        // recorded for it, so a `?` below returns only beside a problem.
+        Some(ReplicatorConfig {
+            source: Side {
+                bootstrap: source_bootstrap?,
+                tls: source_tls,
+                sasl: source_sasl,
+            },
+            destination: Side {
+                bootstrap: destination_bootstrap?,
+                tls: destination_tls,
+                sasl: destination_sasl,
+            },
             link,
             client_id,
             transactional_id,
-            topics,
+            topics: topics?,
             group_id,
             groups,
-            group_sync_interval,
-            offsets_topic,
-            membership,
-            session_timeout,
-            admin_listen: Some(admin_listen),
-            discovery_interval,
-            start_offset,
+            group_sync_interval: group_sync_interval?,
+            offsets_topic: offsets_topic?,
+            membership: membership?,
+            session_timeout: session_timeout?,
+            admin_listen: Some(admin_listen?),
+            discovery_interval: discovery_interval?,
+            start_offset: start_offset?,
             start_offsets: BTreeMap::new(),
-            isolation,
-            fetch_max_bytes,
-            partition_fetch_max_bytes,
-            fetch_max_wait,
-            max_buffered_bytes,
-            max_in_flight_requests,
-            commit_interval,
-            create_topics,
-            replication_factor,
-            until_caught_up,
-            connect_timeout,
-            request_timeout,
-            retry_backoff,
-            retry_backoff_max,
-            unknown_outcome_wait,
-            log_format,
+            isolation: isolation?,
+            fetch_max_bytes: fetch_max_bytes?,
+            partition_fetch_max_bytes: partition_fetch_max_bytes?,
+            fetch_max_wait: fetch_max_wait?,
+            max_buffered_bytes: max_buffered_bytes?,
+            max_in_flight_requests: max_in_flight_requests?,
+            commit_interval: commit_interval?,
+            create_topics: create_topics?,
+            replication_factor: replication_factor?,
+            until_caught_up: until_caught_up?,
+            connect_timeout: connect_timeout?,
+            request_timeout: request_timeout?,
+            retry_backoff: retry_backoff?,
+            retry_backoff_max: retry_backoff_max?,
+            unknown_outcome_wait: unknown_outcome_wait?,
+            log_format: log_format?,
         })
     }
 
@@ -401,12 +574,21 @@ impl ReplicatorConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::table::Var;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
             .collect()
+    }
+
+    /// A variable's default, read from the table as `from_vars` reads it.
+    fn default<T>(var: &Var<T>) -> T {
+        match (var.parse)(var.default.text()) {
+            Ok(value) => value,
+            Err(e) => panic!("{}'s default: {e:?}", var.name),
+        }
     }
 
     const REQUIRED: &[(&str, &str)] = &[
@@ -422,15 +604,55 @@ mod tests {
         assert_eq!(c.client_id, "mirror-east");
         assert_eq!(c.transactional_id, "mirror-east");
         assert_eq!(c.group_id, "replicator.mirror-east");
+        assert_eq!(c.offsets_topic, DEFAULT_OFFSETS_TOPIC);
         assert_eq!(c.destination.bootstrap, ["proxy:9092", "proxy2:9092"]);
         assert!(c.copies_topic("orders") && c.copies_topic("audit.x"));
         assert!(!c.copies_topic("orders2") && !c.copies_topic("xaudit.x"));
-        assert_eq!(c.start_offset, StartOffset::Earliest);
-        assert_eq!(c.isolation, Isolation::ReadCommitted);
-        assert_eq!(c.max_in_flight_requests, 5);
-        assert_eq!(c.admin_listen, Some(([127, 0, 0, 1], 9191).into()));
-        assert!(c.create_topics && !c.until_caught_up);
+        assert_eq!(c.start_offset, default(&START_OFFSET));
+        assert_eq!(c.isolation, default(&ISOLATION_LEVEL));
+        assert_eq!(c.max_in_flight_requests, default(&MAX_IN_FLIGHT_REQUESTS));
+        assert_eq!(c.admin_listen, Some(default(&ADMIN_LISTEN)));
+        assert_eq!(c.create_topics, default(&CREATE_TOPICS));
+        assert_eq!(c.until_caught_up, default(&UNTIL_CAUGHT_UP));
+        assert_eq!(c.fetch_max_wait, default(&FETCH_MAX_WAIT_MS));
         assert!(c.source.tls.is_none() && c.destination.sasl.is_none());
+    }
+
+    #[test]
+    fn debug_shows_every_setting_but_no_secret() {
+        let mut set = REQUIRED.to_vec();
+        set.extend([
+            ("SOURCE_SASL_MECHANISM", "PLAIN"),
+            ("SOURCE_SASL_USERNAME", "replicator"),
+            ("SOURCE_SASL_PASSWORD", "source-password-secret"),
+            ("DESTINATION_SASL_MECHANISM", "PLAIN"),
+            ("DESTINATION_SASL_USERNAME", "replicator"),
+            ("DESTINATION_SASL_PASSWORD", "destination-password-secret"),
+        ]);
+        for (name, _, meaning) in VARIABLES {
+            if meaning.contains("never logged") {
+                assert!(
+                    set.iter().any(|(set, _)| set == name),
+                    "{name} is never logged, so this test must set it"
+                );
+            }
+        }
+        let c = ReplicatorConfig::from_vars(&vars(&set)).expect("valid");
+        let shown = format!("{c:?}");
+        for secret in ["source-password-secret", "destination-password-secret"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let fields = crate::config::table::docs::declared_fields(
+            include_str!("replicator.rs"),
+            "ReplicatorConfig",
+        );
+        assert!(fields.len() > 30, "{fields:?}");
+        for field in fields {
+            assert!(
+                shown.contains(&format!(" {field}: ")),
+                "{field} missing: {shown}"
+            );
+        }
     }
 
     #[test]
@@ -480,46 +702,44 @@ mod tests {
     }
 
     #[test]
-    fn every_variable_read_is_in_the_table() {
-        // The parser reads only names of the table: a name it reads that
-        // the table lacks would be a variable without a flag or a doc row.
-        let source = include_str!("replicator.rs");
-        let table: Vec<&str> = VARIABLES.iter().map(|(n, _, _)| *n).collect();
-        let parser = &source[..source.find("#[cfg(test)]").unwrap_or(source.len())];
-        for quoted in parser.split('"').skip(1).step_by(2) {
-            let is_name = !quoted.is_empty()
-                && quoted.chars().all(|c| c.is_ascii_uppercase() || c == '_')
-                && !quoted.ends_with('_');
-            // The two stems of the TLS and SASL variables.
-            if is_name && !["SOURCE", "DESTINATION"].contains(&quoted) {
-                assert!(
-                    table.contains(&quoted),
-                    "{quoted} is read but not in VARIABLES"
-                );
-            }
+    fn every_variable_read_is_in_the_table_and_every_entry_is_read() {
+        // A name read that the table lacks would be a variable without a
+        // flag or a doc row; an entry never read, a flag that does nothing.
+        let mut with_groups = REQUIRED.to_vec();
+        with_groups.push(("GROUPS", "g.*"));
+        let vars = vars(&with_groups);
+        let mut env = Env::new(PREFIX, &vars);
+        let read = ReplicatorConfig::read(&mut env);
+        assert!(read.is_some(), "{:?}", env.problems);
+        let table: std::collections::BTreeSet<String> =
+            VARIABLES.iter().map(|(n, _, _)| n.to_string()).collect();
+        assert_eq!(env.read.take(), table);
+    }
+
+    #[test]
+    fn every_default_is_a_value_its_parser_reads() {
+        for row in rows() {
+            assert!(
+                row.default_parses,
+                "{}'s default {:?}",
+                row.name, row.default
+            );
         }
     }
 
     #[test]
     fn the_documented_table_is_the_table() {
-        let doc = include_str!("../../docs/replicator.md");
-        let rows: Vec<(String, String)> = doc
-            .lines()
-            .filter_map(|l| l.strip_prefix("| `MIRROR_REPLICATOR_"))
-            .filter_map(|l| {
-                let mut cells = l.split(" | ");
-                let name = cells.next()?.strip_suffix('`')?.to_string();
-                let default = cells.next()?.trim_matches('`').to_string();
-                Some((name, default))
-            })
-            .collect();
-        let table: Vec<(String, String)> = VARIABLES
-            .iter()
-            .map(|(n, d, _)| (n.to_string(), d.to_string()))
-            .collect();
-        assert_eq!(
-            rows, table,
-            "docs/replicator.md's table and VARIABLES differ"
+        use crate::config::table::docs::{documented, drift, render, Column};
+        let rendered = render(PREFIX, &rows(), Column::Meaning);
+        let drift = drift(
+            &documented(include_str!("../../docs/replicator.md")),
+            &rendered,
+        );
+        assert!(
+            drift.is_empty(),
+            "docs/replicator.md's table differs from VARIABLES:\n{}\n\nthe table renders as:\n{}",
+            drift.join("\n"),
+            rendered.join("\n")
         );
     }
 }

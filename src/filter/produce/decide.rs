@@ -151,11 +151,7 @@ pub(crate) fn log_name(names: &impl TopicNames, id: Uuid, topic: &TopicRef) -> S
 
 /// Whether the request names a topic id the proxy has not seen.
 pub(crate) fn names_unknown_id(frame: &[u8], index: &Index, names: &impl TopicNames) -> bool {
-    produce::any_topic(
-        frame,
-        index,
-        |t| matches!(t, TopicKey::Id(id) if names.topic_name(id).is_none()),
-    )
+    produce::any_topic(frame, index, |t| topic_name(names, t).is_none())
 }
 
 /// What becomes of a local (not a link's) Produce.

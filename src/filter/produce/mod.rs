@@ -28,8 +28,7 @@ use super::{
     pass, Context, FilterError, Outcome, Pending, Request, ResponseHalf, Service, Step, Then,
 };
 use crate::metrics::mirrored::LinkMirror;
-use crate::mirror::dedupe::Tracked;
-use crate::mirror::dedupe::Writer;
+use crate::mirror::dedupe::{Tracked, Writer};
 use crate::mirror::link::{CertSubject, Link, Origin};
 use crate::mirror::produce::{
     self, Index, LocalOutcome, LocalPartition, MirroredPartition, Refusal,

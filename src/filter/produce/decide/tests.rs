@@ -11,11 +11,12 @@ use kafka_protocol::messages::produce_request::{
 use kafka_protocol::messages::produce_response::{
     PartitionProduceResponse, ProduceResponse, TopicProduceResponse,
 };
-use kafka_protocol::messages::{RequestHeader, TopicName as WireName};
-use kafka_protocol::protocol::{Encodable, StrBytes};
+use kafka_protocol::messages::TopicName as WireName;
+use kafka_protocol::protocol::StrBytes;
 use regex::Regex;
 
 use super::*;
+use crate::client::protocol::encode_request;
 use crate::mirror::link::ControlBatchPolicy;
 use crate::mirror::pid::ClusterId;
 use crate::mirror::produce::LocalOutcome;
@@ -75,17 +76,9 @@ pub(crate) fn request(
         .with_acks(acks)
         .with_timeout_ms(30_000)
         .with_topic_data(topic_data);
-    let header = RequestHeader::default()
-        .with_request_api_key(ApiKey::Produce as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(CORRELATION_ID)
-        .with_client_id(Some(StrBytes::from_string(client_id.into())));
-    let mut out = BytesMut::new();
-    header
-        .encode(&mut out, ApiKey::Produce.request_header_version(version))
-        .expect("header");
-    body.encode(&mut out, version).expect("body");
-    out.freeze()
+    encode_request(&body, version, CORRELATION_ID, client_id)
+        .expect("encode")
+        .freeze()
 }
 
 /// The head of a request built by [`request`].
@@ -281,17 +274,37 @@ fn a_local_write_mixing_read_only_and_free_topics_forwards_the_free_one() {
     let head = head(&frame);
     let (plan, index) =
         refused(decide_local(&head, &frame, None, &Fake::read_only_orders()).expect("decide"));
+    assert_split(
+        &frame,
+        &index,
+        &plan,
+        ("orders", 0),
+        &request(9, -1, "client-a", &[(PAYMENTS, &[3])]),
+    );
+    assert!(matches!(
+        plan.local[0].outcome,
+        LocalOutcome::Refused {
+            refusal: Refusal::ReadOnly,
+            ..
+        }
+    ));
+}
+
+/// `plan` answers one partition here, `(topic, partition)`, and forwards
+/// the rest of `frame` as exactly `forwarded`.
+fn assert_split(
+    frame: &Bytes,
+    index: &Index,
+    plan: &ProducePlan,
+    answered: (&str, i32),
+    forwarded: &[u8],
+) {
     assert_eq!(plan.forwarded_partitions, 1);
-    assert_eq!(plan.local.len(), 1);
-    assert_eq!(
-        (&*plan.local[0].topic.name.0, plan.local[0].partition),
-        ("orders", 0)
-    );
-    let reduced = produce::without_local_partitions(&frame, &index, &plan.local);
-    assert_eq!(
-        &reduced[..],
-        &request(9, -1, "client-a", &[(PAYMENTS, &[3])])[..]
-    );
+    assert_eq!(plan.local.len(), 1, "{:?}", plan.local);
+    let local = &plan.local[0];
+    assert_eq!((&*local.topic.name.0, local.partition), answered);
+    let reduced = produce::without_local_partitions(frame, index, &plan.local);
+    assert_eq!(&reduced[..], forwarded);
 }
 
 /// Produce v13 names topics by id (KIP-516): a known id is refused as its
@@ -433,11 +446,12 @@ fn a_link_write_mixing_mirrored_and_other_topics_refuses_the_other() {
         &|_| None,
         &produce::Natural,
     );
-    assert_eq!(plan.forwarded_partitions, 1);
-    assert_eq!(plan.local.len(), 1, "{:?}", plan.local);
-    assert_eq!(
-        (&*plan.local[0].topic.name.0, plan.local[0].partition),
-        ("payments", 1)
+    assert_split(
+        &frame,
+        &index,
+        &plan,
+        ("payments", 1),
+        &request(9, -1, "mirror-east", &[(ORDERS, &[0])]),
     );
     assert!(matches!(
         plan.local[0].outcome,
@@ -446,11 +460,6 @@ fn a_link_write_mixing_mirrored_and_other_topics_refuses_the_other() {
             ..
         }
     ));
-    let reduced = produce::without_local_partitions(&frame, &index, &plan.local);
-    assert_eq!(
-        &reduced[..],
-        &request(9, -1, "mirror-east", &[(ORDERS, &[0])])[..]
-    );
 }
 
 /// After its waits a link's request goes on only if its link was not

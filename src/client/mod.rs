@@ -130,7 +130,7 @@ pub struct CompactedTopic {
     pub compression: String,
 }
 
-use crate::sync::lock;
+use crate::sync::{error_chain, lock};
 
 fn millis_i32(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
@@ -581,7 +581,7 @@ impl Client {
                     last: Box::new(error),
                 });
             }
-            tracing::debug!(op, attempts, error = %error, backoff_ms = delay.as_millis() as u64, "retrying");
+            tracing::debug!(op, attempts, error = %error_chain(&error), backoff_ms = delay.as_millis() as u64, "retrying");
             tokio::time::sleep(delay).await;
         }
     }
@@ -645,7 +645,7 @@ impl Client {
             match self.call(&addr, Duration::ZERO, &build).await {
                 Err(ClientError::Connect(e)) => {
                     all_unreachable &= e.is_unreachable();
-                    tried.push(e.to_string());
+                    tried.push(e);
                 }
                 Err(e) => return Err(e),
                 Ok(answer) => {
@@ -658,7 +658,7 @@ impl Client {
             return Err(ClientError::NoBrokers);
         }
         Err(ClientError::Connect(ConnectError::NoneReachable {
-            tried: tried.join("; "),
+            tried,
             all_unreachable,
         }))
     }
@@ -689,7 +689,7 @@ impl Client {
         let result = conn.call(extra_wait, build).await;
         match &result {
             Err(e) if e.breaks_connection() => {
-                tracing::debug!(broker = addr, error = %e, "dropping client connection");
+                tracing::debug!(broker = addr, error = %error_chain(e), "dropping client connection");
             }
             _ => *guard = Some(conn),
         }

@@ -49,6 +49,7 @@ use crate::net::client_socket::{ClientSocket, ResetWatch};
 use crate::net::frame::{write_frame, FrameError, FrameReader};
 use crate::net::upstream::{BoxStream, ConnectError};
 use crate::net::write_timeout::{is_stalled, WriteTimeout};
+use crate::sync::error_chain;
 use crate::wire::header::{HeaderError, RequestHeaderPeek};
 
 /// Requests in flight per connection before the proxy stops reading from
@@ -331,7 +332,7 @@ async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, targe
             {
                 shared.upstream_lost(target);
             }
-            tracing::warn!(%peer, listener = %target.label(), reason = %e, "closing client connection");
+            tracing::warn!(%peer, listener = %target.label(), reason = %error_chain(&e), "closing client connection");
             e.label()
         }
     };

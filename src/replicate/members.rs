@@ -91,7 +91,7 @@ pub(crate) fn assignment(slot: Slot) -> Result<Bytes, ClientError> {
     a.encode(&mut out, 0).map_err(|e| ClientError::Encode {
         api: "ConsumerProtocolAssignment",
         version: 0,
-        reason: e.to_string(),
+        cause: e.into(),
     })?;
     Ok(out.freeze())
 }

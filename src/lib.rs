@@ -38,4 +38,5 @@ pub mod proxy;
 pub mod replicate;
 pub mod state;
 mod sync;
+pub use sync::error_chain;
 pub mod wire;

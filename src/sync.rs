@@ -29,7 +29,7 @@ pub(crate) fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 /// client's error message. Errors keep their cause as a `source()` and
 /// leave it out of their own `Display`, so printing one with `{}` alone
 /// would drop the cause.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

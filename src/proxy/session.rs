@@ -276,12 +276,12 @@ pub(crate) async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketA
         }
         Ok(Err(SniFailure::Handshake(e))) => {
             let e = SessionError::TlsHandshake(e);
-            tracing::warn!(%peer, listener = "sni", reason = %e, "closing client connection");
+            tracing::warn!(%peer, listener = "sni", reason = %error_chain(&e), "closing client connection");
             refused(e.label());
         }
         Err(_) => {
             let e = SessionError::TlsHandshakeTimeout { ms };
-            tracing::warn!(%peer, listener = "sni", reason = %e, "closing client connection");
+            tracing::warn!(%peer, listener = "sni", reason = %error_chain(&e), "closing client connection");
             refused(e.label());
         }
     }
@@ -311,7 +311,7 @@ async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, targe
         }
         // Routine: clients reconnect when they need to.
         Err(e @ SessionError::Idle { .. }) => {
-            tracing::info!(%peer, listener = %target.label(), reason = %e, "closing idle client connection");
+            tracing::info!(%peer, listener = %target.label(), reason = %error_chain(&e), "closing idle client connection");
             e.label()
         }
         // A client may hang up with responses still owed (librdkafka closes
@@ -319,7 +319,7 @@ async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, targe
         Err(SessionError::ClientWrite(e) | SessionError::ClientFrame(FrameError::Io(e)))
             if is_disconnect(&e) =>
         {
-            tracing::debug!(%peer, error = %e, "client went away before its responses were written");
+            tracing::debug!(%peer, error = %error_chain(&e), "client went away before its responses were written");
             "client_closed"
         }
         Err(e) => {

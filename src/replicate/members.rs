@@ -39,6 +39,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::client::group::{self, codes, JoinOutcome, JoinSpec};
 use crate::client::{Client, ClientError};
+use crate::sync::error_chain;
 
 use super::metrics::ErrorKind;
 use super::{progress, Shared};
@@ -312,7 +313,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
             // Still a member until the session runs out: the others take
             // the partitions over only then.
             Err(e) if e.is_retriable() && last_ok.elapsed() < spec_session(spec) => {
-                tracing::debug!(%group, error = %e, "heartbeat failed; trying again");
+                tracing::debug!(%group, error = %error_chain(&e), "heartbeat failed; trying again");
             }
             Err(e) => return failed(e),
         }
@@ -345,7 +346,7 @@ pub(super) async fn give_back(shared: &Shared, destination: &Client) {
     let marked = if drained { RELEASED } else { "" };
     if let Err(e) = progress::commit_all(shared, destination, marked).await {
         shared.metrics.error(ErrorKind::Commit);
-        tracing::warn!(error = %e, "could not commit the partitions given back; their next owner re-sends what this commit would have covered");
+        tracing::warn!(error = %error_chain(&e), "could not commit the partitions given back; their next owner re-sends what this commit would have covered");
     }
     let gone = shared.table().clear();
     for tp in &gone {
@@ -369,7 +370,7 @@ pub(super) async fn leave(shared: &Shared, source: &Client) {
     match source.leave_group(&coordinator, &group, &member_id).await {
         Ok(()) => tracing::info!(%group, "left the link's instances group"),
         Err(e) => {
-            tracing::warn!(%group, error = %e, "could not leave the instances group; the others take the partitions over after the session timeout")
+            tracing::warn!(%group, error = %error_chain(&e), "could not leave the instances group; the others take the partitions over after the session timeout")
         }
     }
 }

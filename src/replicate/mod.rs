@@ -271,6 +271,7 @@ struct Shared {
     committing: tokio::sync::Mutex<()>,
 }
 
+use crate::sync::error_chain;
 use crate::sync::lock;
 
 impl Shared {
@@ -293,7 +294,7 @@ impl Shared {
     }
 
     fn fail(&self, e: ReplicateError) {
-        tracing::error!(error = %e, "replicator stopping");
+        tracing::error!(error = %error_chain(&e), "replicator stopping");
         self.finish(Stop::Failed(e));
     }
 
@@ -509,7 +510,7 @@ pub async fn run(
         let clean = !shared.table().in_flight();
         let marked = if clean { members::RELEASED } else { "" };
         if let Err(e) = progress::commit_all(&shared, &destination, marked).await {
-            tracing::warn!(error = %e, "last progress commit failed; the next start re-sends what it covered");
+            tracing::warn!(error = %error_chain(&e), "last progress commit failed; the next start re-sends what it covered");
         }
     }
     members::leave(&shared, &source).await;
@@ -659,7 +660,7 @@ async fn refresh_placement(shared: &Shared, source: &Client, destination: &Clien
             Err(e) => {
                 ok = false;
                 shared.metrics.error(metrics::ErrorKind::Metadata);
-                tracing::warn!(error = %e, cluster = if is_source { "source" } else { "destination" }, "metadata");
+                tracing::warn!(error = %error_chain(&e), cluster = if is_source { "source" } else { "destination" }, "metadata");
                 continue;
             }
         };

@@ -552,7 +552,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             let won = state
                 .write_link_state(name, next)
                 .await
-                .map_err(|e| ControlError::Write(e.to_string()))?;
+                .map_err(|e| ControlError::Write(error_chain(&e)))?;
             let now_status = self.status(&link);
             if !won && now_status.state != LinkState::Stopping {
                 return Err(Conflict::Raced {
@@ -768,7 +768,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
         let won = state
             .write_link_state(name, next)
             .await
-            .map_err(|e| ControlError::Write(e.to_string()))?;
+            .map_err(|e| ControlError::Write(error_chain(&e)))?;
         if !won {
             return Err(Conflict::Raced {
                 link: name.to_string(),

@@ -59,8 +59,8 @@ const MAX_IN_FLIGHT: usize = 512;
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SessionError {
-    #[error("TLS handshake with client failed: {0}")]
-    TlsHandshake(std::io::Error),
+    #[error("TLS handshake with client failed")]
+    TlsHandshake(#[source] std::io::Error),
     #[error("client did not complete the TLS handshake within {ms} ms (MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS)")]
     TlsHandshakeTimeout { ms: u64 },
     #[error("idle for {ms} ms with no request in flight (MIRROR_PROXY_CONNECTIONS_MAX_IDLE_MS)")]
@@ -71,9 +71,9 @@ pub(crate) enum SessionError {
     UnknownNode(i32),
     #[error("the broker is unreachable (found by another connection); its port is closed until it answers again")]
     BrokerDown,
-    #[error("bad frame from client: {0}")]
-    ClientFrame(FrameError),
-    #[error("malformed request header: {0}")]
+    #[error("bad frame from client")]
+    ClientFrame(#[source] FrameError),
+    #[error("malformed request header")]
     Header(#[from] HeaderError),
     #[error(transparent)]
     Produce(#[from] ProduceError),
@@ -85,18 +85,18 @@ pub(crate) enum SessionError {
     UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("broker closed the connection with {in_flight} request(s) in flight")]
     UpstreamClosed { in_flight: usize },
-    #[error("reading a frame from the broker: {0}")]
-    UpstreamFrame(FrameError),
+    #[error("reading a frame from the broker")]
+    UpstreamFrame(#[source] FrameError),
     #[error("broker sent a response with correlation id {got} while {expected} was expected")]
     CorrelationMismatch { expected: i32, got: i32 },
     #[error("broker sent a response nobody asked for")]
     UnexpectedResponse,
-    #[error("opening a listener for a broker: {0}")]
+    #[error("opening a listener for a broker")]
     Listener(#[from] StartError),
-    #[error("writing to the broker: {0}")]
-    UpstreamWrite(std::io::Error),
-    #[error("writing to the client: {0}")]
-    ClientWrite(std::io::Error),
+    #[error("writing to the broker")]
+    UpstreamWrite(#[source] std::io::Error),
+    #[error("writing to the client")]
+    ClientWrite(#[source] std::io::Error),
 }
 
 impl From<FilterError> for SessionError {
@@ -768,4 +768,20 @@ async fn write_to<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), 
     write_frame(w, frame)
         .await
         .map_err(SessionError::ClientWrite)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closing_reason_keeps_its_cause_and_logs_the_text_it_always_did() {
+        let e = SessionError::UpstreamWrite(std::io::Error::other("broken pipe"));
+        assert_eq!(e.to_string(), "writing to the broker");
+        let cause = std::error::Error::source(&e).expect("the I/O error");
+        assert!(cause.is::<std::io::Error>());
+        // What the log line says, as before the cause became a source.
+        assert_eq!(error_chain(&e), "writing to the broker: broken pipe");
+        assert_eq!(e.label(), "upstream_write");
+    }
 }

@@ -35,7 +35,7 @@ pub(super) async fn serve(listener: TcpListener, admin: Admin) {
         .route("/offsets", get(offsets))
         .with_state(admin);
     if let Err(e) = serve_app(listener, app, Timeouts::default()).await {
-        tracing::error!(error = %e, "admin listener failed");
+        tracing::error!(error = %crate::sync::error_chain(&e), "admin listener failed");
     }
 }
 
@@ -112,6 +112,9 @@ async fn offsets(State(admin): State<Admin>, request: Request) -> axum::response
                 "offsets": translated.iter().map(translation::Translated::to_json).collect::<Vec<_>>(),
             }),
         ),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            crate::sync::error_chain(&e),
+        ),
     }
 }

@@ -37,7 +37,7 @@ const MAX_BATCH_BYTES: usize = 64 << 20;
 /// Why a failback could not be planned or applied.
 #[derive(Debug, thiserror::Error)]
 pub enum FailbackError {
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Client {
         what: String,
         #[source]

@@ -55,7 +55,7 @@ pub(super) async fn commit_loop(shared: Arc<Shared>, destination: Client) {
 /// Why a commit did not happen.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CommitError {
-    #[error("saving the offset translation first: {0}")]
+    #[error("saving the offset translation first")]
     Translation(#[from] TranslationError),
     #[error(transparent)]
     Client(#[from] ClientError),

@@ -643,8 +643,8 @@ impl StateStore {
         read(&self.topic_ids).get(name).copied()
     }
 
-    fn set_not_ready(&self, reason: String) {
-        *lock(&self.not_ready) = reason;
+    fn set_not_ready(&self, why: String) {
+        *lock(&self.not_ready) = why;
     }
 
     async fn load_and_tail(self: Arc<Self>) {

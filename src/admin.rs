@@ -39,9 +39,10 @@ use tokio::net::TcpListener;
 use crate::control::api::{
     ApiError, FailbackDone, FailbackHeld, FailbackReport, LinkList, LinkPartitions, StartRequest,
 };
-use crate::control::links::{error_chain, ControlError, Precheck};
+use crate::control::links::{ControlError, Precheck};
 use crate::mirror::link_state::LinkState;
 use crate::proxy::Shared;
+use crate::sync::error_chain;
 
 /// Time bounds of the admin endpoint.
 #[derive(Debug, Clone, Copy)]

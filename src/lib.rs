@@ -41,6 +41,7 @@ pub mod replicate;
 pub mod server;
 pub mod state;
 mod sync;
+pub use sync::error_chain;
 pub mod wire;
 
 pub use config::Config;

@@ -480,7 +480,7 @@ fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
         let plan = match failback::plan(&f).await {
             Ok(plan) => plan,
             Err(e) if e.is_refusal() => {
-                eprintln!("kafka-mirror-proxy: {e}");
+                eprintln!("kafka-mirror-proxy: {}", kafka_mirror_proxy::error_chain(&e));
                 return Ok(cli::EXIT_REFUSED);
             }
             Err(e) => return Err(e.into()),
@@ -670,8 +670,9 @@ fn replicate(args: Vec<String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(error = %e, "replicator stopped");
-            eprintln!("kafka-mirror-proxy replicate: {e}");
+            let chain = kafka_mirror_proxy::error_chain(&e);
+            tracing::error!(error = %chain, "replicator stopped");
+            eprintln!("kafka-mirror-proxy replicate: {chain}");
             ExitCode::from(e.exit_code())
         }
     }

@@ -19,7 +19,8 @@ use super::protocol::{self, ApiVersionTable, ApiVersionsAnswer, Rpc};
 use super::ClientConfig;
 use crate::net::frame::{write_frame, FrameReader};
 use crate::net::upstream::BoxStream;
-use crate::wire::sasl::{self, Credentials, Mechanism, Scram};
+use crate::wire::sasl::{self, Credentials, Mechanism, SaslError, Scram};
+use crate::wire::ReadError;
 
 /// An open, negotiated and authenticated broker connection.
 pub struct Connection {
@@ -147,16 +148,21 @@ impl Connection {
             broker: self.broker.clone(),
             api: "ApiVersions",
             version,
-            reason: "broker refused the version it named".into(),
+            cause: Box::new(ReadError::VersionRefused),
         })
     }
 
     async fn authenticate(&mut self, c: &Credentials) -> Result<(), ClientError> {
         let broker = self.broker.clone();
-        let fail = move |reason: String| ClientError::Authentication {
+        let refused = |message: String| ClientError::Authentication {
             broker: broker.clone(),
             mechanism: c.mechanism.name(),
-            reason,
+            message,
+        };
+        let fail = |cause: SaslError| ClientError::Sasl {
+            broker: broker.clone(),
+            mechanism: c.mechanism.name(),
+            cause,
         };
         let (_, handshake) = self
             .call(Duration::ZERO, |_| {
@@ -166,7 +172,7 @@ impl Connection {
             .await?;
         if handshake.error_code != 0 {
             let enabled: Vec<&str> = handshake.mechanisms.iter().map(|m| m.as_str()).collect();
-            return Err(fail(handshake_refused(handshake.error_code, &enabled)));
+            return Err(refused(handshake_refused(handshake.error_code, &enabled)));
         }
         let lifetime_ms = match c.mechanism {
             Mechanism::Plain => {
@@ -175,19 +181,14 @@ impl Connection {
                     .1
             }
             Mechanism::ScramSha256 | Mechanism::ScramSha512 => {
-                let nonce = sasl::random_nonce()
-                    .map_err(|_| fail("no secure random numbers for the nonce".into()))?;
+                let nonce = sasl::random_nonce().map_err(|_| fail(SaslError::NoRandom))?;
                 let mut scram = Scram::new(c.mechanism, &c.username, &c.password, &nonce)
-                    .ok_or_else(|| fail("not a SCRAM mechanism".into()))?;
+                    .ok_or_else(|| fail(SaslError::NotScram))?;
                 let (server_first, _) =
                     self.sasl_step(c, scram.client_first().into_bytes()).await?;
-                let client_final = scram
-                    .client_final(&server_first)
-                    .map_err(|e| fail(e.to_string()))?;
+                let client_final = scram.client_final(&server_first).map_err(fail)?;
                 let (server_final, lifetime) = self.sasl_step(c, client_final.into_bytes()).await?;
-                scram
-                    .verify_server_final(&server_final)
-                    .map_err(|e| fail(e.to_string()))?;
+                scram.verify_server_final(&server_final).map_err(fail)?;
                 lifetime
             }
         };
@@ -216,7 +217,7 @@ impl Connection {
             return Err(ClientError::Authentication {
                 broker: self.broker.clone(),
                 mechanism: c.mechanism.name(),
-                reason: format!(
+                message: format!(
                     "{} ({}){}",
                     error_name(r.error_code),
                     r.error_code,

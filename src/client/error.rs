@@ -5,6 +5,8 @@ use kafka_protocol::ResponseError;
 
 use crate::net::frame::FrameError;
 use crate::net::upstream::ConnectError;
+use crate::wire::sasl::SaslError;
+use crate::wire::{CodecError, ReadError};
 
 /// An error of the proxy's own Kafka client.
 #[derive(Debug, thiserror::Error)]
@@ -26,18 +28,21 @@ pub enum ClientError {
         api: &'static str,
         ms: u64,
     },
-    #[error("broker {broker}: malformed {api} v{version} response: {reason}")]
+    /// The cause boxed: it would double the size of every client result.
+    #[error("broker {broker}: malformed {api} v{version} response")]
     Malformed {
         broker: String,
         api: &'static str,
         version: i16,
-        reason: String,
+        #[source]
+        cause: Box<ReadError>,
     },
-    #[error("cannot encode {api} v{version} request: {reason}")]
+    #[error("cannot encode {api} v{version} request")]
     Encode {
         api: &'static str,
         version: i16,
-        reason: String,
+        #[source]
+        cause: CodecError,
     },
     #[error(
         "broker {broker} supports {api} versions {broker_min}..={broker_max}, \
@@ -51,11 +56,22 @@ pub enum ClientError {
         ours_min: i16,
         ours_max: i16,
     },
-    #[error("broker {broker}: SASL {mechanism} authentication failed: {reason}")]
+    /// The broker refused the authentication; `message` is its refusal
+    /// as it named it (error name and code, and its message if any).
+    #[error("broker {broker}: SASL {mechanism} authentication failed: {message}")]
     Authentication {
         broker: String,
         mechanism: &'static str,
-        reason: String,
+        message: String,
+    },
+    /// The exchange failed on this side: the broker's SCRAM messages do
+    /// not verify or do not parse, or no nonce could be made.
+    #[error("broker {broker}: SASL {mechanism} authentication failed")]
+    Sasl {
+        broker: String,
+        mechanism: &'static str,
+        #[source]
+        cause: SaslError,
     },
     /// An error code from the broker, for the whole request or for the
     /// partition or topic it concerned.
@@ -67,11 +83,12 @@ pub enum ClientError {
     },
     #[error("topic {topic} has cleanup.policy={policy:?}; the proxy needs it compacted")]
     NotCompacted { topic: String, policy: String },
-    #[error("{op}: gave up after {attempts} attempt(s) in {elapsed_ms} ms; last error: {last}")]
+    #[error("{op}: gave up after {attempts} attempt(s) in {elapsed_ms} ms; last error")]
     GaveUp {
         op: String,
         attempts: u32,
         elapsed_ms: u64,
+        #[source]
         last: Box<ClientError>,
     },
     #[error("no broker known: the bootstrap list is empty")]
@@ -167,7 +184,7 @@ impl ClientError {
     /// long-running caller stops instead of trying forever.
     pub(crate) fn is_authentication(&self) -> bool {
         match self {
-            ClientError::Authentication { .. } => true,
+            ClientError::Authentication { .. } | ClientError::Sasl { .. } => true,
             // SASL_AUTHENTICATION_FAILED, should a broker name it elsewhere.
             ClientError::Kafka { code: 58, .. } => true,
             ClientError::GaveUp { last, .. } => last.is_authentication(),
@@ -185,6 +202,7 @@ impl ClientError {
                 | ClientError::Timeout { .. }
                 | ClientError::Malformed { .. }
                 | ClientError::Authentication { .. }
+                | ClientError::Sasl { .. }
                 | ClientError::UnsupportedVersion { .. }
         )
     }
@@ -233,9 +251,10 @@ mod tests {
         assert_eq!(gave_up.code(), Some(6));
         assert!(!gave_up.is_authentication());
         assert!(!gave_up.is_retriable());
-        assert!(gave_up
-            .to_string()
-            .ends_with("last error: t-0: NOT_LEADER_OR_FOLLOWER (6)"));
+        assert_eq!(
+            crate::sync::error_chain(&gave_up),
+            "produce: gave up after 3 attempt(s) in 1200 ms; last error: t-0: NOT_LEADER_OR_FOLLOWER (6)"
+        );
     }
 
     #[test]
@@ -243,7 +262,7 @@ mod tests {
         let refused = || ClientError::Authentication {
             broker: "b:9092".into(),
             mechanism: "SCRAM-SHA-512",
-            reason: "SASL_AUTHENTICATION_FAILED (58)".into(),
+            message: "SASL_AUTHENTICATION_FAILED (58)".into(),
         };
         assert!(refused().is_authentication() && !refused().is_retriable());
         let gave_up = ClientError::GaveUp {
@@ -259,5 +278,47 @@ mod tests {
             message: None,
         };
         assert!(code_58.is_authentication() && !code_58.is_retriable());
+    }
+
+    #[test]
+    fn a_scram_failure_on_this_side_is_final_and_carries_its_cause() {
+        use std::error::Error as _;
+        let e = ClientError::Sasl {
+            broker: "b:9092".into(),
+            mechanism: "SCRAM-SHA-256",
+            cause: SaslError::ServerSignature,
+        };
+        assert!(e.is_authentication() && !e.is_retriable() && e.breaks_connection());
+        assert_eq!(
+            e.to_string(),
+            "broker b:9092: SASL SCRAM-SHA-256 authentication failed"
+        );
+        assert!(matches!(
+            e.source().and_then(|c| c.downcast_ref::<SaslError>()),
+            Some(SaslError::ServerSignature)
+        ));
+        assert!(crate::sync::error_chain(&e).ends_with("the broker does not know this password"));
+    }
+
+    #[test]
+    fn none_reachable_lists_each_broker_with_its_cause() {
+        let e = ClientError::Connect(ConnectError::NoneReachable {
+            tried: vec![
+                ConnectError::Timeout {
+                    addr: "a:1".into(),
+                    ms: 5,
+                },
+                ConnectError::Io {
+                    addr: "b:2".into(),
+                    source: std::io::Error::other("refused"),
+                },
+            ],
+            all_unreachable: true,
+        });
+        assert_eq!(
+            e.to_string(),
+            "no broker reachable (tried connecting to broker a:1: timed out after 5 ms; \
+             connecting to broker b:2: refused)"
+        );
     }
 }

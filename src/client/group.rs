@@ -114,7 +114,7 @@ pub(crate) fn subscription_metadata(topic: &str, instance_id: &str) -> Result<By
         .map_err(|e| ClientError::Encode {
             api: "ConsumerProtocolSubscription",
             version: 0,
-            reason: e.to_string(),
+            cause: e.into(),
         })?;
     Ok(out.freeze())
 }

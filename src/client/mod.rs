@@ -144,7 +144,7 @@ pub struct CompactedTopic {
     pub compression: String,
 }
 
-use crate::sync::lock;
+use crate::sync::{error_chain, lock};
 
 fn millis_i32(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
@@ -595,7 +595,7 @@ impl Client {
                     last: Box::new(error),
                 });
             }
-            tracing::debug!(op, attempts, error = %error, backoff_ms = delay.as_millis() as u64, "retrying");
+            tracing::debug!(op, attempts, error = %error_chain(&error), backoff_ms = delay.as_millis() as u64, "retrying");
             tokio::time::sleep(delay).await;
         }
     }
@@ -659,7 +659,7 @@ impl Client {
             match self.call(&addr, Duration::ZERO, &build).await {
                 Err(ClientError::Connect(e)) => {
                     all_unreachable &= e.is_unreachable();
-                    tried.push(e.to_string());
+                    tried.push(e);
                 }
                 Err(e) => return Err(e),
                 Ok(answer) => {
@@ -672,7 +672,7 @@ impl Client {
             return Err(ClientError::NoBrokers);
         }
         Err(ClientError::Connect(ConnectError::NoneReachable {
-            tried: tried.join("; "),
+            tried,
             all_unreachable,
         }))
     }
@@ -703,7 +703,7 @@ impl Client {
         let result = conn.call(extra_wait, build).await;
         match &result {
             Err(e) if e.breaks_connection() => {
-                tracing::debug!(broker = addr, error = %e, "dropping client connection");
+                tracing::debug!(broker = addr, error = %error_chain(e), "dropping client connection");
             }
             _ => *guard = Some(conn),
         }

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use super::error::{is_retriable_code, ClientError};
 pub(crate) use crate::wire::aborted::AbortedTransaction;
-use crate::wire::{header, schema, walk};
+use crate::wire::{header, schema, walk, ReadError};
 
 /// A request the client sends: its name in errors, the schema its response
 /// is walked with, and the oldest version the client is willing to use.
@@ -73,7 +73,7 @@ pub fn our_versions<R: Rpc>() -> Result<(i16, i16), ClientError> {
     let schema = schema::message(R::RESPONSE_SCHEMA).map_err(|e| ClientError::Encode {
         api: R::NAME,
         version: -1,
-        reason: e.to_string(),
+        cause: Box::new(e),
     })?;
     let min = R::MIN
         .max(R::VERSIONS.min)
@@ -129,7 +129,7 @@ pub fn encode_request<R: Rpc>(
     let err = |e: anyhow::Error| ClientError::Encode {
         api: R::NAME,
         version,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     let mut out = BytesMut::new();
     RequestHeader::default()
@@ -155,12 +155,12 @@ pub fn decode_response<R: Rpc>(
     decode_walked::<R>(frame, body, version, broker)
 }
 
-fn malformed<R: Rpc>(broker: &str, version: i16, reason: impl Into<String>) -> ClientError {
+fn malformed<R: Rpc>(broker: &str, version: i16, cause: impl Into<ReadError>) -> ClientError {
     ClientError::Malformed {
         broker: broker.to_string(),
         api: R::NAME,
         version,
-        reason: reason.into(),
+        cause: Box::new(cause.into()),
     }
 }
 
@@ -174,16 +174,19 @@ fn response_body<R: Rpc>(
     let got = frame
         .first_chunk::<4>()
         .map(|c| i32::from_be_bytes(*c))
-        .ok_or_else(|| malformed::<R>(broker, version, "shorter than a response header"))?;
+        .ok_or_else(|| malformed::<R>(broker, version, ReadError::NoHeader))?;
     if got != correlation_id {
         return Err(malformed::<R>(
             broker,
             version,
-            format!("correlation id {got}, expected {correlation_id}"),
+            ReadError::CorrelationId {
+                got,
+                expected: correlation_id,
+            },
         ));
     }
     header::response_body_offset(frame, R::Response::header_version(version))
-        .ok_or_else(|| malformed::<R>(broker, version, "truncated response header"))
+        .ok_or_else(|| malformed::<R>(broker, version, ReadError::TruncatedHeader))
 }
 
 fn walk_body<R: Rpc>(
@@ -192,10 +195,9 @@ fn walk_body<R: Rpc>(
     version: i16,
     broker: &str,
 ) -> Result<(), ClientError> {
-    let msg = schema::message(R::RESPONSE_SCHEMA)
-        .map_err(|e| malformed::<R>(broker, version, e.to_string()))?;
-    walk::validate(msg, version, frame, body)
-        .map_err(|e| malformed::<R>(broker, version, e.to_string()))
+    let msg =
+        schema::message(R::RESPONSE_SCHEMA).map_err(|e| malformed::<R>(broker, version, e))?;
+    walk::validate(msg, version, frame, body).map_err(|e| malformed::<R>(broker, version, e))
 }
 
 fn decode_walked<R: Rpc>(
@@ -207,7 +209,7 @@ fn decode_walked<R: Rpc>(
     walk_body::<R>(frame, body, version, broker)?;
     let mut buf = frame.slice(body..);
     R::Response::decode(&mut buf, version)
-        .map_err(|e| malformed::<R>(broker, version, e.to_string()))
+        .map_err(|e| malformed::<R>(broker, version, ReadError::decode(e)))
 }
 
 /// What an ApiVersions exchange yielded.
@@ -238,11 +240,7 @@ pub fn api_versions_answer(
                     Some(k) if k.max_version < version && k.max_version >= 0 => {
                         Ok(ApiVersionsAnswer::RetryAt(k.max_version))
                     }
-                    _ => Err(malformed::<R>(
-                        broker,
-                        version,
-                        "UNSUPPORTED_VERSION without a usable ApiVersions range",
-                    )),
+                    _ => Err(malformed::<R>(broker, version, ReadError::NoVersionRange)),
                 };
             }
         }

@@ -17,6 +17,7 @@ use crate::mirror::barrier::barrier_batch;
 use crate::mirror::pid::ClusterId;
 use crate::mirror::state_records::{BarrierKey, BarrierValue};
 use crate::state::{now_ms, AppliedBarrier, StateStore};
+use crate::sync::error_chain;
 
 /// How a partition's barrier ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +107,7 @@ pub async fn place(
 ) -> BarrierOutcome {
     let topic_id = match state.lookup_topic_id(topic).await {
         Ok(id) => id,
-        Err(e) => return BarrierOutcome::failed(topic, partition, e.to_string()),
+        Err(e) => return BarrierOutcome::failed(topic, partition, error_chain(&e)),
     };
     let key = BarrierKey {
         link: link.to_string(),
@@ -121,7 +122,7 @@ pub async fn place(
     let timestamp_ms = now_ms();
     let batch = match barrier_batch(source, timestamp_ms) {
         Ok(b) => b,
-        Err(e) => return BarrierOutcome::failed(topic, partition, e.to_string()),
+        Err(e) => return BarrierOutcome::failed(topic, partition, error_chain(&e)),
     };
     let client = state.client();
     let (error_code, message) = match client
@@ -131,7 +132,11 @@ pub async fn place(
         Ok(Produced::Appended { .. }) => (0, None),
         Ok(Produced::Refused { code, message }) => (code, message),
         Err(e) => {
-            return BarrierOutcome::failed(topic, partition, format!("sending the barrier: {e}"))
+            return BarrierOutcome::failed(
+                topic,
+                partition,
+                format!("sending the barrier: {}", error_chain(&e)),
+            )
         }
     };
     let log_end_offset = match client
@@ -143,7 +148,10 @@ pub async fn place(
             return BarrierOutcome::failed(
                 topic,
                 partition,
-                format!("reading the log end offset after the barrier: {e}"),
+                format!(
+                    "reading the log end offset after the barrier: {}",
+                    error_chain(&e)
+                ),
             )
         }
     };
@@ -171,6 +179,10 @@ pub async fn place(
             );
             BarrierOutcome::recorded(topic, partition, &applied, message)
         }
-        Err(e) => BarrierOutcome::failed(topic, partition, format!("recording the barrier: {e}")),
+        Err(e) => BarrierOutcome::failed(
+            topic,
+            partition,
+            format!("recording the barrier: {}", error_chain(&e)),
+        ),
     }
 }

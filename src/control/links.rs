@@ -160,23 +160,7 @@ impl Drop for LinkSession {
     }
 }
 
-use crate::sync::lock;
-
-/// An error and its causes, `: `-separated, for a report.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let next = c.to_string();
-        // A message that already quotes its cause is not repeated.
-        if !message.ends_with(&next) {
-            message.push_str(": ");
-            message.push_str(&next);
-        }
-        cause = c.source();
-    }
-    message
-}
+use crate::sync::{error_chain, lock};
 
 impl Control {
     /// The control over the state store (started by the caller, `None`

@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use crate::client::group::{self, codes, JoinOutcome, JoinSpec};
 use crate::client::{Client, ClientError};
 use crate::net::backoff::Backoff;
+use crate::sync::error_chain;
 
 /// Default session timeout (`MIRROR_PROXY_INSTANCE_SESSION_TIMEOUT_MS`).
 pub(crate) const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -212,7 +213,7 @@ impl Membership {
         let metadata = match group::subscription_metadata(&self.options.topic, &self.instance_id) {
             Ok(m) => m,
             Err(e) => {
-                tracing::error!(error = %e, "cannot build the instance group's member metadata; not joining");
+                tracing::error!(error = %error_chain(&e), "cannot build the instance group's member metadata; not joining");
                 return;
             }
         };
@@ -253,7 +254,7 @@ impl Membership {
                     let delay = backoff.next_delay();
                     // The first failure of a run at WARN, then one in ten.
                     if failures == 1 || failures.is_multiple_of(10) {
-                        tracing::warn!(group = %self.group, instance = %self.instance_id, error = %e, failures, backoff_ms = delay.as_millis() as u64, "instance group membership failed; retrying");
+                        tracing::warn!(group = %self.group, instance = %self.instance_id, error = %error_chain(&e), failures, backoff_ms = delay.as_millis() as u64, "instance group membership failed; retrying");
                     }
                     if self.pause(delay).await {
                         break;
@@ -272,7 +273,7 @@ impl Membership {
                     tracing::info!(group = %self.group, instance = %self.instance_id, "left the instance group")
                 }
                 Err(e) => {
-                    tracing::warn!(group = %self.group, instance = %self.instance_id, error = %e, "could not leave the instance group; the coordinator drops this instance after the session timeout")
+                    tracing::warn!(group = %self.group, instance = %self.instance_id, error = %error_chain(&e), "could not leave the instance group; the coordinator drops this instance after the session timeout")
                 }
             }
         }
@@ -369,7 +370,7 @@ impl Membership {
                     return Ended::Failed(e)
                 }
                 Err(e) if e.is_retriable() && last_ok.elapsed() < self.options.session_timeout => {
-                    tracing::debug!(group = %self.group, error = %e, "heartbeat failed; trying again");
+                    tracing::debug!(group = %self.group, error = %error_chain(&e), "heartbeat failed; trying again");
                 }
                 Err(e) => return Ended::Failed(e),
             }

@@ -25,21 +25,24 @@ use crate::config::SniNames;
 use crate::wire::header::response_body_offset;
 use crate::wire::schema::{self, Field};
 use crate::wire::walk::{self, Edit, Value, Visitor, WalkError};
+use crate::wire::{CodecError, ReadError};
 
 /// Why a response could not be rewritten (the connection is closed).
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
-    #[error("cannot read {api:?} v{version} response: {reason}")]
+    #[error("cannot read {api:?} v{version} response")]
     Decode {
         api: ApiKey,
         version: i16,
-        reason: String,
+        #[source]
+        cause: ReadError,
     },
-    #[error("cannot encode {api:?} v{version} response: {reason}")]
+    #[error("cannot encode {api:?} v{version} response")]
     Encode {
         api: ApiKey,
         version: i16,
-        reason: String,
+        #[source]
+        cause: CodecError,
     },
     #[error("broker node id {node} has no proxy port: MIRROR_PROXY_BROKER_PORT_BASE {base} + {node} is not a valid port")]
     NodePort { node: i32, base: u16 },
@@ -229,7 +232,7 @@ fn schema_for(
     schema::message(name).map_err(|e| RewriteError::Decode {
         api,
         version,
-        reason: e.to_string(),
+        cause: e.into(),
     })
 }
 
@@ -237,7 +240,7 @@ fn body_start(api: ApiKey, version: i16, frame: &[u8]) -> Result<usize, RewriteE
     response_body_offset(frame, api.response_header_version(version)).ok_or(RewriteError::Decode {
         api,
         version,
-        reason: "truncated response header".into(),
+        cause: ReadError::TruncatedHeader,
     })
 }
 
@@ -348,7 +351,7 @@ pub fn rewrite(
     let decode_err = |e: WalkError| RewriteError::Decode {
         api,
         version,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     let mut v = SwapAddresses {
         adv,
@@ -459,7 +462,7 @@ pub(crate) fn unsupported_api_versions(correlation_id: i32) -> Result<BytesMut, 
     let err = |e: anyhow::Error| RewriteError::Encode {
         api,
         version: 0,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     let mut out = BytesMut::new();
     ResponseHeader::default()
@@ -1024,10 +1027,22 @@ mod tests {
         // varint says 2^31 - 1 entries.
         let mut f = vec![0, 0, 0, 7, 0, 0, 0, 0, 0];
         f.extend_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF, 0x07]);
-        assert!(matches!(
-            rewrite(ApiKey::Metadata, 12, &f, &adv()),
-            Err(RewriteError::Decode { .. })
-        ));
+        let e = rewrite(ApiKey::Metadata, 12, &f, &adv()).expect_err("forged count");
+        assert!(
+            matches!(
+                &e,
+                RewriteError::Decode {
+                    cause: ReadError::Walk(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "cannot read Metadata v12 response");
+        assert!(
+            std::error::Error::source(&e).is_some_and(|c| c.is::<ReadError>()),
+            "{e:?}"
+        );
         // Metadata v5 (not flexible): brokers count 0x10000001.
         let f = [0, 0, 0, 7, 0, 0, 0, 0, 0x10, 0, 0, 1, 0, 0];
         assert!(rewrite(ApiKey::Metadata, 5, &f, &adv()).is_err());

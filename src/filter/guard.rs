@@ -26,23 +26,25 @@ use tower::Layer;
 use uuid::Uuid;
 
 use super::{Context, FilterError, Outcome, Pending, Request, Service, Step};
-use crate::wire::{schema, walk};
+use crate::wire::{schema, walk, CodecError, ReadError};
 
 /// A request this layer had to read and could not, or an answer it could
 /// not encode: the connection closes, nothing is forwarded.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum GuardError {
-    #[error("cannot read {api:?} v{version} request: {reason}")]
+    #[error("cannot read {api:?} v{version} request")]
     Request {
         api: ApiKey,
         version: i16,
-        reason: String,
+        #[source]
+        cause: ReadError,
     },
-    #[error("cannot encode {api:?} v{version} response: {reason}")]
+    #[error("cannot encode {api:?} v{version} response")]
     Encode {
         api: ApiKey,
         version: i16,
-        reason: String,
+        #[source]
+        cause: CodecError,
     },
 }
 
@@ -166,16 +168,16 @@ pub(crate) fn refusal(
     id: Option<Uuid>,
 ) -> Result<Option<BytesMut>, GuardError> {
     let Asked { api, version, .. } = asked;
-    let decode_err = |reason: String| GuardError::Request {
+    let decode_err = |cause: ReadError| GuardError::Request {
         api,
         version,
-        reason,
+        cause,
     };
     // The decoder reserves memory from the counts it reads: a bounded walk
     // checks every count against the bytes first.
     let name = format!("{api:?}Request");
-    let msg = schema::message(&name).map_err(|e| decode_err(e.to_string()))?;
-    walk::validate(msg, version, frame, body_offset).map_err(|e| decode_err(e.to_string()))?;
+    let msg = schema::message(&name).map_err(|e| decode_err(e.into()))?;
+    walk::validate(msg, version, frame, body_offset).map_err(|e| decode_err(e.into()))?;
     let mut body = bytes::Bytes::copy_from_slice(frame.get(body_offset..).unwrap_or_default());
     let is_state = |n: &TopicName| n.0.as_str() == topic;
     let message = || {
@@ -187,7 +189,7 @@ pub(crate) fn refusal(
     let answer = match api {
         ApiKey::DeleteRecords => {
             let r = DeleteRecordsRequest::decode(&mut body, version)
-                .map_err(|e| decode_err(e.to_string()))?;
+                .map_err(|e| decode_err(ReadError::decode(e)))?;
             if !r.topics.iter().any(|t| is_state(&t.name)) {
                 return Ok(None);
             }
@@ -214,7 +216,7 @@ pub(crate) fn refusal(
         }
         ApiKey::DeleteTopics => {
             let r = DeleteTopicsRequest::decode(&mut body, version)
-                .map_err(|e| decode_err(e.to_string()))?;
+                .map_err(|e| decode_err(ReadError::decode(e)))?;
             let by_id = |t: Uuid| !t.is_nil() && id.is_none_or(|id| id == t);
             let named = r.topic_names.iter().any(is_state)
                 || r.topics
@@ -245,7 +247,7 @@ pub(crate) fn refusal(
         }
         ApiKey::CreatePartitions => {
             let r = CreatePartitionsRequest::decode(&mut body, version)
-                .map_err(|e| decode_err(e.to_string()))?;
+                .map_err(|e| decode_err(ReadError::decode(e)))?;
             if !r.topics.iter().any(|t| is_state(&t.name)) {
                 return Ok(None);
             }
@@ -266,7 +268,7 @@ pub(crate) fn refusal(
         }
         ApiKey::AlterConfigs => {
             let r = AlterConfigsRequest::decode(&mut body, version)
-                .map_err(|e| decode_err(e.to_string()))?;
+                .map_err(|e| decode_err(ReadError::decode(e)))?;
             let named = r
                 .resources
                 .iter()
@@ -292,7 +294,7 @@ pub(crate) fn refusal(
         }
         ApiKey::IncrementalAlterConfigs => {
             let r = IncrementalAlterConfigsRequest::decode(&mut body, version)
-                .map_err(|e| decode_err(e.to_string()))?;
+                .map_err(|e| decode_err(ReadError::decode(e)))?;
             let named = r
                 .resources
                 .iter()
@@ -324,7 +326,7 @@ fn encode<T: Encodable>(asked: Asked, body: &T) -> Result<BytesMut, GuardError> 
     let encode_err = |e: anyhow::Error| GuardError::Encode {
         api: asked.api,
         version: asked.version,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     let mut out = BytesMut::new();
     ResponseHeader::default()
@@ -333,4 +335,31 @@ fn encode<T: Encodable>(asked: Asked, body: &T) -> Result<BytesMut, GuardError> 
         .map_err(encode_err)?;
     body.encode(&mut out, asked.version).map_err(encode_err)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_request_cut_short_is_refused_with_the_walk_error_as_its_cause() {
+        let asked = Asked {
+            api: ApiKey::DeleteRecords,
+            version: 1,
+            correlation_id: 7,
+        };
+        // v1 is not flexible: a topic count of one, and nothing after it.
+        let frame = [0u8, 0, 0, 1];
+        let e = refusal(asked, &frame, 0, "__mirror_state", None).expect_err("cut short");
+        assert_eq!(e.to_string(), "cannot read DeleteRecords v1 request");
+        let cause = e.source().and_then(|c| c.downcast_ref::<ReadError>());
+        assert!(matches!(cause, Some(ReadError::Walk(_))), "{e:?}");
+        let chain = crate::sync::error_chain(&e);
+        assert!(
+            chain.starts_with("cannot read DeleteRecords v1 request: "),
+            "{chain}"
+        );
+    }
 }

@@ -246,7 +246,7 @@ impl<P: Pending, H: ResponseHalf> Pending for Then<P, H> {
 /// the connection.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FilterError {
-    #[error("malformed request header: {0}")]
+    #[error("malformed request header")]
     Header(#[from] HeaderError),
     #[error(transparent)]
     Produce(#[from] ProduceError),
@@ -256,8 +256,8 @@ pub(crate) enum FilterError {
     Guard(#[from] guard::GuardError),
     #[error(transparent)]
     UnsupportedVersion(#[from] UnsupportedVersion),
-    #[error("writing to the broker: {0}")]
-    UpstreamWrite(std::io::Error),
+    #[error("writing to the broker")]
+    UpstreamWrite(#[source] std::io::Error),
     #[error("no broker response was read for a request that awaits one")]
     MissingResponse,
 }

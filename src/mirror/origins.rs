@@ -140,7 +140,7 @@ pub(crate) struct Proposal {
 #[error(
     "no free slot found for producer id {pid} of cluster {cluster} after {SALT_ATTEMPTS} salts"
 )]
-pub(crate) struct NoSlot {
+pub struct NoSlot {
     pub cluster: ClusterId,
     pub pid: i64,
 }

@@ -33,20 +33,28 @@ use crate::wire::batch::{crc_is_valid, plan_producer_id_patch, BatchHeader, Batc
 pub(crate) use crate::wire::produce_walk::Index;
 use crate::wire::produce_walk::{IndexedPartition, IndexedTopic, Topic};
 use crate::wire::write;
-use crate::wire::{produce_walk, schema, walk};
+use crate::wire::{produce_walk, schema, walk, CodecError, ReadError};
 
 /// Why a Produce request could not be handled at all (the connection is
 /// closed: nothing of it is forwarded).
 #[derive(Debug, thiserror::Error)]
 pub enum ProduceError {
-    #[error("unparseable Produce v{version} body: {reason}")]
-    Malformed { version: i16, reason: String },
+    #[error("unparseable Produce v{version} body")]
+    Malformed {
+        version: i16,
+        #[source]
+        cause: ReadError,
+    },
     #[error("Produce v{0} is not supported (the proxy parses v3 to v13)")]
     UnsupportedVersion(i16),
     #[error("a Produce rewrite plan does not match the frame it is applied to")]
     StalePlan,
-    #[error("could not encode Produce v{version}: {reason}")]
-    Encode { version: i16, reason: String },
+    #[error("could not encode Produce v{version}")]
+    Encode {
+        version: i16,
+        #[source]
+        cause: CodecError,
+    },
 }
 
 /// A topic as the request names it: by name before v13, by id from v13
@@ -437,14 +445,14 @@ fn check_version(version: i16) -> Result<(), ProduceError> {
 /// malformed: nothing of it is forwarded.
 pub fn index(frame: &[u8], body_offset: usize, version: i16) -> Result<Index, ProduceError> {
     check_version(version)?;
-    let malformed = |reason: String| ProduceError::Malformed { version, reason };
-    let index = Index::new(version, frame, body_offset).map_err(|e| malformed(e.to_string()))?;
+    let malformed = |cause: ReadError| ProduceError::Malformed { version, cause };
+    let index = Index::new(version, frame, body_offset).map_err(|e| malformed(e.into()))?;
     let not_utf8 = |t: &IndexedTopic| match index.topic(frame, t) {
         Topic::Name(name) => std::str::from_utf8(name).is_err(),
         Topic::Id(_) => false,
     };
     if index.topics().iter().any(not_utf8) {
-        return Err(malformed("topic name is not UTF-8".into()));
+        return Err(malformed(ReadError::TopicNotUtf8));
     }
     Ok(index)
 }
@@ -974,7 +982,7 @@ pub fn encode_response(
 ) -> Result<BytesMut, ProduceError> {
     let encode_err = |e: anyhow::Error| ProduceError::Encode {
         version,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     let header_version = ApiKey::Produce.response_header_version(version);
     let mut out = BytesMut::new();
@@ -1030,7 +1038,7 @@ pub(crate) fn merge_response(
     add_local(&mut response, version, local.iter().filter(|l| joins(l)));
     let encode_err = |e: anyhow::Error| ProduceError::Encode {
         version,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     let mut body = BytesMut::new();
     response.encode(&mut body, version).map_err(encode_err)?;
@@ -1043,7 +1051,7 @@ pub(crate) fn merge_response(
     }
     .map_err(|e| ProduceError::Encode {
         version,
-        reason: e.to_string(),
+        cause: e.into(),
     })?;
     let rest = c.position();
     let topics = by_topic(version, local, |l| !joins(l));
@@ -1102,7 +1110,7 @@ fn encode_header(
         .encode(out, ApiKey::Produce.response_header_version(version))
         .map_err(|e| ProduceError::Encode {
             version,
-            reason: e.to_string(),
+            cause: e.into(),
         })
 }
 
@@ -1167,17 +1175,17 @@ pub fn decode_response(
     frame: &Bytes,
     version: i16,
 ) -> Result<(i32, ProduceResponse), ProduceError> {
-    let malformed = |reason: String| ProduceError::Malformed { version, reason };
-    let msg = schema::message("ProduceResponse").map_err(|e| malformed(e.to_string()))?;
+    let malformed = |cause: ReadError| ProduceError::Malformed { version, cause };
+    let msg = schema::message("ProduceResponse").map_err(|e| malformed(e.into()))?;
     let header_version = ApiKey::Produce.response_header_version(version);
     let start = crate::wire::header::response_body_offset(frame, header_version)
-        .ok_or_else(|| malformed("truncated response header".into()))?;
-    walk::validate(msg, version, frame, start).map_err(|e| malformed(e.to_string()))?;
+        .ok_or_else(|| malformed(ReadError::TruncatedHeader))?;
+    walk::validate(msg, version, frame, start).map_err(|e| malformed(e.into()))?;
     let mut buf = frame.clone();
-    let header =
-        ResponseHeader::decode(&mut buf, header_version).map_err(|e| malformed(e.to_string()))?;
+    let header = ResponseHeader::decode(&mut buf, header_version)
+        .map_err(|e| malformed(ReadError::decode(e)))?;
     let response =
-        ProduceResponse::decode(&mut buf, version).map_err(|e| malformed(e.to_string()))?;
+        ProduceResponse::decode(&mut buf, version).map_err(|e| malformed(ReadError::decode(e)))?;
     Ok((header.correlation_id, response))
 }
 

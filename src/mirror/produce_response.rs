@@ -12,9 +12,9 @@ use smallvec::SmallVec;
 use uuid::Uuid;
 
 use crate::mirror::produce::{ProduceError, TopicRef};
-use crate::wire::header;
 use crate::wire::produce_response_walk::{self, Partition, Walked};
 use crate::wire::produce_walk::Topic;
+use crate::wire::{header, ReadError};
 
 /// What the broker answered for one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +72,11 @@ impl<'q> Answers<'q> {
     /// walked by its schema too (`filter::addresses::rewrite`), which checks
     /// what this walk left and rewrites them; every answer was read before.
     pub fn walk(&mut self, frame: &[u8], version: i16) -> Result<Walked, ProduceError> {
-        let malformed = |reason: String| ProduceError::Malformed { version, reason };
+        let malformed = |cause: ReadError| ProduceError::Malformed { version, cause };
         let start =
             header::response_body_offset(frame, ApiKey::Produce.response_header_version(version))
-                .ok_or_else(|| malformed("truncated response header".into()))?;
-        produce_response_walk::walk(version, frame, start, self)
-            .map_err(|e| malformed(e.to_string()))
+                .ok_or_else(|| malformed(ReadError::TruncatedHeader))?;
+        produce_response_walk::walk(version, frame, start, self).map_err(|e| malformed(e.into()))
     }
 }
 

@@ -52,6 +52,14 @@ pub(crate) const RETAINED_BATCHES: usize = 5;
 /// Kafka's idempotent producers send at most 5
 /// (`max.in.flight.requests.per.connection`).
 pub(crate) const MAX_IN_FLIGHT: usize = 5;
+
+/// A producer has [`MAX_IN_FLIGHT`] batches in flight already: one more is
+/// out of order (the refusal's message to the client is this text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("producer {producer_id} has {MAX_IN_FLIGHT} batches in flight already")]
+struct InFlightFull {
+    producer_id: i64,
+}
 /// Kafka's "no epoch" / "no sequence".
 pub(crate) const NO_EPOCH: i16 = -1;
 pub(crate) const NO_SEQUENCE: i32 = -1;
@@ -231,15 +239,14 @@ impl ProducerStateEntry {
     }
 
     /// Marks `b` in flight (see [`ProducerStates::mark_in_flight`]).
-    fn mark_in_flight(&mut self, b: &BatchId) -> Result<(), String> {
+    fn mark_in_flight(&mut self, b: &BatchId) -> Result<(), InFlightFull> {
         if self.in_flight_slot(b).is_some() {
             return Ok(());
         }
         let Some(slot) = self.in_flight.iter_mut().find(|s| s.is_none()) else {
-            return Err(format!(
-                "producer {} has {MAX_IN_FLIGHT} batches in flight already",
-                b.producer_id
-            ));
+            return Err(InFlightFull {
+                producer_id: b.producer_id,
+            });
         };
         *slot = Some(InFlightBatch {
             epoch: b.epoch,
@@ -560,7 +567,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
                 if was_idle && marked.is_ok() {
                     self.busy += 1;
                 }
-                marked.map_err(|m| (RefusalKind::OutOfOrderSequence, m))
+                marked.map_err(|m| (RefusalKind::OutOfOrderSequence, m.to_string()))
             }
             None => self.mark_in_flight(partition, batch),
         };
@@ -603,7 +610,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
             Err(_) if empty => self.remove(partition, batch.producer_id),
             Err(_) => {}
         }
-        marked.map_err(|m| (RefusalKind::OutOfOrderSequence, m))
+        marked.map_err(|m| (RefusalKind::OutOfOrderSequence, m.to_string()))
     }
 
     /// The broker appended `batch` at `base_offset`: remember it (as one of

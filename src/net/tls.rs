@@ -26,32 +26,41 @@ use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor, TlsConnector};
 
 use crate::config::{ClientTls, UpstreamTls};
 use crate::mirror::link::CertSubject;
+use crate::sync::error_chain;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
-    #[error("invalid CA certificate: {0}")]
-    Ca(String),
-    #[error("TLS configuration rejected: {0}")]
+    #[error("invalid CA certificate")]
+    Ca(#[source] rustls::Error),
+    #[error("TLS configuration rejected")]
     Config(#[from] rustls::Error),
-    #[error("client certificate verifier: {0}")]
-    Verifier(String),
+    #[error("client certificate verifier")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
 /// Why certificate files could not be loaded again.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ReloadError {
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
     #[error("{path} is larger than {MAX_PEM_BYTES} bytes")]
     TooLarge { path: PathBuf },
-    #[error("{path}: not a PEM file holding at least one CERTIFICATE ({reason})")]
-    Certs { path: PathBuf, reason: String },
-    #[error("{path}: not a PEM private key ({reason})")]
-    Key { path: PathBuf, reason: String },
-    #[error("{0}")]
+    #[error("{path}: not a PEM file holding at least one CERTIFICATE")]
+    Certs {
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error("{path}: not a PEM file holding at least one CERTIFICATE (none found)")]
+    NoCerts { path: PathBuf },
+    #[error("{path}: not a PEM private key")]
+    Key {
+        path: PathBuf,
+        source: rustls_pki_types::pem::Error,
+    },
+    #[error(transparent)]
     Setup(#[from] TlsSetupError),
 }
 
@@ -67,9 +76,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 fn roots(certs: &[CertificateDer<'static>]) -> Result<RootCertStore, TlsSetupError> {
     let mut roots = RootCertStore::empty();
     for c in certs {
-        roots
-            .add(c.clone())
-            .map_err(|e| TlsSetupError::Ca(e.to_string()))?;
+        roots.add(c.clone()).map_err(TlsSetupError::Ca)?;
     }
     Ok(roots)
 }
@@ -84,8 +91,7 @@ pub(crate) fn acceptor(tls: &ClientTls) -> Result<TlsAcceptor, TlsSetupError> {
         Some(ca) => builder.with_client_cert_verifier(
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
                 .allow_unauthenticated()
-                .build()
-                .map_err(|e| TlsSetupError::Verifier(e.to_string()))?,
+                .build()?,
         ),
         None => builder.with_no_client_auth(),
     };
@@ -157,23 +163,24 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, ReloadError> {
 }
 
 fn parse_certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, ReloadError> {
-    let err = |reason: String| ReloadError::Certs {
-        path: path.to_path_buf(),
-        reason,
-    };
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|source| ReloadError::Certs {
+            path: path.to_path_buf(),
+            source,
+        })?;
     if certs.is_empty() {
-        return Err(err("none found".into()));
+        return Err(ReloadError::NoCerts {
+            path: path.to_path_buf(),
+        });
     }
     Ok(certs)
 }
 
 fn parse_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, ReloadError> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| ReloadError::Key {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|source| ReloadError::Key {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        source,
     })
 }
 
@@ -411,7 +418,7 @@ impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
             Err(e) => {
                 // Retried every poll, reported once until readable again.
                 if !std::mem::replace(&mut seen.read_failed, true) {
-                    tracing::warn!(what = self.what, error = %e, "cannot read the TLS files: keeping the previous certificates");
+                    tracing::warn!(what = self.what, error = %error_chain(&e), "cannot read the TLS files: keeping the previous certificates");
                 }
                 return;
             }
@@ -429,7 +436,7 @@ impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
                 tracing::info!(what = self.what, files = ?self.files, "TLS files changed: reloaded; new connections use them, open ones keep theirs");
             }
             Err(e) => {
-                tracing::warn!(what = self.what, error = %e, "TLS files changed but cannot be used: keeping the previous certificates");
+                tracing::warn!(what = self.what, error = %error_chain(&e), "TLS files changed but cannot be used: keeping the previous certificates");
             }
         }
     }
@@ -445,5 +452,44 @@ pub fn reload_all() {
     };
     for r in live {
         r.check();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn a_bad_pem_file_names_its_path_and_carries_the_pem_error() {
+        let path = Path::new("/etc/kmp/cert.pem");
+        let none = parse_certs(path, b"no PEM here").expect_err("no certificate");
+        assert!(matches!(none, ReloadError::NoCerts { .. }), "{none:?}");
+        assert_eq!(
+            none.to_string(),
+            "/etc/kmp/cert.pem: not a PEM file holding at least one CERTIFICATE (none found)"
+        );
+        let cut = b"-----BEGIN CERTIFICATE-----\nAAAA\n";
+        let e = parse_certs(path, cut).expect_err("cut short");
+        assert_eq!(
+            e.to_string(),
+            "/etc/kmp/cert.pem: not a PEM file holding at least one CERTIFICATE"
+        );
+        let cause = e.source().expect("the PEM error");
+        assert!(cause
+            .downcast_ref::<rustls_pki_types::pem::Error>()
+            .is_some());
+        assert_eq!(error_chain(&e), format!("{e}: {cause}"));
+        let key = parse_key(Path::new("/k.pem"), cut).expect_err("no key");
+        assert!(key.source().is_some(), "{key:?}");
+    }
+
+    #[test]
+    fn a_rejected_ca_certificate_carries_the_rustls_error() {
+        let e = roots(&[CertificateDer::from(vec![1u8, 2, 3])]).expect_err("not DER");
+        assert_eq!(e.to_string(), "invalid CA certificate");
+        let cause = e.source().expect("the rustls error");
+        assert!(cause.downcast_ref::<rustls::Error>().is_some());
     }
 }

@@ -9,6 +9,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::tls::{TlsSetupError, UpstreamConnector};
+use crate::sync::error_chain;
 
 /// Either side of the proxy, plain or TLS.
 pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -31,12 +32,19 @@ pub enum ConnectError {
     Timeout { addr: String, ms: u64 },
     #[error("broker address {addr} has no valid TLS server name")]
     ServerName { addr: String },
-    #[error("no broker reachable (tried {tried})")]
+    #[error("no broker reachable (tried {})", each_chain(tried))]
     NoneReachable {
-        tried: String,
+        /// Why each broker tried could not be used, in order.
+        tried: Vec<ConnectError>,
         /// Every attempt failed to reach its broker.
         all_unreachable: bool,
     },
+}
+
+/// Each error with its causes, `; `-separated: a list has no one source.
+fn each_chain(errors: &[ConnectError]) -> String {
+    let chains: Vec<String> = errors.iter().map(|e| error_chain(e)).collect();
+    chains.join("; ")
 }
 
 impl ConnectError {
@@ -133,12 +141,12 @@ impl Upstream {
                 Ok(s) => return Ok((s, addr.clone())),
                 Err(e) => {
                     all_unreachable &= e.is_unreachable();
-                    errors.push(e.to_string());
+                    errors.push(e);
                 }
             }
         }
         Err(ConnectError::NoneReachable {
-            tried: errors.join("; "),
+            tried: errors,
             all_unreachable,
         })
     }

@@ -37,6 +37,7 @@ use crate::net::health::{self, Health};
 use crate::net::tasks::Tasks;
 use crate::net::upstream::Upstream;
 use crate::state::StateStore;
+use crate::sync::error_chain;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -283,13 +284,13 @@ impl Shared {
     pub(crate) fn upstream_unreachable(
         self: &Arc<Self>,
         target: Target,
-        error: &dyn std::fmt::Display,
+        error: &dyn std::error::Error,
     ) {
         let Some(health) = self.health(target) else {
             return;
         };
         if health.mark_down() {
-            tracing::warn!(listener = %target.label(), %error, "broker unreachable: closing its proxy port until it answers again");
+            tracing::warn!(listener = %target.label(), error = %error_chain(error), "broker unreachable: closing its proxy port until it answers again");
             self.ctx.metrics.broker_down(target.into());
         }
         self.spawn_probe(target, health, false);
@@ -482,7 +483,7 @@ fn spawn_accept_loop(
                 match bind_std(addr) {
                     Ok(l) => break l,
                     Err(e) => {
-                        tracing::warn!(listener = %target.label(), %addr, error = %e, "cannot reopen the port for a reachable broker; retrying in 1 s");
+                        tracing::warn!(listener = %target.label(), %addr, error = %error_chain(&e), "cannot reopen the port for a reachable broker; retrying in 1 s");
                         tokio::select! {
                             _ = shared.shutting_down() => return,
                             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -538,7 +539,7 @@ async fn accept_while_open(shared: &Arc<Shared>, listener: &TcpListener, target:
             Err(e) => {
                 // Usually out of file descriptors: back off instead of spinning.
                 let listener = target.map_or_else(|| "sni".to_string(), Target::label);
-                tracing::warn!(%listener, error = %e, "accept failed");
+                tracing::warn!(%listener, error = %error_chain(&e), "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }

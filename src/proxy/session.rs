@@ -49,6 +49,7 @@ use crate::net::client_socket::{ClientSocket, ResetWatch};
 use crate::net::frame::{write_frame, FrameError, FrameReader};
 use crate::net::upstream::{BoxStream, ConnectError};
 use crate::net::write_timeout::{is_stalled, WriteTimeout};
+use crate::sync::error_chain;
 use crate::wire::header::{HeaderError, RequestHeaderPeek};
 
 /// Requests in flight per connection before the proxy stops reading from
@@ -58,8 +59,8 @@ const MAX_IN_FLIGHT: usize = 512;
 /// Why a connection was closed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SessionError {
-    #[error("TLS handshake with client failed: {0}")]
-    TlsHandshake(std::io::Error),
+    #[error("TLS handshake with client failed")]
+    TlsHandshake(#[source] std::io::Error),
     #[error("client did not complete the TLS handshake within {ms} ms (MIRROR_PROXY_TLS_HANDSHAKE_TIMEOUT_MS)")]
     TlsHandshakeTimeout { ms: u64 },
     #[error("idle for {ms} ms with no request in flight (MIRROR_PROXY_CONNECTIONS_MAX_IDLE_MS)")]
@@ -70,9 +71,9 @@ pub(crate) enum SessionError {
     UnknownNode(i32),
     #[error("the broker is unreachable (found by another connection); its port is closed until it answers again")]
     BrokerDown,
-    #[error("bad frame from client: {0}")]
-    ClientFrame(FrameError),
-    #[error("malformed request header: {0}")]
+    #[error("bad frame from client")]
+    ClientFrame(#[source] FrameError),
+    #[error("malformed request header")]
     Header(#[from] HeaderError),
     #[error(transparent)]
     Produce(#[from] ProduceError),
@@ -84,18 +85,18 @@ pub(crate) enum SessionError {
     UnsupportedVersion(#[from] UnsupportedVersion),
     #[error("broker closed the connection with {in_flight} request(s) in flight")]
     UpstreamClosed { in_flight: usize },
-    #[error("reading a frame from the broker: {0}")]
-    UpstreamFrame(FrameError),
+    #[error("reading a frame from the broker")]
+    UpstreamFrame(#[source] FrameError),
     #[error("broker sent a response with correlation id {got} while {expected} was expected")]
     CorrelationMismatch { expected: i32, got: i32 },
     #[error("broker sent a response nobody asked for")]
     UnexpectedResponse,
-    #[error("opening a listener for a broker: {0}")]
+    #[error("opening a listener for a broker")]
     Listener(#[from] StartError),
-    #[error("writing to the broker: {0}")]
-    UpstreamWrite(std::io::Error),
-    #[error("writing to the client: {0}")]
-    ClientWrite(std::io::Error),
+    #[error("writing to the broker")]
+    UpstreamWrite(#[source] std::io::Error),
+    #[error("writing to the client")]
+    ClientWrite(#[source] std::io::Error),
 }
 
 impl From<FilterError> for SessionError {
@@ -275,12 +276,12 @@ pub(crate) async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketA
         }
         Ok(Err(SniFailure::Handshake(e))) => {
             let e = SessionError::TlsHandshake(e);
-            tracing::warn!(%peer, listener = "sni", reason = %e, "closing client connection");
+            tracing::warn!(%peer, listener = "sni", reason = %error_chain(&e), "closing client connection");
             refused(e.label());
         }
         Err(_) => {
             let e = SessionError::TlsHandshakeTimeout { ms };
-            tracing::warn!(%peer, listener = "sni", reason = %e, "closing client connection");
+            tracing::warn!(%peer, listener = "sni", reason = %error_chain(&e), "closing client connection");
             refused(e.label());
         }
     }
@@ -310,7 +311,7 @@ async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, targe
         }
         // Routine: clients reconnect when they need to.
         Err(e @ SessionError::Idle { .. }) => {
-            tracing::info!(%peer, listener = %target.label(), reason = %e, "closing idle client connection");
+            tracing::info!(%peer, listener = %target.label(), reason = %error_chain(&e), "closing idle client connection");
             e.label()
         }
         // A client may hang up with responses still owed (librdkafka closes
@@ -318,7 +319,7 @@ async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, targe
         Err(SessionError::ClientWrite(e) | SessionError::ClientFrame(FrameError::Io(e)))
             if is_disconnect(&e) =>
         {
-            tracing::debug!(%peer, error = %e, "client went away before its responses were written");
+            tracing::debug!(%peer, error = %error_chain(&e), "client went away before its responses were written");
             "client_closed"
         }
         Err(e) => {
@@ -331,7 +332,7 @@ async fn serve_io(shared: Arc<Shared>, client: ClientIo, peer: SocketAddr, targe
             {
                 shared.upstream_lost(target);
             }
-            tracing::warn!(%peer, listener = %target.label(), reason = %e, "closing client connection");
+            tracing::warn!(%peer, listener = %target.label(), reason = %error_chain(&e), "closing client connection");
             e.label()
         }
     };
@@ -767,4 +768,20 @@ async fn write_to<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8]) -> Result<(), 
     write_frame(w, frame)
         .await
         .map_err(SessionError::ClientWrite)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closing_reason_keeps_its_cause_and_logs_the_text_it_always_did() {
+        let e = SessionError::UpstreamWrite(std::io::Error::other("broken pipe"));
+        assert_eq!(e.to_string(), "writing to the broker");
+        let cause = std::error::Error::source(&e).expect("the I/O error");
+        assert!(cause.is::<std::io::Error>());
+        // What the log line says, as before the cause became a source.
+        assert_eq!(error_chain(&e), "writing to the broker: broken pipe");
+        assert_eq!(e.label(), "upstream_write");
+    }
 }

@@ -18,7 +18,7 @@ use super::metrics::CONTENT_TYPE;
 use super::{translation, Shared};
 use crate::admin::{error, json_response, query_param, serve_app, Timeouts};
 use crate::client::Client;
-use crate::control::links::error_chain;
+use crate::sync::error_chain;
 
 /// What the endpoint reads.
 #[derive(Clone)]
@@ -36,7 +36,7 @@ pub(super) async fn serve(listener: TcpListener, admin: Admin) {
         .route("/offsets", get(offsets))
         .with_state(admin);
     if let Err(e) = serve_app(listener, app, Timeouts::default()).await {
-        tracing::error!(error = %e, "admin listener failed");
+        tracing::error!(error = %crate::sync::error_chain(&e), "admin listener failed");
     }
 }
 

@@ -24,7 +24,7 @@ use crate::mirror::state_records::StateRecord;
 use crate::mirror::translation::Segments;
 use crate::wire::batch::BatchHeader;
 
-use super::batches::split;
+use super::batches::{split, SplitError};
 use super::members::RELEASED;
 use super::partitions::{Item, Tp};
 use super::translation::{self, TranslationError};
@@ -37,7 +37,7 @@ const MAX_BATCH_BYTES: usize = 64 << 20;
 /// Why a failback could not be planned or applied.
 #[derive(Debug, thiserror::Error)]
 pub enum FailbackError {
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Client {
         what: String,
         #[source]
@@ -57,11 +57,12 @@ pub enum FailbackError {
     },
     #[error("{count} partition(s) have no divergence point that can be told (see the report); nothing was written")]
     Unresolved { count: usize },
-    #[error("the records of A past the divergence point in {topic}-{partition} could not be read: {reason}")]
+    #[error("the records of A past the divergence point in {topic}-{partition} could not be read")]
     Scan {
         topic: String,
         partition: i32,
-        reason: String,
+        #[source]
+        source: SplitError,
     },
 }
 
@@ -278,11 +279,6 @@ async fn scan(
     let mut tail = Tail::default();
     let mut next = from;
     let mut max_bytes = FETCH_BYTES;
-    let fail = |reason: String| FailbackError::Scan {
-        topic: topic.to_string(),
-        partition,
-        reason,
-    };
     while next < end {
         let fetched = a
             .fetch_isolated(
@@ -295,8 +291,13 @@ async fn scan(
             )
             .await
             .map_err(client_err(format!("reading {topic}-{partition} on A")))?;
-        let split = split(&fetched.records, fetched.aborted_transactions)
-            .map_err(|e| fail(e.to_string()))?;
+        let split = split(&fetched.records, fetched.aborted_transactions).map_err(|source| {
+            FailbackError::Scan {
+                topic: topic.to_string(),
+                partition,
+                source,
+            }
+        })?;
         if split.items.is_empty() {
             if let Some(needed) = split.partial_needed.filter(|n| *n <= MAX_BATCH_BYTES) {
                 max_bytes = i32::try_from(needed).unwrap_or(i32::MAX);
@@ -369,4 +370,27 @@ pub async fn apply(f: &Failback<'_>, plan: &Plan, now_ms: i64) -> Result<(), Fai
             f.progress_group
         )))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scan_failure_carries_why_the_records_could_not_be_split() {
+        let e = FailbackError::Scan {
+            topic: "orders".into(),
+            partition: 2,
+            source: split(&bytes::Bytes::from_static(&[0; 12]), Vec::new())
+                .expect_err("a batch cut short"),
+        };
+        assert_eq!(
+            e.to_string(),
+            "the records of A past the divergence point in orders-2 could not be read"
+        );
+        let cause = std::error::Error::source(&e).expect("the split error");
+        assert!(cause.is::<SplitError>());
+        assert_eq!(crate::sync::error_chain(&e), format!("{e}: {cause}"));
+        assert!(!e.is_refusal());
+    }
 }

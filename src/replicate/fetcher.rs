@@ -12,6 +12,7 @@ use crate::client::error::error_name;
 use crate::client::protocol::{Fetched, IsolationLevel, OffsetSpec, PartitionRef};
 use crate::client::{Client, ClientError};
 use crate::config::replicator::Isolation;
+use crate::sync::error_chain;
 
 use super::batches::split;
 use super::metrics::ErrorKind;
@@ -71,7 +72,7 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, broker: i32) {
                 shared.metrics.error(ErrorKind::Fetch);
                 shared.metadata_stale.notify_one();
                 let delay = backoff.next_delay();
-                tracing::warn!(broker, error = %e, retry_in_ms = delay.as_millis() as u64, "source fetch failed");
+                tracing::warn!(broker, error = %error_chain(&e), retry_in_ms = delay.as_millis() as u64, "source fetch failed");
                 tokio::time::sleep(delay).await;
             }
         }
@@ -151,7 +152,7 @@ async fn take(
             if e.invalidates_metadata() {
                 shared.metadata_stale.notify_one();
             }
-            tracing::debug!(tp = %part.tp, error = %e, "partition fetch failed; retried");
+            tracing::debug!(tp = %part.tp, error = %error_chain(&e), "partition fetch failed; retried");
             pause(
                 &mut shared.table(),
                 &part.tp,

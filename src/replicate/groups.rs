@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::client::offsets::Offsets;
 use crate::client::{Client, ClientError};
 use crate::mirror::translation::Translation;
+use crate::sync::error_chain;
 
 use super::metrics::ErrorKind;
 use super::partitions::Tp;
@@ -44,7 +45,7 @@ pub(super) async fn sync(shared: Arc<Shared>, source: Client, destination: Clien
         }
         if let Err(e) = round(&shared, &source, &destination, &mut synced).await {
             shared.metrics.error(ErrorKind::Groups);
-            tracing::warn!(error = %e, "consumer group offset sync failed; trying again next interval");
+            tracing::warn!(error = %error_chain(&e), "consumer group offset sync failed; trying again next interval");
         }
     }
 }
@@ -95,7 +96,7 @@ async fn round(
             Ok(c) if c.is_empty() => continue,
             Ok(c) => c,
             Err(e) => {
-                tracing::debug!(%group, error = %e, "committed offsets of a source group");
+                tracing::debug!(%group, error = %error_chain(&e), "committed offsets of a source group");
                 continue;
             }
         };
@@ -117,7 +118,7 @@ async fn round(
             Ok(()) => {}
             // A member joined meanwhile: its offsets are its own now.
             Err(e) if e.code().is_some() => {
-                tracing::debug!(%group, error = %e, "the destination group refused the commit");
+                tracing::debug!(%group, error = %error_chain(&e), "the destination group refused the commit");
                 continue;
             }
             Err(e) => return Err(e),

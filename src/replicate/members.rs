@@ -39,6 +39,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::client::group::{self, codes, JoinOutcome, JoinSpec};
 use crate::client::{Client, ClientError};
+use crate::sync::error_chain;
 
 use super::metrics::ErrorKind;
 use super::{progress, Shared};
@@ -91,7 +92,7 @@ pub(crate) fn assignment(slot: Slot) -> Result<Bytes, ClientError> {
     a.encode(&mut out, 0).map_err(|e| ClientError::Encode {
         api: "ConsumerProtocolAssignment",
         version: 0,
-        reason: e.to_string(),
+        cause: e.into(),
     })?;
     Ok(out.freeze())
 }
@@ -139,13 +140,25 @@ pub(crate) struct Assigned {
 }
 
 /// Why one membership ended.
+/// Why a membership failed (it is tried again).
+#[derive(Debug, thiserror::Error)]
+enum MembershipError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(
+        "generation {0} gave this instance no slot (is every instance of the link the same \
+         version?)"
+    )]
+    NoSlot(i32),
+}
+
 enum Ended {
     /// The run is ending.
     Stop,
     /// Join again now (a rebalance).
     Rejoin,
     /// Join again after a backoff.
-    Failed(String),
+    Failed(MembershipError),
     /// The source refused the credentials: no retry fixes that.
     Refused(ClientError),
 }
@@ -155,7 +168,7 @@ fn failed(e: ClientError) -> Ended {
     if e.is_authentication() {
         Ended::Refused(e)
     } else {
-        Ended::Failed(e.to_string())
+        Ended::Failed(e.into())
     }
 }
 
@@ -206,12 +219,12 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, destination: Client
                 ));
                 return;
             }
-            Ended::Failed(why) => {
+            Ended::Failed(e) => {
                 shared.metrics.error(ErrorKind::Membership);
                 failures += 1;
                 let delay = backoff.next_delay();
                 if failures == 1 || failures.is_multiple_of(10) {
-                    tracing::warn!(%group, error = %why, failures, retry_in_ms = delay.as_millis() as u64, "instances group membership failed; joining again");
+                    tracing::warn!(%group, error = %error_chain(&e), failures, retry_in_ms = delay.as_millis() as u64, "instances group membership failed; joining again");
                 }
                 tokio::time::sleep(delay).await;
             }
@@ -255,7 +268,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
     let given = if leader {
         match assignments(&members) {
             Ok(a) => a,
-            Err(e) => return Ended::Failed(e.to_string()),
+            Err(e) => return Ended::Failed(e.into()),
         }
     } else {
         Vec::new()
@@ -276,10 +289,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
         Err(e) => return failed(e),
     };
     let Some(slot) = slot_of(&mine) else {
-        return Ended::Failed(format!(
-            "generation {generation} gave this instance no slot (is every instance of the \
-             link the same version?)"
-        ));
+        return Ended::Failed(MembershipError::NoSlot(generation));
     };
     tracing::info!(%group, generation, slot = slot.index, of = slot.count, leader, "took a slot of the link's partitions");
     shared.assign(Assigned {
@@ -307,12 +317,12 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
             }
             Err(e) if e.code() == Some(codes::UNKNOWN_MEMBER_ID) => {
                 shared.set_member(None);
-                return Ended::Failed(e.to_string());
+                return Ended::Failed(e.into());
             }
             // Still a member until the session runs out: the others take
             // the partitions over only then.
             Err(e) if e.is_retriable() && last_ok.elapsed() < spec_session(spec) => {
-                tracing::debug!(%group, error = %e, "heartbeat failed; trying again");
+                tracing::debug!(%group, error = %error_chain(&e), "heartbeat failed; trying again");
             }
             Err(e) => return failed(e),
         }
@@ -345,7 +355,7 @@ pub(super) async fn give_back(shared: &Shared, destination: &Client) {
     let marked = if drained { RELEASED } else { "" };
     if let Err(e) = progress::commit_all(shared, destination, marked).await {
         shared.metrics.error(ErrorKind::Commit);
-        tracing::warn!(error = %e, "could not commit the partitions given back; their next owner re-sends what this commit would have covered");
+        tracing::warn!(error = %error_chain(&e), "could not commit the partitions given back; their next owner re-sends what this commit would have covered");
     }
     let gone = shared.table().clear();
     for tp in &gone {
@@ -369,7 +379,7 @@ pub(super) async fn leave(shared: &Shared, source: &Client) {
     match source.leave_group(&coordinator, &group, &member_id).await {
         Ok(()) => tracing::info!(%group, "left the link's instances group"),
         Err(e) => {
-            tracing::warn!(%group, error = %e, "could not leave the instances group; the others take the partitions over after the session timeout")
+            tracing::warn!(%group, error = %error_chain(&e), "could not leave the instances group; the others take the partitions over after the session timeout")
         }
     }
 }

@@ -73,7 +73,7 @@ pub(crate) const EXIT_FENCED: u8 = 3;
 pub enum ReplicateError {
     #[error("the proxy fenced link '{link}' (it failed over): {message}")]
     Fenced { link: String, message: String },
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Client {
         context: String,
         #[source]
@@ -91,7 +91,7 @@ pub enum ReplicateError {
         name: String,
         message: String,
     },
-    #[error("source {tp} at offset {offset}: {source}")]
+    #[error("source {tp} at offset {offset}")]
     Records {
         tp: String,
         offset: i64,
@@ -118,7 +118,7 @@ pub enum ReplicateError {
         destination: usize,
         in_source: usize,
     },
-    #[error("TLS to the {side}: {source}")]
+    #[error("TLS to the {side}")]
     Tls {
         side: &'static str,
         #[source]
@@ -126,7 +126,7 @@ pub enum ReplicateError {
     },
     #[error(transparent)]
     Translation(Box<translation::TranslationError>),
-    #[error("admin listener {addr}: {source}")]
+    #[error("admin listener {addr}")]
     Admin {
         addr: std::net::SocketAddr,
         #[source]
@@ -271,7 +271,7 @@ struct Shared {
     committing: tokio::sync::Mutex<()>,
 }
 
-use crate::sync::lock;
+use crate::sync::{error_chain, lock};
 
 impl Shared {
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -293,7 +293,7 @@ impl Shared {
     }
 
     fn fail(&self, e: ReplicateError) {
-        tracing::error!(error = %e, "replicator stopping");
+        tracing::error!(error = %error_chain(&e), "replicator stopping");
         self.finish(Stop::Failed(e));
     }
 
@@ -509,7 +509,7 @@ pub async fn run(
         let clean = !shared.table().in_flight();
         let marked = if clean { members::RELEASED } else { "" };
         if let Err(e) = progress::commit_all(&shared, &destination, marked).await {
-            tracing::warn!(error = %e, "last progress commit failed; the next start re-sends what it covered");
+            tracing::warn!(error = %error_chain(&e), "last progress commit failed; the next start re-sends what it covered");
         }
     }
     members::leave(&shared, &source).await;
@@ -659,7 +659,7 @@ async fn refresh_placement(shared: &Shared, source: &Client, destination: &Clien
             Err(e) => {
                 ok = false;
                 shared.metrics.error(metrics::ErrorKind::Metadata);
-                tracing::warn!(error = %e, cluster = if is_source { "source" } else { "destination" }, "metadata");
+                tracing::warn!(error = %error_chain(&e), cluster = if is_source { "source" } else { "destination" }, "metadata");
                 continue;
             }
         };
@@ -691,4 +691,29 @@ async fn refresh_placement(shared: &Shared, source: &Client, destination: &Clien
         }
     }
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stopping_error_prints_its_context_then_its_cause_once() {
+        let e = ReplicateError::client(
+            "metadata of orders",
+            ClientError::Closed {
+                broker: "b:9092".into(),
+            },
+        );
+        assert_eq!(e.to_string(), "metadata of orders");
+        let cause = std::error::Error::source(&e).expect("the client error");
+        assert!(cause.is::<ClientError>());
+        // What the binary prints (the text it printed when the Display
+        // quoted the cause itself).
+        assert_eq!(
+            error_chain(&e),
+            "metadata of orders: broker b:9092 closed the connection"
+        );
+        assert_eq!(e.exit_code(), 1);
+    }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::client::offsets::{Marked, Offsets};
 use crate::client::{Client, ClientError};
+use crate::sync::error_chain;
 
 use super::metrics::ErrorKind;
 use super::translation::{self, TranslationError};
@@ -41,7 +42,7 @@ pub(super) async fn commit_loop(shared: Arc<Shared>, destination: Client) {
             Err(e) => {
                 shared.metrics.error(ErrorKind::Commit);
                 let delay = backoff.next_delay();
-                tracing::warn!(group = %shared.config.group_id, error = %e,
+                tracing::warn!(group = %shared.config.group_id, error = %error_chain(&e),
                     retry_in_ms = delay.as_millis() as u64, "progress commit failed");
                 tokio::time::sleep(delay).await;
                 // A partition may still be waiting.
@@ -54,7 +55,7 @@ pub(super) async fn commit_loop(shared: Arc<Shared>, destination: Client) {
 /// Why a commit did not happen.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CommitError {
-    #[error("saving the offset translation first: {0}")]
+    #[error("saving the offset translation first")]
     Translation(#[from] TranslationError),
     #[error(transparent)]
     Client(#[from] ClientError),
@@ -161,7 +162,7 @@ pub(super) async fn committed(
             Err(e) => {
                 shared.metrics.error(ErrorKind::Commit);
                 let delay = backoff.next_delay().max(Duration::from_millis(100));
-                tracing::warn!(group = %shared.config.group_id, error = %e,
+                tracing::warn!(group = %shared.config.group_id, error = %error_chain(&e),
                     retry_in_ms = delay.as_millis() as u64, "reading the progress failed");
                 tokio::time::sleep(delay).await;
             }

@@ -18,6 +18,7 @@ use crate::client::conn::{Connection, Receiver, Sender, Sent};
 use crate::client::error::error_name;
 use crate::client::protocol::{PartitionRef, Produced};
 use crate::client::{Client, ClientError};
+use crate::sync::error_chain;
 
 use super::metrics::ErrorKind;
 use super::partitions::{Outcome, Settled, ToSend};
@@ -60,7 +61,7 @@ pub(super) async fn run(shared: Arc<Shared>, destination: Client, node: i32) {
                 shared.metrics.error(ErrorKind::Produce);
                 shared.metadata_stale.notify_one();
                 let delay = backoff.next_delay();
-                tracing::warn!(node, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot connect to the destination");
+                tracing::warn!(node, error = %error_chain(&e), retry_in_ms = delay.as_millis() as u64, "cannot connect to the destination");
                 tokio::time::sleep(delay).await;
                 continue;
             }
@@ -93,7 +94,7 @@ pub(super) async fn run(shared: Arc<Shared>, destination: Client, node: i32) {
                 shared.metrics.error(ErrorKind::Produce);
                 shared.metadata_stale.notify_one();
                 let delay = backoff.next_delay();
-                tracing::warn!(node, error = %e, unanswered = left.len(), retry_in_ms = delay.as_millis() as u64,
+                tracing::warn!(node, error = %error_chain(&e), unanswered = left.len(), retry_in_ms = delay.as_millis() as u64,
                     "destination connection failed; its batches are sent again");
                 tokio::time::sleep(delay).await;
             }
@@ -186,7 +187,7 @@ async fn write(
                     );
                 }
                 shared.metadata_stale.notify_one();
-                tracing::debug!(error = %e, "produce not built; retried");
+                tracing::debug!(error = %error_chain(&e), "produce not built; retried");
                 continue;
             }
         };
@@ -325,6 +326,6 @@ fn settle(shared: &Shared, batches: &[ToSend], outcomes: Vec<Result<Produced, Cl
     if let Some(e) = first_error {
         shared.metrics.error(ErrorKind::Produce);
         // One line per answer, not per partition.
-        tracing::warn!(partitions = retried, error = %e, "destination refused batches for now; they are sent again");
+        tracing::warn!(partitions = retried, error = %error_chain(&e), "destination refused batches for now; they are sent again");
     }
 }

@@ -22,6 +22,7 @@ use crate::client::protocol::{NewTopic, OffsetSpec};
 use crate::client::topics::ConfigChange;
 use crate::client::{Client, ClientError};
 use crate::config::replicator::StartOffset;
+use crate::sync::error_chain;
 
 use super::members::{Assigned, RELEASED};
 use super::metrics::ErrorKind;
@@ -124,7 +125,7 @@ pub(super) async fn discover(shared: Arc<Shared>, source: Client, destination: C
                 }
                 shared.metrics.error(ErrorKind::Topics);
                 let delay = backoff.next_delay();
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "topic discovery failed");
+                tracing::warn!(error = %error_chain(&e), retry_in_ms = delay.as_millis() as u64, "topic discovery failed");
                 tokio::time::sleep(delay).await;
             }
         }

@@ -32,13 +32,13 @@ const RECORDS_PER_BATCH: usize = 4096;
 /// Why saving or reading the translation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TranslationError {
-    #[error("offsets topic {topic}: {source}")]
+    #[error("offsets topic {topic}")]
     Client {
         topic: String,
         #[source]
         source: ClientError,
     },
-    #[error("building a batch of the offsets topic: {0}")]
+    #[error("building a batch of the offsets topic")]
     Build(#[from] crate::wire::batch::BuildError),
 }
 

@@ -64,7 +64,7 @@ use crate::mirror::control_records::{
 use crate::mirror::dedupe::Dedupe;
 use crate::mirror::link::Links;
 use crate::mirror::link_state::{LinkState, LinkStatus};
-use crate::mirror::origins::{OriginId, Origins, PartitionId};
+use crate::mirror::origins::{NoSlot, OriginId, Origins, PartitionId};
 use crate::mirror::produce::Unresolved;
 use crate::mirror::state_records::{
     BarrierKey, BarrierValue, DrainedKey, DrainedValue, StateRecord,
@@ -72,6 +72,7 @@ use crate::mirror::state_records::{
 use crate::net::backoff::Backoff;
 use crate::net::tasks::Tasks;
 use crate::net::tls::TlsSetupError;
+use crate::wire::batch::BuildError;
 use mac::StateAuth;
 
 /// Bytes asked for per Fetch of the state topic.
@@ -103,12 +104,26 @@ pub(crate) enum StateError {
 pub enum ResolveError {
     #[error("the state topic is not loaded yet")]
     NotLoaded,
+    /// A write that failed without an error of its own to carry (refused
+    /// by the broker, not read back in time): what happened, in words.
     #[error("writing to the state topic failed: {0}")]
     Write(String),
-    #[error("looking up the topic id of {topic}: {reason}")]
-    TopicId { topic: String, reason: String },
-    #[error("{0}")]
-    NoSlot(String),
+    /// Shared, so that one failure can be reported for every partition it
+    /// concerned.
+    #[error("writing to the state topic failed")]
+    Produce(#[source] Arc<ClientError>),
+    #[error("writing to the state topic failed")]
+    Encode(#[source] BuildError),
+    #[error("looking up the topic id of {topic}")]
+    TopicId {
+        topic: String,
+        #[source]
+        cause: Arc<ClientError>,
+    },
+    #[error("looking up the topic id of {topic}: the broker reports no topic id")]
+    NoTopicId { topic: String },
+    #[error(transparent)]
+    NoSlot(#[from] NoSlot),
     #[error("lost the race for a slot {RESOLVE_ROUNDS} times")]
     TooManyRaces,
 }
@@ -182,7 +197,7 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-use crate::sync::{lock, read, write};
+use crate::sync::{error_chain, lock, read, write};
 
 /// A random salt from the operating system.
 fn random_i64() -> i64 {
@@ -628,8 +643,8 @@ impl StateStore {
         read(&self.topic_ids).get(name).copied()
     }
 
-    fn set_not_ready(&self, reason: String) {
-        *lock(&self.not_ready) = reason;
+    fn set_not_ready(&self, why: String) {
+        *lock(&self.not_ready) = why;
     }
 
     async fn load_and_tail(self: Arc<Self>) {
@@ -651,9 +666,10 @@ impl StateStore {
                     return;
                 }
                 Err(e) => {
-                    let reason = format!("state topic {} not loaded: {e}", self.topic);
+                    let reason =
+                        format!("state topic {} not loaded: {}", self.topic, error_chain(&e));
                     let delay = backoff.next_delay();
-                    tracing::warn!(topic = %self.topic, error = %e, retry_ms = delay.as_millis() as u64, "loading the state topic failed; retrying");
+                    tracing::warn!(topic = %self.topic, error = %error_chain(&e), retry_ms = delay.as_millis() as u64, "loading the state topic failed; retrying");
                     self.set_not_ready(reason);
                     tokio::time::sleep(delay).await;
                 }
@@ -687,7 +703,7 @@ impl StateStore {
                     backoff.reset();
                 }
                 Err(e) => {
-                    tracing::warn!(topic = %self.topic, offset = next, error = %e, "tailing the state topic failed; retrying");
+                    tracing::warn!(topic = %self.topic, offset = next, error = %error_chain(&e), "tailing the state topic failed; retrying");
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
@@ -757,11 +773,11 @@ impl StateStore {
                         }
                     }
                     Err(e @ topic::SkipReason::Mac(_)) => {
-                        tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record that is not signed with the state key");
+                        tracing::warn!(topic = %self.topic, offset, reason = %error_chain(&e), "skipped a state record that is not signed with the state key");
                         self.metrics.state.record_skipped();
                     }
                     Err(e) => {
-                        tracing::warn!(topic = %self.topic, offset, reason = %e, "skipped a state record")
+                        tracing::warn!(topic = %self.topic, offset, reason = %error_chain(&e), "skipped a state record")
                     }
                 },
             );
@@ -789,17 +805,18 @@ impl StateStore {
         if let Some(id) = self.topic_id(name) {
             return Ok(id);
         }
-        let err = |reason: String| ResolveError::TopicId {
-            topic: name.to_string(),
-            reason,
-        };
         let info = self
             .client
             .topic(name)
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| ResolveError::TopicId {
+                topic: name.to_string(),
+                cause: Arc::new(e),
+            })?;
         if info.topic_id.is_nil() {
-            return Err(err("the broker reports no topic id".into()));
+            return Err(ResolveError::NoTopicId {
+                topic: name.to_string(),
+            });
         }
         write(&self.topic_ids).insert(name.to_string(), info.topic_id);
         Ok(info.topic_id)
@@ -912,12 +929,12 @@ impl StateStore {
 impl resolve::Log for StateStore {
     async fn append(&self, records: &[StateRecord]) -> Result<i64, ResolveError> {
         let batch = topic::encode_batch(records, now_ms(), self.auth.as_ref())
-            .map_err(|e| ResolveError::Write(e.to_string()))?;
+            .map_err(ResolveError::Encode)?;
         let produced = self
             .client
             .produce(&self.topic, 0, Bytes::from(batch))
             .await
-            .map_err(|e| ResolveError::Write(e.to_string()))?;
+            .map_err(|e| ResolveError::Produce(Arc::new(e)))?;
         match produced {
             Produced::Appended { base_offset, .. } => Ok(base_offset),
             Produced::Refused { code, message } => Err(ResolveError::Write(format!(

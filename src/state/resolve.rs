@@ -23,6 +23,7 @@ use super::{now_ms, ResolveError, APPLY_TIMEOUT, RESOLVE_ROUNDS};
 use crate::metrics::StateMetrics;
 use crate::mirror::origins::{OriginId, Origins, PartitionId, Proposal};
 use crate::mirror::state_records::{CollisionValue, OriginValue, StateRecord};
+use crate::sync::error_chain;
 
 /// The state topic as one instance writes and follows it.
 pub(crate) trait Log: Sync {
@@ -55,7 +56,7 @@ pub(crate) async fn write<L: Log>(
         Ok(_) => metrics.write(started.elapsed().as_secs_f64()),
         Err(e) => {
             metrics.write_failed();
-            tracing::warn!(topic = %state_topic, records = records.len(), error = %e, "state topic write failed");
+            tracing::warn!(topic = %state_topic, records = records.len(), error = %error_chain(e), "state topic write failed");
         }
     }
     result
@@ -255,7 +256,7 @@ pub(crate) async fn resolve<L: Log>(
                         taken.insert((p, proposal.mapped));
                         proposals.push((topic, p, o, proposal));
                     }
-                    Err(e) => failed.push(((topic, p, o), ResolveError::NoSlot(e.to_string()))),
+                    Err(e) => failed.push(((topic, p, o), ResolveError::NoSlot(e))),
                 }
             }
         }

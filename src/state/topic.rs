@@ -26,7 +26,7 @@ pub(crate) const MAX_DECOMPRESSED: usize = 8 * 1024 * 1024;
 pub enum SkipReason {
     #[error(transparent)]
     Record(#[from] RecordError),
-    #[error("compressed batch: {0}")]
+    #[error("compressed batch")]
     Compressed(#[from] DecompressError),
     #[error("malformed record: {0}")]
     Malformed(&'static str),

@@ -10,6 +10,7 @@
 //! exceed the limit is an error, not an allocation.
 
 use std::io::Read;
+use std::sync::Arc;
 
 /// Why a records section could not be decompressed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -18,9 +19,56 @@ pub enum DecompressError {
     UnknownCodec(u8),
     #[error("{codec} records decompress to more than {limit} bytes")]
     TooLarge { codec: &'static str, limit: usize },
-    #[error("corrupt {codec} records: {reason}")]
-    Corrupt { codec: &'static str, reason: String },
+    #[error("corrupt {codec} records")]
+    Corrupt {
+        codec: &'static str,
+        #[source]
+        cause: Corruption,
+    },
 }
+
+/// What was wrong with a corrupt records section: the codec's own error,
+/// or snappy-java's framing cut short.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Corruption {
+    /// Shared, so that the error stays `Clone` as the state reader's skip
+    /// reasons are.
+    #[error(transparent)]
+    Io(Arc<std::io::Error>),
+    #[error(transparent)]
+    Snappy(#[from] snap::Error),
+    #[error("stream header cut short")]
+    HeaderCutShort,
+    #[error("block length cut short")]
+    LengthCutShort,
+    #[error("block of {0} bytes cut short")]
+    BlockCutShort(usize),
+}
+
+impl From<std::io::Error> for Corruption {
+    fn from(e: std::io::Error) -> Self {
+        Corruption::Io(Arc::new(e))
+    }
+}
+
+/// Equal when they say the same: an I/O error has no equality of its own,
+/// and a test compares what a reader saw with what it expects.
+impl PartialEq for Corruption {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Corruption::Io(a), Corruption::Io(b)) => {
+                a.kind() == b.kind() && a.to_string() == b.to_string()
+            }
+            (Corruption::Snappy(a), Corruption::Snappy(b)) => a == b,
+            (Corruption::HeaderCutShort, Corruption::HeaderCutShort)
+            | (Corruption::LengthCutShort, Corruption::LengthCutShort) => true,
+            (Corruption::BlockCutShort(a), Corruption::BlockCutShort(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Corruption {}
 
 /// The codec's name for batch attribute bits `codec` (0-7).
 pub(crate) fn codec_name(codec: u8) -> &'static str {
@@ -45,7 +93,7 @@ pub(crate) fn decompress(
     let name = codec_name(codec);
     let corrupt = |e: std::io::Error| DecompressError::Corrupt {
         codec: name,
-        reason: e.to_string(),
+        cause: e.into(),
     };
     match codec {
         1 => read_bounded(flate2::read::GzDecoder::new(input), name, limit),
@@ -73,7 +121,7 @@ fn read_bounded(
         .read_to_end(&mut out)
         .map_err(|e| DecompressError::Corrupt {
             codec,
-            reason: e.to_string(),
+            cause: e.into(),
         })?;
     match out.len() > limit {
         true => Err(DecompressError::TooLarge { codec, limit }),
@@ -90,13 +138,13 @@ const XERIAL_HEADER_LEN: usize = 16;
 /// preceded by its compressed length), or one raw snappy block without
 /// the header, which snappy-java also reads.
 fn snappy(input: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
-    let corrupt = |reason: String| DecompressError::Corrupt {
+    let corrupt = |cause: Corruption| DecompressError::Corrupt {
         codec: "snappy",
-        reason,
+        cause,
     };
     let mut out = Vec::new();
     let block = |compressed: &[u8], out: &mut Vec<u8>| {
-        let len = snap::raw::decompress_len(compressed).map_err(|e| corrupt(e.to_string()))?;
+        let len = snap::raw::decompress_len(compressed).map_err(|e| corrupt(e.into()))?;
         if len > limit - out.len() {
             return Err(DecompressError::TooLarge {
                 codec: "snappy",
@@ -107,7 +155,7 @@ fn snappy(input: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
         out.resize(start + len, 0);
         snap::raw::Decoder::new()
             .decompress(compressed, &mut out[start..])
-            .map_err(|e| corrupt(e.to_string()))?;
+            .map_err(|e| corrupt(e.into()))?;
         Ok(())
     };
     if !input.starts_with(XERIAL_MAGIC) {
@@ -116,15 +164,15 @@ fn snappy(input: &[u8], limit: usize) -> Result<Vec<u8>, DecompressError> {
     }
     let mut rest = input
         .get(XERIAL_HEADER_LEN..)
-        .ok_or_else(|| corrupt("stream header cut short".into()))?;
+        .ok_or_else(|| corrupt(Corruption::HeaderCutShort))?;
     while !rest.is_empty() {
         let (len, after) = rest
             .split_first_chunk::<4>()
-            .ok_or_else(|| corrupt("block length cut short".into()))?;
+            .ok_or_else(|| corrupt(Corruption::LengthCutShort))?;
         let len = u32::from_be_bytes(*len) as usize;
         let compressed = after
             .get(..len)
-            .ok_or_else(|| corrupt(format!("block of {len} bytes cut short")))?;
+            .ok_or_else(|| corrupt(Corruption::BlockCutShort(len)))?;
         block(compressed, &mut out)?;
         rest = &after[len..];
     }
@@ -195,6 +243,33 @@ mod tests {
                 codec_name(codec)
             );
         }
+    }
+
+    #[test]
+    fn a_corrupt_section_carries_the_codec_error_as_its_source() {
+        use std::error::Error as _;
+        let e = decompress(2, b"\xff\xff\xff\xff\xff", 100).expect_err("not snappy");
+        assert!(
+            matches!(
+                &e,
+                DecompressError::Corrupt {
+                    codec: "snappy",
+                    cause: Corruption::Snappy(_)
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "corrupt snappy records");
+        let cause = e.source().expect("the snappy error");
+        assert!(!cause.to_string().is_empty());
+        let cut = decompress(2, &XERIAL_MAGIC[..], 100).expect_err("no header");
+        assert_eq!(
+            crate::sync::error_chain(&cut),
+            "corrupt snappy records: stream header cut short"
+        );
+        let gz = decompress(1, b"not gzip", 100).expect_err("not gzip");
+        let io = gz.source().and_then(|c| c.downcast_ref::<Corruption>());
+        assert!(matches!(io, Some(Corruption::Io(_))), "{gz:?}");
     }
 
     #[test]

@@ -77,9 +77,11 @@ impl fmt::Debug for Credentials {
 /// Why an exchange failed on the client side (the broker's own refusals
 /// arrive as SaslAuthenticate error codes, see `client::conn`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum SaslError {
+pub enum SaslError {
     #[error("malformed SCRAM server-first message: {0}")]
     ServerFirst(String),
+    #[error("malformed SCRAM server-first message: salt")]
+    Salt(#[source] base64::DecodeError),
     #[error("SCRAM server nonce does not extend the client nonce")]
     Nonce,
     #[error(
@@ -90,8 +92,14 @@ pub(crate) enum SaslError {
     Server(String),
     #[error("malformed SCRAM server-final message: {0}")]
     ServerFinal(String),
+    #[error("malformed SCRAM server-final message: signature")]
+    Signature(#[source] base64::DecodeError),
     #[error("SCRAM server signature does not verify: the broker does not know this password")]
     ServerSignature,
+    #[error("no secure random numbers for the nonce")]
+    NoRandom,
+    #[error("not a SCRAM mechanism")]
+    NotScram,
 }
 
 /// Kafka's bounds on SCRAM iterations (`ScramMechanism`): fewer is refused by
@@ -207,7 +215,7 @@ impl Scram {
         }
         let salt = BASE64
             .decode(salt.ok_or_else(|| missing("salt (s=)"))?)
-            .map_err(|e| SaslError::ServerFirst(format!("salt: {e}")))?;
+            .map_err(SaslError::Salt)?;
         let iterations: u32 = iterations
             .ok_or_else(|| missing("iteration count (i=)"))?
             .parse()
@@ -261,9 +269,7 @@ impl Scram {
         let v = first
             .strip_prefix("v=")
             .ok_or_else(|| SaslError::ServerFinal(format!("{text:?} has no v=")))?;
-        let got = BASE64
-            .decode(v)
-            .map_err(|e| SaslError::ServerFinal(format!("signature: {e}")))?;
+        let got = BASE64.decode(v).map_err(SaslError::Signature)?;
         let expected = self
             .expected_server_signature
             .as_deref()
@@ -411,6 +417,23 @@ mod tests {
         assert_eq!(
             s.verify_server_final(b"e=invalid-proof"),
             Err(SaslError::Server("invalid-proof".into()))
+        );
+    }
+
+    #[test]
+    fn a_salt_that_is_not_base64_carries_the_decoding_error() {
+        use std::error::Error as _;
+        let mut s = Scram::new(Mechanism::ScramSha256, "u", "p", "abc").expect("scram");
+        let e = s
+            .client_final(b"r=abcdef,s=!!!!,i=4096")
+            .expect_err("bad salt");
+        assert!(matches!(e, SaslError::Salt(_)), "{e:?}");
+        assert_eq!(e.to_string(), "malformed SCRAM server-first message: salt");
+        let cause = e.source().expect("the base64 error");
+        assert!(cause.downcast_ref::<base64::DecodeError>().is_some());
+        assert_eq!(
+            crate::sync::error_chain(&e),
+            format!("malformed SCRAM server-first message: salt: {cause}")
         );
     }
 

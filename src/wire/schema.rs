@@ -12,7 +12,7 @@
 //! Pure: parsing happens once, on first use, from strings inside the binary.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value as Json;
 
@@ -31,12 +31,12 @@ impl Versions {
     }
 
     /// Kafka's notation: `none`, `3`, `3+`, `3-13`.
-    fn parse(s: &str) -> Result<Versions, String> {
+    fn parse(s: &str) -> Result<Versions, SchemaProblem> {
         let s = s.trim();
         let num = |t: &str| {
             t.trim()
                 .parse::<i16>()
-                .map_err(|_| format!("bad version range {s:?}"))
+                .map_err(|_| SchemaProblem::Versions(s.to_string()))
         };
         if s == "none" {
             Ok(Versions::NONE)
@@ -139,10 +139,43 @@ pub struct Message {
 /// Why a schema did not load. Only a broken build can cause one: the
 /// definitions are compiled in, and a test loads all of them.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("message schema {file}: {reason}")]
+#[error("message schema {file}")]
 pub struct SchemaError {
     pub file: String,
-    pub reason: String,
+    #[source]
+    pub problem: SchemaProblem,
+}
+
+/// What is wrong with a schema file. Field problems name the field's path
+/// (`topics.partitions.index`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SchemaProblem {
+    #[error("not compiled into the proxy")]
+    NotCompiledIn,
+    /// Shared, so that the error stays `Clone`: the loaded schemas (or
+    /// why they did not load) are kept once for every caller.
+    #[error(transparent)]
+    Json(Arc<serde_json::Error>),
+    #[error("missing {0}")]
+    Missing(&'static str),
+    #[error("common struct without a name")]
+    UnnamedStruct,
+    #[error("field without a name")]
+    UnnamedField,
+    #[error("bad version range {0:?}")]
+    Versions(String),
+    #[error("{0}: no type")]
+    NoType(String),
+    #[error("{0}: no versions")]
+    NoVersions(String),
+    #[error("{0}: tag without taggedVersions")]
+    TagWithoutVersions(String),
+    #[error("{0}: tag too large")]
+    TagTooLarge(String),
+    #[error("{path}: unknown struct type {name}")]
+    UnknownStruct { path: String, name: String },
+    #[error("{path}: unknown type {name}")]
+    UnknownType { path: String, name: String },
 }
 
 /// The definitions compiled into the binary: (file name, text).
@@ -300,7 +333,7 @@ pub fn message(name: &str) -> Result<&'static Message, SchemaError> {
         .map_err(Clone::clone)?;
     all.get(name).ok_or_else(|| SchemaError {
         file: format!("{name}.json"),
-        reason: "not compiled into the proxy".into(),
+        problem: SchemaProblem::NotCompiledIn,
     })
 }
 
@@ -331,22 +364,23 @@ fn strip_comments(text: &str) -> String {
 }
 
 fn parse_message(file: &str, text: &str) -> Result<Message, SchemaError> {
-    let err = |reason: String| SchemaError {
+    let err = |problem: SchemaProblem| SchemaError {
         file: file.to_string(),
-        reason,
+        problem,
     };
-    let json: Json = serde_json::from_str(&strip_comments(text)).map_err(|e| err(e.to_string()))?;
-    let str_of = |key: &str| {
+    let json: Json = serde_json::from_str(&strip_comments(text))
+        .map_err(|e| err(SchemaProblem::Json(Arc::new(e))))?;
+    let str_of = |key: &'static str| {
         json.get(key)
             .and_then(Json::as_str)
-            .ok_or_else(|| err(format!("missing {key}")))
+            .ok_or_else(|| err(SchemaProblem::Missing(key)))
     };
     let name = str_of("name")?.to_string();
     let api_key = json
         .get("apiKey")
         .and_then(Json::as_i64)
         .and_then(|k| i16::try_from(k).ok())
-        .ok_or_else(|| err("missing apiKey".into()))?;
+        .ok_or_else(|| err(SchemaProblem::Missing("apiKey")))?;
     let valid = Versions::parse(str_of("validVersions")?).map_err(err)?;
     let flexible = Versions::parse(str_of("flexibleVersions")?).map_err(err)?;
     let mut common = HashMap::new();
@@ -355,7 +389,7 @@ fn parse_message(file: &str, text: &str) -> Result<Message, SchemaError> {
             let sname = s
                 .get("name")
                 .and_then(Json::as_str)
-                .ok_or_else(|| err("common struct without a name".into()))?;
+                .ok_or_else(|| err(SchemaProblem::UnnamedStruct))?;
             common.insert(sname.to_string(), s.clone());
         }
     }
@@ -373,7 +407,7 @@ fn parse_fields(
     parent: &Json,
     prefix: &str,
     common: &HashMap<String, Json>,
-) -> Result<Vec<Field>, String> {
+) -> Result<Vec<Field>, SchemaProblem> {
     let Some(list) = parent.get("fields").and_then(Json::as_array) else {
         return Ok(Vec::new());
     };
@@ -382,16 +416,21 @@ fn parse_fields(
         .collect()
 }
 
-fn parse_field(f: &Json, prefix: &str, common: &HashMap<String, Json>) -> Result<Field, String> {
+fn parse_field(
+    f: &Json,
+    prefix: &str,
+    common: &HashMap<String, Json>,
+) -> Result<Field, SchemaProblem> {
     let get = |k: &str| f.get(k).and_then(Json::as_str);
-    let name = get("name").ok_or("field without a name")?;
+    let name = get("name").ok_or(SchemaProblem::UnnamedField)?;
     let (path, name_at) = if prefix.is_empty() {
         (name.to_string(), 0)
     } else {
         (format!("{prefix}.{name}"), prefix.len() + 1)
     };
-    let type_name = get("type").ok_or_else(|| format!("{path}: no type"))?;
-    let versions = Versions::parse(get("versions").ok_or_else(|| format!("{path}: no versions"))?)?;
+    let type_name = get("type").ok_or_else(|| SchemaProblem::NoType(path.clone()))?;
+    let versions =
+        Versions::parse(get("versions").ok_or_else(|| SchemaProblem::NoVersions(path.clone()))?)?;
     let nullable = get("nullableVersions")
         .map(Versions::parse)
         .transpose()?
@@ -401,9 +440,9 @@ fn parse_field(f: &Json, prefix: &str, common: &HashMap<String, Json>) -> Result
             let tagged = get("taggedVersions")
                 .map(Versions::parse)
                 .transpose()?
-                .ok_or_else(|| format!("{path}: tag without taggedVersions"))?;
+                .ok_or_else(|| SchemaProblem::TagWithoutVersions(path.clone()))?;
             Some((
-                u32::try_from(tag).map_err(|_| format!("{path}: tag too large"))?,
+                u32::try_from(tag).map_err(|_| SchemaProblem::TagTooLarge(path.clone()))?,
                 tagged,
             ))
         }
@@ -425,7 +464,7 @@ fn parse_type(
     f: &Json,
     path: &str,
     common: &HashMap<String, Json>,
-) -> Result<Type, String> {
+) -> Result<Type, SchemaProblem> {
     if let Some(inner) = name.strip_prefix("[]") {
         return Ok(Type::Array(Box::new(parse_type(inner, f, path, common)?)));
     }
@@ -447,13 +486,19 @@ fn parse_type(
             let def = if f.get("fields").is_some() {
                 f
             } else {
-                common
-                    .get(s)
-                    .ok_or_else(|| format!("{path}: unknown struct type {s}"))?
+                common.get(s).ok_or_else(|| SchemaProblem::UnknownStruct {
+                    path: path.to_string(),
+                    name: s.to_string(),
+                })?
             };
             Type::Struct(parse_fields(def, path, common)?)
         }
-        other => return Err(format!("{path}: unknown type {other}")),
+        other => {
+            return Err(SchemaProblem::UnknownType {
+                path: path.to_string(),
+                name: other.to_string(),
+            })
+        }
     })
 }
 
@@ -473,10 +518,13 @@ mod tests {
 
     #[test]
     fn version_ranges() {
-        assert_eq!(Versions::parse("3-13"), Ok(Versions { min: 3, max: 13 }));
         assert_eq!(
-            Versions::parse("9+"),
-            Ok(Versions {
+            Versions::parse("3-13").ok(),
+            Some(Versions { min: 3, max: 13 })
+        );
+        assert_eq!(
+            Versions::parse("9+").ok(),
+            Some(Versions {
                 min: 9,
                 max: i16::MAX
             })
@@ -484,6 +532,30 @@ mod tests {
         assert!(!Versions::parse("none").expect("none").contains(0));
         assert!(Versions::parse("7").expect("single").contains(7));
         assert!(Versions::parse("x").is_err());
+    }
+
+    #[test]
+    fn a_broken_schema_names_its_file_and_carries_the_problem() {
+        use std::error::Error as _;
+        let e = parse_message("Broken.json", "{ not json").expect_err("not JSON");
+        assert_eq!(e.to_string(), "message schema Broken.json");
+        let cause = e.source().expect("the JSON error");
+        assert!(matches!(
+            cause.downcast_ref::<SchemaProblem>(),
+            Some(SchemaProblem::Json(_))
+        ));
+        let text = r#"{"name": "X", "apiKey": 1, "validVersions": "0",
+            "flexibleVersions": "none", "fields": [{"name": "A", "type": "int32"}]}"#;
+        let e = parse_message("X.json", text).expect_err("no versions");
+        assert_eq!(
+            crate::sync::error_chain(&e),
+            "message schema X.json: A: no versions"
+        );
+        let e = message("NoSuchMessage").expect_err("unknown");
+        assert_eq!(
+            crate::sync::error_chain(&e),
+            "message schema NoSuchMessage.json: not compiled into the proxy"
+        );
     }
 
     #[test]

@@ -149,9 +149,18 @@ fn responses_are_walked_before_they_are_decoded() {
     let e = decode_response::<ProduceRequest>(&Bytes::from(forged), 9, 7, "b:1")
         .expect_err("forged count");
     assert!(
-        matches!(&e, ClientError::Malformed { api: "Produce", version: 9, reason, .. } if reason.contains("count")),
-        "{e}"
+        matches!(
+            &e,
+            ClientError::Malformed {
+                api: "Produce",
+                version: 9,
+                cause,
+                ..
+            } if matches!(**cause, ReadError::Walk(_))
+        ),
+        "{e:?}"
     );
+    assert!(crate::sync::error_chain(&e).contains("count"), "{e:?}");
     assert!(!e.is_retriable());
 
     // Trailing bytes, a truncated body, another correlation id.

@@ -11,13 +11,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{error_chain, Control, ControlError};
+use super::{Control, ControlError};
 use crate::control::api::{
     FailoverAction, FailoverDryRun, LiveInstances, PartitionDelay, PartitionRow,
 };
 use crate::control::io::{BarrierPlacer, Group, Store};
 use crate::metrics::mirrored::PartitionFigures;
 use crate::mirror::link_state;
+use crate::sync::error_chain;
 
 /// What the operator asked of a failover's pre-check.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

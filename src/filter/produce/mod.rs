@@ -163,7 +163,7 @@ impl<'a> ProduceFilter<'a> {
             // otherwise size every connection's task for good.
             let resolved = Box::pin(state.resolve(&plan.unresolved)).await;
             for (topic, partition, error) in resolved {
-                tracing::warn!(link = link.name(), topic, partition, %error, "could not persist a new mirrored producer's mapping");
+                tracing::warn!(link = link.name(), topic, partition, error = %crate::sync::error_chain(&error), "could not persist a new mirrored producer's mapping");
             }
             plan = plan_now();
         }
@@ -714,7 +714,9 @@ async fn learn_topic_ids(ctx: &Context) {
     }
     match tokio::time::timeout(TOPIC_IDS_TIMEOUT, state.all_topic_ids()).await {
         Ok(Ok(topics)) => ctx.topics.learn(topics),
-        Ok(Err(error)) => tracing::warn!(%error, "could not learn topic ids from the broker"),
+        Ok(Err(error)) => {
+            tracing::warn!(error = %crate::sync::error_chain(&error), "could not learn topic ids from the broker")
+        }
         Err(_) => tracing::warn!(
             timeout_ms = TOPIC_IDS_TIMEOUT.as_millis() as u64,
             "could not learn topic ids from the broker in time"

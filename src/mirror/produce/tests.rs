@@ -767,7 +767,44 @@ fn any_topic_fails_on_a_cut_frame_or_a_name_that_is_not_utf8() {
     let mut bad = BytesMut::from(&frame[..]);
     bad[at] = 0xFF;
     let err = any_topic(&bad.freeze(), offset, 9, |_| false).expect_err("not UTF-8");
-    assert!(err.to_string().contains("not UTF-8"), "{err}");
+    assert!(
+        matches!(
+            &err,
+            ProduceError::Malformed {
+                version: 9,
+                cause: ReadError::TopicNotUtf8
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "unparseable Produce v9 body");
+    assert_eq!(
+        crate::sync::error_chain(&err),
+        "unparseable Produce v9 body: topic name is not UTF-8"
+    );
+}
+
+#[test]
+fn a_cut_request_carries_the_walk_error_as_its_source() {
+    use std::error::Error as _;
+    let frame = request(9, "app", &[("orders", 0, batch(-1, false, &["a"]))]);
+    let offset = body_offset(&frame, 9);
+    let cut = frame.slice(..frame.len() - 3);
+    let err = any_topic(&cut, offset, 9, |_| false).expect_err("cut");
+    let cause = err.source().expect("a cause");
+    assert!(
+        matches!(cause.downcast_ref::<ReadError>(), Some(ReadError::Walk(_))),
+        "{err:?}"
+    );
+    let chain = crate::sync::error_chain(&err);
+    assert!(
+        chain.starts_with("unparseable Produce v9 body: "),
+        "{chain}"
+    );
+    assert!(
+        chain.len() > "unparseable Produce v9 body: ".len(),
+        "{chain}"
+    );
 }
 
 #[test]

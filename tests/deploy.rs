@@ -9,7 +9,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,6 +23,7 @@ use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use serde_json::{json, Value};
 
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{free_port, free_port_run, proxy_bin, ProxyProcess};
 use support::tools;
@@ -673,19 +674,9 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
 
 /// GET `path` on the admin endpoint at `addr` with `token`: (status line, body).
 fn admin_get(addr: &str, path: &str, token: &str) -> Result<(String, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Ok((
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    ))
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let answer = http::request(addr, "GET", path, &auth, "", Duration::from_secs(30))?;
+    Ok((answer.status, answer.body))
 }
 
 /// A proxy process started with exactly the given environment, its log

@@ -25,8 +25,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,9 +37,9 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, runtime};
+use support::crate_client::{client, create_topic, end_offsets, runtime};
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::ports::free_port;
 use support::proxy::ProxyProcess;
@@ -79,15 +77,8 @@ fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<(Process, St
 
 /// Records an instance copied (all topics), from its /metrics at `admin`.
 fn copied(admin: &str) -> Result<f64> {
-    let mut s = TcpStream::connect(admin)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    Ok(text
+    Ok(http::get(admin, "/metrics")?
+        .text
         .lines()
         .filter(|l| l.starts_with("kafka_mirror_replicator_records_copied_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -129,10 +120,7 @@ fn keep_writing(bootstrap: String, stop: Arc<AtomicBool>) -> Result<BTreeMap<(St
 fn ends(rt: &tokio::runtime::Runtime, c: &Client) -> Result<BTreeMap<(String, i32), i64>> {
     let mut out = BTreeMap::new();
     for (topic, partitions) in TOPICS {
-        for p in 0..partitions {
-            let end = rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset;
+        for (p, end) in (0..).zip(end_offsets(rt, c, topic, partitions)?) {
             out.insert((topic.to_string(), p), end);
         }
     }

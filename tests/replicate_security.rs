@@ -33,12 +33,11 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::wire::sasl::{Credentials, Mechanism};
 use support::certs::TestCa;
-use support::crate_client::{create_topic, runtime};
+use support::crate_client::{create_topic, end_offsets, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::replicator::replicator_command;
@@ -148,21 +147,6 @@ fn consume(
         }
     }
     Ok(out)
-}
-
-fn ends(
-    rt: &tokio::runtime::Runtime,
-    c: &Client,
-    topic: &str,
-    partitions: i32,
-) -> Result<Vec<i64>> {
-    (0..partitions)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
 }
 
 /// Runs the replicator (extra `MIRROR_REPLICATOR_*` variables, names
@@ -283,8 +267,8 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
             !log.contains(PASSWORD) && !log.contains(DEST_PASSWORD),
             "{name}: a password was logged:\n{log}"
         );
-        let source_ends = ends(&rt, &src, topic, partitions)?;
-        let destination_ends = ends(&rt, &dst, topic, partitions)?;
+        let source_ends = end_offsets(&rt, &src, topic, partitions)?;
+        let destination_ends = end_offsets(&rt, &dst, topic, partitions)?;
         assert_eq!(
             destination_ends, source_ends,
             "{topic}: the destination's log ends are the source's"

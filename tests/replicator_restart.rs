@@ -39,9 +39,8 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, runtime};
+use support::crate_client::{client, create_topic, end_offsets, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::replicator::replicator_command;
@@ -136,22 +135,6 @@ impl Drop for Replicator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The end offset of every partition of `topic`.
-fn end_offsets(
-    rt: &tokio::runtime::Runtime,
-    c: &Client,
-    topic: &str,
-    partitions: i32,
-) -> Result<Vec<i64>> {
-    (0..partitions)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
 }
 
 /// Writes phase `phase` of both topics to the source: `PER_PHASE` records

@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
@@ -123,18 +123,7 @@ fn until(what: &str, r: &mut Replicator, mut f: impl FnMut() -> Result<bool>) ->
         if f().unwrap_or(false) {
             return Ok(());
         }
-        if let Some(status) = r.p.child.try_wait()? {
-            bail!(
-                "{what}: the replicator exited ({status}); its log:\n{}",
-                r.log()
-            );
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{what}: not within {WAIT:?}; the replicator's log:\n{}",
-                r.log()
-            );
-        }
+        r.p.still_waiting(what, deadline)?;
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -79,47 +79,60 @@ impl Topic {
     }
 
     /// Every record a consumer with `isolation` (`read_committed` or
-    /// `read_uncommitted`) sees on `bootstrap`, per partition, up to `ends`
-    /// (its position reaching each end: a trailing marker is never
-    /// delivered), with its key.
+    /// `read_uncommitted`) sees on `bootstrap`, per partition, up to `ends`,
+    /// with its key.
     pub fn read_keyed(&self, bootstrap: &str, isolation: &str, ends: &[i64]) -> Result<KeyedLog> {
-        let consumer: BaseConsumer = RdConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", "records-verifier")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", isolation)
-            .create()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..self.partitions {
-            tpl.add_partition_offset(self.name, p, Offset::Beginning)?;
+        let mut config = RdConfig::new();
+        config.set("isolation.level", isolation);
+        read_with(config, bootstrap, self.name, ends)
+    }
+}
+
+/// Every record of `topic` on `bootstrap`, per partition, with its key, up
+/// to `ends` (the consumer's position reaching each end, so that a
+/// trailing transaction marker, never delivered, does not stall it), read
+/// by a consumer with `config`'s settings (isolation, security).
+pub fn read_with(
+    mut config: RdConfig,
+    bootstrap: &str,
+    topic: &str,
+    ends: &[i64],
+) -> Result<KeyedLog> {
+    let consumer: BaseConsumer = config
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "records-verifier")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..i32::try_from(ends.len())? {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out = KeyedLog::new();
+    let mut position = vec![0i64; ends.len()];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for e in consumer.position()?.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                position[e.partition() as usize] = o;
+            }
         }
-        consumer.assign(&tpl)?;
-        let mut out = KeyedLog::new();
-        let mut position = vec![0i64; ends.len()];
-        let deadline = Instant::now() + WAIT;
-        loop {
-            for e in consumer.position()?.elements() {
-                if let Offset::Offset(o) = e.offset() {
-                    position[e.partition() as usize] = o;
-                }
-            }
-            if position.iter().zip(ends).all(|(p, e)| p >= e) {
-                return Ok(out);
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "reading {bootstrap} ({isolation}): at {position:?} of {ends:?}"
-            );
-            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-                let m = m?;
-                let text =
-                    |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
-                out.entry(m.partition()).or_default().push((
-                    m.offset(),
-                    text(m.key()),
-                    text(m.payload()),
-                ));
-            }
+        if position.iter().zip(ends).all(|(p, e)| p >= e) {
+            return Ok(out);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "reading {topic} at {bootstrap}: at {position:?} of {ends:?}"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            let text =
+                |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+            out.entry(m.partition()).or_default().push((
+                m.offset(),
+                text(m.key()),
+                text(m.payload()),
+            ));
         }
     }
 }

@@ -84,6 +84,30 @@ impl Process {
         Ok(())
     }
 
+    /// While waiting for `what` until `deadline`: an error, with its log, if
+    /// it exited or the deadline passed.
+    pub fn still_waiting(&mut self, what: &str, deadline: std::time::Instant) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            anyhow::bail!(
+                "{what}: the replicator exited ({status}); its log:\n{}",
+                self.log_tail()
+            );
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() <= deadline,
+            "{what}: not in time; the replicator's log:\n{}",
+            self.log_tail()
+        );
+        Ok(())
+    }
+
+    /// SIGKILL, and reaped.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
     /// `kill -<name>`.
     pub fn signal(&self, name: &str) -> Result<()> {
         let status = Command::new("kill")

@@ -24,7 +24,7 @@ use kafka_mirror_proxy::client::offsets::Offsets;
 use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::{http_request, ProxyProcess};
+use support::proxy::{http_request, link_env, start_with};
 use support::records::{producer, Topic};
 
 const TOPIC: &str = "tx";
@@ -69,14 +69,7 @@ fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
     let b = KafkaCluster::start(KafkaOptions::default())?;
     let (ca, cb) = (client(&a.bootstrap()), client(&b.bootstrap()));
     create_topic(&rt, &ca, TOPIC, PARTITIONS, &[])?;
-    let pb = ProxyProcess::start(
-        &b.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", a.cluster_id()),
-            ("LINK_A_TOPICS", TOPIC),
-        ],
-    )?;
+    let pb = start_with(&b.bootstrap(), &link_env("a", a.cluster_id(), TOPIC))?;
 
     // Transactions (every third aborted) with plain records between them.
     let plain = producer(&a.bootstrap(), &[])?;

@@ -34,7 +34,7 @@ use support::crate_client::{client, create_topic, end_offsets, runtime};
 use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::ports::free_port;
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with};
 use support::replicator::{replicator_command, Process};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -137,13 +137,9 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
         client(&source.bootstrap()),
         client(&destination.bootstrap()),
     );
-    let proxy = ProxyProcess::start(
+    let proxy = start_with(
         &destination.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", "orders\\..*"),
-        ],
+        &link_env("a", source.cluster_id(), "orders\\..*"),
     )?;
     let dir = tempfile::tempdir()?;
 

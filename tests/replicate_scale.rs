@@ -42,7 +42,7 @@ use support::crate_client::{client, create_topic, end_offsets, runtime};
 use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::ports::free_port;
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with};
 use support::replicator::{replicator_command, Process};
 use support::tools;
 
@@ -202,13 +202,9 @@ fn instances_of_one_link_share_its_partitions_through_a_kill_and_an_addition() -
         client(&source.bootstrap()),
         client(&destination.bootstrap()),
     );
-    let proxy = ProxyProcess::start(
+    let proxy = start_with(
         &destination.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", "scale\\..*"),
-        ],
+        &link_env("a", source.cluster_id(), "scale\\..*"),
     )?;
     for (topic, partitions) in TOPICS {
         create_topic(&rt, &src, topic, partitions, &[])?;

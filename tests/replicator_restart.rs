@@ -37,7 +37,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use kafka_mirror_proxy::client::Client;
 use support::crate_client::{client, create_topic, end_offsets, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with, ProxyProcess};
 use support::records;
 use support::replicator::{replicator_command, Process};
 use support::tools;
@@ -192,13 +192,9 @@ fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() ->
         create_topic(&rt, c, IDEM, IDEM_PARTITIONS, &[])?;
         create_topic(&rt, c, TXN, TXN_PARTITIONS, &[])?;
     }
-    let proxy = ProxyProcess::start(
+    let proxy = start_with(
         &destination.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", &format!("{IDEM},{TXN}")),
-        ],
+        &link_env("a", source.cluster_id(), &format!("{IDEM},{TXN}")),
     )?;
     let dir = tempfile::tempdir()?;
 

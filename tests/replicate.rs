@@ -30,12 +30,11 @@ use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 use kafka_mirror_proxy::client::protocol::OffsetSpec;
-use support::crate_client::{client, create_topic, end_offsets, runtime};
+use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
-use support::kafka::{KafkaCluster, KafkaOptions};
+use support::kafka::KafkaCluster;
 use support::ports::free_port;
-use support::proxy::{link_env, start_with};
-use support::replicator::{replicator_command, Process};
+use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 
 const WAIT: Duration = Duration::from_secs(90);
 const GROUP: &str = "replicator.mirror-a";
@@ -131,16 +130,8 @@ fn until(what: &str, r: &mut Replicator, mut f: impl FnMut() -> Result<bool>) ->
 #[test]
 fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
     let rt = runtime()?;
-    let source = KafkaCluster::start(KafkaOptions::default())?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let (src, dst) = (
-        client(&source.bootstrap()),
-        client(&destination.bootstrap()),
-    );
-    let proxy = start_with(
-        &destination.bootstrap(),
-        &link_env("a", source.cluster_id(), "orders\\..*"),
-    )?;
+    let (source, destination, src, dst) = clusters()?;
+    let proxy = link_a_proxy(&source, &destination, "orders\\..*")?;
     let dir = tempfile::tempdir()?;
 
     // 1. A topic the destination lacks, with configs of its own.

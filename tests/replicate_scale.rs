@@ -38,12 +38,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, end_offsets, runtime};
+use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
-use support::kafka::{KafkaCluster, KafkaOptions};
 use support::ports::free_port;
-use support::proxy::{link_env, start_with};
-use support::replicator::{replicator_command, Process};
+use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 use support::tools;
 
 /// Bound on every wait (brokers, JVMs and four replicators share 2 cores).
@@ -196,16 +194,8 @@ fn consume(
 #[test]
 fn instances_of_one_link_share_its_partitions_through_a_kill_and_an_addition() -> Result<()> {
     let rt = runtime()?;
-    let source = KafkaCluster::start(KafkaOptions::default())?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let (src, dst) = (
-        client(&source.bootstrap()),
-        client(&destination.bootstrap()),
-    );
-    let proxy = start_with(
-        &destination.bootstrap(),
-        &link_env("a", source.cluster_id(), "scale\\..*"),
-    )?;
+    let (source, destination, src, dst) = clusters()?;
+    let proxy = link_a_proxy(&source, &destination, "scale\\..*")?;
     for (topic, partitions) in TOPICS {
         create_topic(&rt, &src, topic, partitions, &[])?;
     }

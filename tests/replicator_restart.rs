@@ -35,11 +35,11 @@ use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, end_offsets, runtime};
-use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::{link_env, start_with, ProxyProcess};
+use support::crate_client::{create_topic, end_offsets, runtime};
+use support::kafka::KafkaCluster;
+use support::proxy::ProxyProcess;
 use support::records;
-use support::replicator::{replicator_command, Process};
+use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 use support::tools;
 
 const IDEM: &str = "idem";
@@ -182,20 +182,12 @@ fn consume(bootstrap: &str, topic: &str, ends: &[i64]) -> Result<BTreeMap<i32, V
 #[test]
 fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() -> Result<()> {
     let rt = runtime()?;
-    let source = KafkaCluster::start(KafkaOptions::default())?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let (src, dest) = (
-        client(&source.bootstrap()),
-        client(&destination.bootstrap()),
-    );
+    let (source, destination, src, dest) = clusters()?;
     for c in [&src, &dest] {
         create_topic(&rt, c, IDEM, IDEM_PARTITIONS, &[])?;
         create_topic(&rt, c, TXN, TXN_PARTITIONS, &[])?;
     }
-    let proxy = start_with(
-        &destination.bootstrap(),
-        &link_env("a", source.cluster_id(), &format!("{IDEM},{TXN}")),
-    )?;
+    let proxy = link_a_proxy(&source, &destination, &format!("{IDEM},{TXN}"))?;
     let dir = tempfile::tempdir()?;
 
     let idem: BaseProducer = RdConfig::new()

@@ -6,8 +6,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kafka_mirror_proxy::client::Client;
 use kafka_mirror_proxy::config::replicator::ReplicatorConfig;
 use kafka_mirror_proxy::replicate::{self, Report};
+
+use super::crate_client::client;
+use super::kafka::{KafkaCluster, KafkaOptions};
+use super::proxy::{link_env, start_with, ProxyProcess};
 
 /// The binary, ready for `replicate` flags.
 pub fn replicator_command() -> Command {
@@ -39,6 +44,32 @@ pub fn config(source: &str, destination: &str, topics: &str, client_id: &str) ->
     c.retry_backoff_max = Duration::from_secs(1);
     c.discovery_interval = Duration::from_secs(2);
     c
+}
+
+/// What a replicator drill copies between: a source and a destination
+/// broker (default settings) and the crate's client of each, as (source,
+/// destination, source client, destination client).
+pub fn clusters() -> Result<(KafkaCluster, KafkaCluster, Client, Client)> {
+    let source = KafkaCluster::start(KafkaOptions::default())?;
+    let destination = KafkaCluster::start(KafkaOptions::default())?;
+    let (src, dst) = (
+        client(&source.bootstrap()),
+        client(&destination.bootstrap()),
+    );
+    Ok((source, destination, src, dst))
+}
+
+/// A proxy in front of `destination` whose link `a` mirrors `topics`
+/// from `source`: where a drill's replicator writes.
+pub fn link_a_proxy(
+    source: &KafkaCluster,
+    destination: &KafkaCluster,
+    topics: &str,
+) -> Result<ProxyProcess> {
+    start_with(
+        &destination.bootstrap(),
+        &link_env("a", source.cluster_id(), topics),
+    )
 }
 
 /// Runs the replicator until it returns.

@@ -59,7 +59,6 @@ use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
 use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions};
-use support::ports::free_port;
 use support::proxy::ProxyProcess;
 use support::records::Topic;
 use support::replicator::{replicator_command, Process};
@@ -215,7 +214,6 @@ struct Replicator {
 
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
-        let admin = format!("127.0.0.1:{}", free_port()?);
         let mut command = replicator_command();
         command
             .env("RUST_LOG", "kafka_mirror_proxy=info")
@@ -236,9 +234,8 @@ impl Replicator {
             .args(["--group-sync-interval-ms", "300"])
             .args(["--discovery-interval-ms", "1000"])
             .args(["--retry-backoff-ms", "50"])
-            .args(["--retry-backoff-max-ms", "1000"])
-            .args(["--admin-listen", &admin]);
-        let p = Process::spawn(command, dir, &format!("replicator-{run}"))?;
+            .args(["--retry-backoff-max-ms", "1000"]);
+        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
         Ok(Replicator { p, admin })
     }
 

@@ -33,7 +33,6 @@ use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
 use support::kafka::KafkaCluster;
-use support::ports::free_port;
 use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -54,7 +53,6 @@ struct Replicator {
 
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
-        let admin = format!("127.0.0.1:{}", free_port()?);
         let mut command = replicator_command();
         command
             // Flags and variables mix: a flag wins over its variable.
@@ -64,9 +62,8 @@ impl Replicator {
             .args(["--link", "a"])
             .args(["--topics", "orders\\..*"])
             .args(["--discovery-interval-ms", "1000"])
-            .args(["--retry-backoff-ms", "50"])
-            .args(["--admin-listen", &admin]);
-        let p = Process::spawn(command, dir, &format!("replicator-{run}"))?;
+            .args(["--retry-backoff-ms", "50"]);
+        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
         Ok(Replicator { p, admin })
     }
 

@@ -40,7 +40,6 @@ use rdkafka::{Offset, TopicPartitionList};
 use kafka_mirror_proxy::client::Client;
 use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
-use support::ports::free_port;
 use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 use support::tools;
 
@@ -56,7 +55,6 @@ fn value(topic: &str, partition: i32, i: u64) -> String {
 
 /// Starts instance `n` of link `a`; returns it and its admin address.
 fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<(Process, String)> {
-    let admin = format!("127.0.0.1:{}", free_port()?);
     let mut command = replicator_command();
     command
         .args(["--source-bootstrap-servers", source])
@@ -67,9 +65,8 @@ fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<(Process, St
         // partitions move after 6 s.
         .args(["--session-timeout-ms", "6000"])
         .args(["--commit-interval-ms", "1000"])
-        .args(["--retry-backoff-ms", "50"])
-        .args(["--admin-listen", &admin]);
-    let process = Process::spawn(command, dir, &format!("replicator-{n}"))?;
+        .args(["--retry-backoff-ms", "50"]);
+    let (process, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{n}"))?;
     Ok((process, admin))
 }
 

@@ -99,6 +99,18 @@ impl Process {
         Ok(Process { child, log })
     }
 
+    /// Starts `command` with an admin listener on a free loopback port:
+    /// the process and that address (for its /metrics and probes).
+    pub fn spawn_with_admin(
+        mut command: Command,
+        dir: &std::path::Path,
+        name: &str,
+    ) -> Result<(Process, String)> {
+        let admin = format!("127.0.0.1:{}", super::ports::free_port()?);
+        command.args(["--admin-listen", &admin]);
+        Ok((Process::spawn(command, dir, name)?, admin))
+    }
+
     /// The last 40 lines of its log.
     pub fn log_tail(&self) -> String {
         super::tools::tail_str(&std::fs::read_to_string(&self.log).unwrap_or_default(), 40)

@@ -473,19 +473,7 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
     let env = env_of(c)?;
 
     // Every variable the proxy documents is set, as given, and nothing else.
-    let mut missing = Vec::new();
-    for (name, value) in &expected {
-        match env.get(name) {
-            None => missing.push(name.clone()),
-            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
-        }
-    }
-    ensure!(
-        missing.is_empty(),
-        "variables not in the container: {missing:?}"
-    );
-    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
-    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    exactly(&env, &expected, "variables")?;
     println!(
         "{} variables rendered into the container ({} from config::VARIABLES with 2 links)",
         env.len(),
@@ -669,6 +657,29 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
             ),
         }
     }
+    Ok(())
+}
+
+/// `env` (a container's variables) holds exactly `expected`, each with the
+/// value given; `what` names the expected entries (variables, flags).
+fn exactly(
+    env: &BTreeMap<String, Value>,
+    expected: &BTreeMap<String, Value>,
+    what: &str,
+) -> Result<()> {
+    let mut missing = Vec::new();
+    for (name, value) in expected {
+        match env.get(name) {
+            None => missing.push(name.clone()),
+            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "{what} not in the container: {missing:?}"
+    );
+    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
+    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
     Ok(())
 }
 
@@ -1143,19 +1154,7 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
     ensure!(unknown.is_empty(), "not flags of the contract: {unknown:?}");
     // Every flag is set as given, but --until-caught-up (a Deployment's
     // replicator runs until stopped).
-    let mut missing = Vec::new();
-    for (name, value) in &expected {
-        match env.get(name) {
-            None => missing.push(name.clone()),
-            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
-        }
-    }
-    ensure!(
-        missing.is_empty(),
-        "flags not in the container: {missing:?}"
-    );
-    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
-    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    exactly(&env, &expected, "flags")?;
     ensure!(
         expected.len() == flags.len() - 1
             && !env.contains_key(&format!("{REPLICATOR_PREFIX}UNTIL_CAUGHT_UP")),

@@ -59,7 +59,7 @@ use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
 use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{cli_output, ProxyProcess};
 use support::records::Topic;
 use support::replicator::{replicator_command, Process};
 use support::tools;
@@ -461,19 +461,20 @@ fn expected(src: &[Rec], dst: &[Rec], dst_end: i64, offset: i64) -> i64 {
 /// `kafka-mirror-proxy offsets` for one source offset: the printed
 /// destination offset.
 fn offsets_cli(bootstrap: &str, partition: i32, offset: i64) -> Result<String> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
-        .args(["offsets", "--bootstrap-server", bootstrap, "--link", LINK])
-        .args(["--topic", TOPIC, "--partition", &partition.to_string()])
-        .args(["--offset", &offset.to_string()])
-        .output()
-        .context("running kafka-mirror-proxy offsets")?;
-    ensure!(
-        out.status.success(),
-        "offsets {partition} {offset}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
+    let (partition_arg, offset_arg) = (partition.to_string(), offset.to_string());
+    let text = cli_output(&[
+        "offsets",
+        "--bootstrap-server",
+        bootstrap,
+        "--link",
+        LINK,
+        "--topic",
+        TOPIC,
+        "--partition",
+        &partition_arg,
+        "--offset",
+        &offset_arg,
+    ])?;
     let fields: Vec<&str> = text.split_whitespace().collect();
     match fields.as_slice() {
         [t, p, s, d, ..]

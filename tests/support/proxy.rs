@@ -415,6 +415,22 @@ impl Drop for ProxyProcess {
     }
 }
 
+/// `kafka-mirror-proxy ARGS...` (this build's binary) run to its end: its
+/// standard output, or an error with its status and standard error.
+pub fn cli_output(args: &[&str]) -> Result<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
+        .args(args)
+        .output()
+        .with_context(|| format!("running kafka-mirror-proxy {args:?}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kafka-mirror-proxy {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 /// One HTTP/1.1 request to `addr` (an admin endpoint), a JSON `body`;
 /// returns (status line, body).
 pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> Result<(String, String)> {

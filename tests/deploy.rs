@@ -495,20 +495,7 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
             "/etc/kafka-mirror-proxy/tls/upstream",
         ),
     ] {
-        let volumes = pod["volumes"].as_array().context("no volumes")?;
-        ensure!(
-            volumes
-                .iter()
-                .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
-            "volume {volume} of Secret {secret} missing: {volumes:?}"
-        );
-        let mounts = c["volumeMounts"].as_array().context("no mounts")?;
-        ensure!(
-            mounts
-                .iter()
-                .any(|m| m["name"] == volume && m["mountPath"] == path),
-            "{volume} not mounted at {path}: {mounts:?}"
-        );
+        secret_mounted(pod, c, volume, secret, path, false)?;
     }
     // The grace period covers the drain: 45 s + 10 s cleanup + 15 s margin.
     ensure!(
@@ -657,6 +644,34 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
             ),
         }
     }
+    Ok(())
+}
+
+/// The pod spec `pod` has a volume `volume` of the Secret `secret`, and
+/// its container `c` mounts it at `path` (read-only, if `read_only`).
+fn secret_mounted(
+    pod: &Value,
+    c: &Value,
+    volume: &str,
+    secret: &str,
+    path: &str,
+    read_only: bool,
+) -> Result<()> {
+    let volumes = pod["volumes"].as_array().context("no volumes")?;
+    ensure!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
+        "volume {volume} of Secret {secret} missing: {volumes:?}"
+    );
+    let mounts = c["volumeMounts"].as_array().context("no mounts")?;
+    ensure!(
+        mounts.iter().any(|m| m["name"] == volume
+            && m["mountPath"] == path
+            && (!read_only || m["readOnly"] == "true")),
+        "{volume} not mounted{} at {path}: {mounts:?}",
+        if read_only { " read-only" } else { "" }
+    );
     Ok(())
 }
 
@@ -1235,20 +1250,7 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
             "/etc/kafka-mirror-proxy/tls/destination",
         ),
     ] {
-        let volumes = pod["volumes"].as_array().context("no volumes")?;
-        ensure!(
-            volumes
-                .iter()
-                .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
-            "volume {volume} of Secret {secret} missing: {volumes:?}"
-        );
-        let mounts = c["volumeMounts"].as_array().context("no mounts")?;
-        ensure!(
-            mounts
-                .iter()
-                .any(|m| m["name"] == volume && m["mountPath"] == path && m["readOnly"] == "true"),
-            "{volume} not mounted read-only at {path}: {mounts:?}"
-        );
+        secret_mounted(pod, c, volume, secret, path, true)?;
     }
 
     // Selectors: the proxy's never take a replicator pod or its admin

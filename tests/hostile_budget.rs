@@ -26,7 +26,7 @@ use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::relay::Relay;
-use support::wire::{partition_result, record_batch, RawClient};
+use support::wire::{linger_zero, partition_result, record_batch, RawClient};
 
 const MIB: usize = 1024 * 1024;
 
@@ -88,21 +88,7 @@ fn fetch(topic: &str, max_wait_ms: i32, max_bytes: i32) -> FetchRequest {
 
 /// Close `s` with a reset (SO_LINGER 0), as a killed client would.
 fn reset(s: TcpStream) -> Result<()> {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::addr_of!(linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    linger_zero(&s)?;
     // Wakes a thread blocked writing on a clone of the socket.
     let _ = s.shutdown(std::net::Shutdown::Both);
     drop(s);

@@ -28,7 +28,6 @@
 mod support;
 
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -49,7 +48,7 @@ use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
-use support::wire::{record_batch_at, RawClient};
+use support::wire::{linger_zero, record_batch_at, RawClient};
 
 const LINK_CLIENT: &str = "mirror-x";
 const TOPIC: &str = "m";
@@ -264,21 +263,7 @@ fn a_producer_with_a_batch_held_at_the_broker_is_not_evicted() -> Result<()> {
 /// Close `s` with a reset (SO_LINGER 0), as a killed client would; every
 /// other handle on the socket must be closed already.
 fn reset(s: TcpStream) -> Result<()> {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::addr_of!(linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    linger_zero(&s)?;
     drop(s);
     Ok(())
 }

@@ -228,3 +228,25 @@ pub fn record_batch_at(pid: i64, sequence: i32, values: &[&str]) -> Bytes {
     };
     Bytes::from(build(&batch, &records).expect("a record batch of at least one record"))
 }
+
+/// SO_LINGER 0 on `s`: closing it then sends a reset, as a killed client's
+/// socket does, instead of a FIN.
+pub fn linger_zero(s: &TcpStream) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket fd and a correctly sized option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    anyhow::ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    Ok(())
+}

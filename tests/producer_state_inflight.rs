@@ -177,27 +177,8 @@ fn a_producer_with_a_batch_held_at_the_broker_is_not_evicted() -> Result<()> {
     let logs = || tools::tail_str(&proxy.logs(), 40);
     set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
 
-    // Producer 7's large batch throttles the link connection; its next
-    // batch (sequence 1) is then held, unread, at the broker.
     let mut link = RawClient::connect(&proxy.bootstrap)?;
-    let big = "x".repeat(THROTTLING_BYTES);
-    let c = link_produce(&mut link, record_batch_at(7, 0, &[&big]))?;
-    let (code, _, message) = produce_result(&mut link, c)?;
-    ensure!(
-        code == NONE,
-        "the large batch: {code} {message}\n{}",
-        logs()
-    );
-    let held = link_produce(&mut link, record_batch_at(7, 1, &["held"]))?;
-    // Until the proxy has forwarded it (begun: in flight).
-    let deadline = Instant::now() + WAIT;
-    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
-        ensure!(
-            Instant::now() < deadline,
-            "the held batch never reached the proxy"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    let held = hold_a_batch(&proxy, &mut link)?;
 
     // A new producer while the only producer held has a batch in flight.
     let mut other = RawClient::connect(&proxy.bootstrap)?;
@@ -260,6 +241,31 @@ fn a_producer_with_a_batch_held_at_the_broker_is_not_evicted() -> Result<()> {
     Ok(())
 }
 
+/// Producer 7's large batch throttles the `link` connection (the produce
+/// quota set); its next batch (sequence 1) is then held, unread, at the
+/// broker. Returns the held request's correlation id once the proxy has
+/// forwarded it (begun: in flight).
+fn hold_a_batch(proxy: &ProxyProcess, link: &mut RawClient) -> Result<i32> {
+    let big = "x".repeat(THROTTLING_BYTES);
+    let c = link_produce(link, record_batch_at(7, 0, &[&big]))?;
+    let (code, _, message) = produce_result(link, c)?;
+    ensure!(
+        code == NONE,
+        "the large batch: {code} {message}\n{}",
+        tools::tail_str(&proxy.logs(), 40)
+    );
+    let held = link_produce(link, record_batch_at(7, 1, &["held"]))?;
+    let deadline = Instant::now() + WAIT;
+    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
+        ensure!(
+            Instant::now() < deadline,
+            "the held batch never reached the proxy"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(held)
+}
+
 /// Close `s` with a reset (SO_LINGER 0), as a killed client would; every
 /// other handle on the socket must be closed already.
 fn reset(s: TcpStream) -> Result<()> {
@@ -294,23 +300,7 @@ fn a_produce_waiting_in_the_filter_ends_when_its_client_resets() -> Result<()> {
     set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
 
     let mut link = RawClient::connect(&proxy.bootstrap)?;
-    let big = "x".repeat(THROTTLING_BYTES);
-    let c = link_produce(&mut link, record_batch_at(7, 0, &[&big]))?;
-    let (code, _, message) = produce_result(&mut link, c)?;
-    ensure!(
-        code == NONE,
-        "the large batch: {code} {message}\n{}",
-        logs()
-    );
-    let held = link_produce(&mut link, record_batch_at(7, 1, &["held"]))?;
-    let deadline = Instant::now() + WAIT;
-    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
-        ensure!(
-            Instant::now() < deadline,
-            "the held batch never reached the proxy"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    let held = hold_a_batch(&proxy, &mut link)?;
     ensure!(proxy.metric(gauge)? == 0, "the held batch was written on");
 
     // The retry of the held batch, with a new batch of another producer.

@@ -9,7 +9,6 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -26,7 +25,7 @@ use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::relay::Relay;
-use support::wire::{linger_zero, partition_result, record_batch, RawClient};
+use support::wire::{linger_zero, partition_result, record_batch, small_receive_buffer, RawClient};
 
 const MIB: usize = 1024 * 1024;
 
@@ -92,24 +91,6 @@ fn reset(s: TcpStream) -> Result<()> {
     // Wakes a thread blocked writing on a clone of the socket.
     let _ = s.shutdown(std::net::Shutdown::Both);
     drop(s);
-    Ok(())
-}
-
-/// Shrink the receive buffer of `s`, so that what it does not read stays
-/// with the sender.
-fn small_receive_buffer(s: &TcpStream) -> Result<()> {
-    let size: libc::c_int = 4096;
-    // SAFETY: a valid socket fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            std::ptr::addr_of!(size).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
     Ok(())
 }
 

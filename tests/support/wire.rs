@@ -232,21 +232,34 @@ pub fn record_batch_at(pid: i64, sequence: i32, values: &[&str]) -> Bytes {
 /// SO_LINGER 0 on `s`: closing it then sends a reset, as a killed client's
 /// socket does, instead of a FIN.
 pub fn linger_zero(s: &TcpStream) -> Result<()> {
-    use std::os::fd::AsRawFd;
     let linger = libc::linger {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: a valid socket fd and a correctly sized option value.
+    socket_option(s, libc::SO_LINGER, &linger, "SO_LINGER")
+}
+
+/// A 4 KiB receive buffer on `s`, so that what it does not read stays with
+/// the sender.
+pub fn small_receive_buffer(s: &TcpStream) -> Result<()> {
+    let size: libc::c_int = 4096;
+    socket_option(s, libc::SO_RCVBUF, &size, "SO_RCVBUF")
+}
+
+/// `setsockopt(SOL_SOCKET, name, value)` on `s`; `what` names the option
+/// in the error.
+fn socket_option<T>(s: &TcpStream, name: libc::c_int, value: &T, what: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket fd, and `value` a live `T` of the size given.
     let rc = unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::addr_of!(linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            name,
+            std::ptr::from_ref(value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
-    anyhow::ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    anyhow::ensure!(rc == 0, "{what}: {}", std::io::Error::last_os_error());
     Ok(())
 }

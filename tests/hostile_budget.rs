@@ -38,6 +38,21 @@ fn topic_ready(bootstrap: &str, topic: &str) -> Result<()> {
     Ok(())
 }
 
+/// ApiVersions v0 requests, framed back to back, one for each correlation
+/// id in `correlations`: what a connection pipelines behind a long poll.
+fn api_versions(correlations: std::ops::Range<i32>) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for c in correlations {
+        out.extend(framed(
+            ApiKey::ApiVersions,
+            0,
+            c,
+            &ApiVersionsRequest::default(),
+        )?);
+    }
+    Ok(out)
+}
+
 /// One request, framed: size, header, body.
 fn framed<T: Encodable>(api: ApiKey, version: i16, correlation: i32, body: &T) -> Result<Vec<u8>> {
     let header = RequestHeader::default()
@@ -212,15 +227,7 @@ fn connections_parked_behind_a_long_poll_do_not_starve_new_clients() -> Result<(
         1,
         &fetch("empty", 60_000, 100 * MIB as i32),
     )?;
-    let mut pipelined = Vec::new();
-    for c in 2..202 {
-        pipelined.extend(framed(
-            ApiKey::ApiVersions,
-            0,
-            c,
-            &ApiVersionsRequest::default(),
-        )?);
-    }
+    let pipelined = api_versions(2..202)?;
     let big = [
         tagged_api_versions(202, 4 * MIB - 64)?,
         tagged_api_versions(203, 4 * MIB - 64)?,
@@ -500,15 +507,7 @@ fn a_frame_written_behind_a_full_queue_does_not_keep_its_memory() -> Result<()> 
         // requests fill the queue of responses owed (they fit in the socket
         // buffers); the next, a frame of the whole per-connection share, is
         // written and then waits for room.
-        let mut pipelined = Vec::new();
-        for c in 2..514 {
-            pipelined.extend(framed(
-                ApiKey::ApiVersions,
-                0,
-                c,
-                &ApiVersionsRequest::default(),
-            )?);
-        }
+        let mut pipelined = api_versions(2..514)?;
         pipelined.extend(padded_frame(514, 4096)?);
         s.write_all(&pipelined)?;
         attackers.push(s);

@@ -38,6 +38,16 @@ fn topic_ready(bootstrap: &str, topic: &str) -> Result<()> {
     Ok(())
 }
 
+/// A broker with the empty topic the long polls wait on, and a proxy in
+/// front of it with `settings` (its budgets): the broker is returned to be
+/// kept alive as long as the proxy.
+fn behind_a_broker(settings: &[(&str, &str)]) -> Result<(KafkaCluster, ProxyProcess)> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    topic_ready(&broker.bootstrap(), "empty")?;
+    let p = ProxyProcess::start(&broker.bootstrap(), settings)?;
+    Ok((broker, p))
+}
+
 /// ApiVersions v0 requests, framed back to back, one for each correlation
 /// id in `correlations`: what a connection pipelines behind a long poll.
 fn api_versions(correlations: std::ops::Range<i32>) -> Result<Vec<u8>> {
@@ -212,15 +222,10 @@ fn ordinary_client_answered(p: &ProxyProcess, when: &str) -> Result<()> {
 /// of the budget until the broker has answered.
 #[test]
 fn connections_parked_behind_a_long_poll_do_not_starve_new_clients() -> Result<()> {
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("MAX_FRAME_BYTES", "4194304"),
-            ("MAX_BUFFERED_BYTES", "8388608"),
-        ],
-    )?;
+    let (_broker, p) = behind_a_broker(&[
+        ("MAX_FRAME_BYTES", "4194304"),
+        ("MAX_BUFFERED_BYTES", "8388608"),
+    ])?;
     let long_poll = framed(
         ApiKey::Fetch,
         11,
@@ -285,17 +290,12 @@ fn connections_parked_behind_a_long_poll_do_not_starve_new_clients() -> Result<(
 #[test]
 fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
     const SHARE: usize = 512 * 1024;
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let mut p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("MAX_FRAME_BYTES", "4194304"),
-            ("MAX_BUFFERED_BYTES", "8388608"),
-            ("MAX_CONNECTIONS", "16"),
-            ("WRITE_TIMEOUT_MS", "3000"),
-        ],
-    )?;
+    let (_broker, mut p) = behind_a_broker(&[
+        ("MAX_FRAME_BYTES", "4194304"),
+        ("MAX_BUFFERED_BYTES", "8388608"),
+        ("MAX_CONNECTIONS", "16"),
+        ("WRITE_TIMEOUT_MS", "3000"),
+    ])?;
 
     let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, MIB as i32))?;
     let mut attackers = Vec::new();
@@ -434,17 +434,12 @@ fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
 #[test]
 fn a_reset_client_gives_its_memory_back_while_the_broker_holds_its_fetch() -> Result<()> {
     const SHARE: usize = 512 * 1024;
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("MAX_FRAME_BYTES", "4194304"),
-            ("MAX_BUFFERED_BYTES", "8388608"),
-            ("MAX_CONNECTIONS", "16"),
-            ("WRITE_TIMEOUT_MS", "300000"),
-        ],
-    )?;
+    let (_broker, p) = behind_a_broker(&[
+        ("MAX_FRAME_BYTES", "4194304"),
+        ("MAX_BUFFERED_BYTES", "8388608"),
+        ("MAX_CONNECTIONS", "16"),
+        ("WRITE_TIMEOUT_MS", "300000"),
+    ])?;
     let s = TcpStream::connect(&p.bootstrap)?;
     let mut w = s.try_clone()?;
     w.write_all(&framed(
@@ -491,12 +486,8 @@ fn a_reset_client_gives_its_memory_back_while_the_broker_holds_its_fetch() -> Re
 /// timeout does not see it.
 #[test]
 fn a_frame_written_behind_a_full_queue_does_not_keep_its_memory() -> Result<()> {
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[("MAX_FRAME_BYTES", "4096"), ("MAX_BUFFERED_BYTES", "8192")],
-    )?;
+    let (_broker, p) =
+        behind_a_broker(&[("MAX_FRAME_BYTES", "4096"), ("MAX_BUFFERED_BYTES", "8192")])?;
     let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, 1024))?;
     let mut attackers = Vec::new();
     for _ in 0..4 {

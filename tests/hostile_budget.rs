@@ -183,32 +183,30 @@ fn tagged_api_versions(correlation: i32, size: usize) -> Result<Vec<u8>> {
 fn ordinary_client_answered(p: &ProxyProcess, when: &str) -> Result<()> {
     let bound = Duration::from_secs(2);
     let mut c = TcpStream::connect(&p.bootstrap)?;
-    c.write_all(&framed(
-        ApiKey::ApiVersions,
-        0,
-        1,
-        &ApiVersionsRequest::default(),
-    )?)?;
-    let versions = recv_by(&mut c, Instant::now() + bound).with_context(|| {
-        format!(
-            "no ApiVersions answer within {bound:?} {when}; request budget held: {:?}",
-            p.metric("kafka_mirror_proxy_buffered_request_bytes")
-        )
-    })?;
-    ensure!(correlation_of(versions, ApiKey::ApiVersions, 0)? == 1);
-    c.write_all(&framed(
-        ApiKey::Metadata,
-        1,
-        2,
-        &MetadataRequest::default(),
-    )?)?;
-    let metadata = recv_by(&mut c, Instant::now() + bound).with_context(|| {
-        format!(
-            "no Metadata answer within {bound:?} {when}; request budget held: {:?}",
-            p.metric("kafka_mirror_proxy_buffered_request_bytes")
-        )
-    })?;
-    ensure!(correlation_of(metadata, ApiKey::Metadata, 1)? == 2);
+    let exchanges = [
+        (
+            ApiKey::ApiVersions,
+            0,
+            1,
+            framed(ApiKey::ApiVersions, 0, 1, &ApiVersionsRequest::default())?,
+        ),
+        (
+            ApiKey::Metadata,
+            1,
+            2,
+            framed(ApiKey::Metadata, 1, 2, &MetadataRequest::default())?,
+        ),
+    ];
+    for (api, version, correlation, frame) in exchanges {
+        c.write_all(&frame)?;
+        let answer = recv_by(&mut c, Instant::now() + bound).with_context(|| {
+            format!(
+                "no {api:?} answer within {bound:?} {when}; request budget held: {:?}",
+                p.metric("kafka_mirror_proxy_buffered_request_bytes")
+            )
+        })?;
+        ensure!(correlation_of(answer, api, version)? == correlation);
+    }
     Ok(())
 }
 

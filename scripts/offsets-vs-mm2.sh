@@ -162,18 +162,9 @@ src->dst.refresh.groups.interval.seconds = 5
 # MM2's source consumer reads read_uncommitted unless told: it would copy
 # the aborted transactions' records as ordinary ones.
 src.consumer.isolation.level = $MM2_ISOLATION
-# One broker per cluster: every topic MM2 creates has one replica.
-replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
 PROPS
-    java -Xms256M -Xmx1G -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-        -Djava.awt.headless=true -Dlog4j2.configurationFile="$KMP_WORK/broker-log4j2.properties" \
-        -cp "$MM2_LIBS/*" org.apache.kafka.connect.mirror.MirrorMaker "$KMP_WORK/mm2.properties" > "$KMP_WORK/mm2.log" 2>&1 &
+    kmp_mm2_one_replica >> "$KMP_WORK/mm2.properties"
+    kmp_start_mm2 "$KMP_WORK/mm2.properties" "$KMP_WORK/mm2.log" 1G
     MM2_PID=$!
     KMP_PIDS+=("$MM2_PID")
 }

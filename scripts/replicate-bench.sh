@@ -199,21 +199,9 @@ $alias->dst.enabled = true
 $alias->dst.topics = $topic
 dst->$alias.enabled = false
 replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy
-# One broker per cluster: every topic MM2 creates has one replica.
-replication.factor = 1
-offset-syncs.topic.replication.factor = 1
-checkpoints.topic.replication.factor = 1
-heartbeats.topic.replication.factor = 1
-offset.storage.replication.factor = 1
-status.storage.replication.factor = 1
-config.storage.replication.factor = 1
 PROPS
-            # The JVM options of Kafka's connect-mirror-maker.sh and
-            # kafka-run-class.sh; MM2's log at INFO, as Kafka ships it.
-            java -Xms256M -Xmx2G -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-                -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
-                -Djava.awt.headless=true -Dlog4j2.configurationFile="$KMP_WORK/broker-log4j2.properties" \
-                -cp "$MM2_LIBS/*" org.apache.kafka.connect.mirror.MirrorMaker "$log.properties" > "$log" 2>&1 &
+            kmp_mm2_one_replica >> "$log.properties"
+            kmp_start_mm2 "$log.properties" "$log" 2G
             ;;
     esac
 }

@@ -9,7 +9,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,6 +23,7 @@ use kafka_protocol::messages::{ApiKey, BrokerId, FetchRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use serde_json::{json, Value};
 
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{free_port, free_port_run, proxy_bin, ProxyProcess};
 use support::tools;
@@ -472,19 +473,7 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
     let env = env_of(c)?;
 
     // Every variable the proxy documents is set, as given, and nothing else.
-    let mut missing = Vec::new();
-    for (name, value) in &expected {
-        match env.get(name) {
-            None => missing.push(name.clone()),
-            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
-        }
-    }
-    ensure!(
-        missing.is_empty(),
-        "variables not in the container: {missing:?}"
-    );
-    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
-    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    exactly(&env, &expected, "variables")?;
     println!(
         "{} variables rendered into the container ({} from config::VARIABLES with 2 links)",
         env.len(),
@@ -506,20 +495,7 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
             "/etc/kafka-mirror-proxy/tls/upstream",
         ),
     ] {
-        let volumes = pod["volumes"].as_array().context("no volumes")?;
-        ensure!(
-            volumes
-                .iter()
-                .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
-            "volume {volume} of Secret {secret} missing: {volumes:?}"
-        );
-        let mounts = c["volumeMounts"].as_array().context("no mounts")?;
-        ensure!(
-            mounts
-                .iter()
-                .any(|m| m["name"] == volume && m["mountPath"] == path),
-            "{volume} not mounted at {path}: {mounts:?}"
-        );
+        secret_mounted(pod, c, volume, secret, path, false)?;
     }
     // The grace period covers the drain: 45 s + 10 s cleanup + 15 s margin.
     ensure!(
@@ -671,21 +647,62 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
     Ok(())
 }
 
+/// The pod spec `pod` has a volume `volume` of the Secret `secret`, and
+/// its container `c` mounts it at `path` (read-only, if `read_only`).
+fn secret_mounted(
+    pod: &Value,
+    c: &Value,
+    volume: &str,
+    secret: &str,
+    path: &str,
+    read_only: bool,
+) -> Result<()> {
+    let volumes = pod["volumes"].as_array().context("no volumes")?;
+    ensure!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
+        "volume {volume} of Secret {secret} missing: {volumes:?}"
+    );
+    let mounts = c["volumeMounts"].as_array().context("no mounts")?;
+    ensure!(
+        mounts.iter().any(|m| m["name"] == volume
+            && m["mountPath"] == path
+            && (!read_only || m["readOnly"] == "true")),
+        "{volume} not mounted{} at {path}: {mounts:?}",
+        if read_only { " read-only" } else { "" }
+    );
+    Ok(())
+}
+
+/// `env` (a container's variables) holds exactly `expected`, each with the
+/// value given; `what` names the expected entries (variables, flags).
+fn exactly(
+    env: &BTreeMap<String, Value>,
+    expected: &BTreeMap<String, Value>,
+    what: &str,
+) -> Result<()> {
+    let mut missing = Vec::new();
+    for (name, value) in expected {
+        match env.get(name) {
+            None => missing.push(name.clone()),
+            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
+        }
+    }
+    ensure!(
+        missing.is_empty(),
+        "{what} not in the container: {missing:?}"
+    );
+    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
+    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    Ok(())
+}
+
 /// GET `path` on the admin endpoint at `addr` with `token`: (status line, body).
 fn admin_get(addr: &str, path: &str, token: &str) -> Result<(String, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Ok((
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    ))
+    let auth = format!("Authorization: Bearer {token}\r\n");
+    let answer = http::request(addr, "GET", path, &auth, "", Duration::from_secs(30))?;
+    Ok((answer.status, answer.body))
 }
 
 /// A proxy process started with exactly the given environment, its log
@@ -1152,19 +1169,7 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
     ensure!(unknown.is_empty(), "not flags of the contract: {unknown:?}");
     // Every flag is set as given, but --until-caught-up (a Deployment's
     // replicator runs until stopped).
-    let mut missing = Vec::new();
-    for (name, value) in &expected {
-        match env.get(name) {
-            None => missing.push(name.clone()),
-            Some(got) => ensure!(got == value, "{name}: rendered {got}, expected {value}"),
-        }
-    }
-    ensure!(
-        missing.is_empty(),
-        "flags not in the container: {missing:?}"
-    );
-    let extra: Vec<_> = env.keys().filter(|k| !expected.contains_key(*k)).collect();
-    ensure!(extra.is_empty(), "unexpected variables: {extra:?}");
+    exactly(&env, &expected, "flags")?;
     ensure!(
         expected.len() == flags.len() - 1
             && !env.contains_key(&format!("{REPLICATOR_PREFIX}UNTIL_CAUGHT_UP")),
@@ -1245,20 +1250,7 @@ fn the_chart_sets_every_replicator_flag_in_its_container() -> Result<()> {
             "/etc/kafka-mirror-proxy/tls/destination",
         ),
     ] {
-        let volumes = pod["volumes"].as_array().context("no volumes")?;
-        ensure!(
-            volumes
-                .iter()
-                .any(|v| v["name"] == volume && v["secret"]["secretName"] == secret),
-            "volume {volume} of Secret {secret} missing: {volumes:?}"
-        );
-        let mounts = c["volumeMounts"].as_array().context("no mounts")?;
-        ensure!(
-            mounts
-                .iter()
-                .any(|m| m["name"] == volume && m["mountPath"] == path && m["readOnly"] == "true"),
-            "{volume} not mounted read-only at {path}: {mounts:?}"
-        );
+        secret_mounted(pod, c, volume, secret, path, true)?;
     }
 
     // Selectors: the proxy's never take a replicator pod or its admin

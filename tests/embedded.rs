@@ -6,13 +6,13 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::net::TcpStream;
 
 use anyhow::{ensure, Context, Result};
 
 use kafka_mirror_proxy::Config;
 use support::crate_client::create_topics;
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::free_port_run;
 use support::records::{producer, Topic};
@@ -60,7 +60,7 @@ fn a_proxy_started_in_process_serves_and_stops_when_asked() -> Result<()> {
         log.values().map(Vec::len).sum::<usize>() == 10,
         "read back through the proxy: {log:?}"
     );
-    let health = http_get(admin, "/healthz")?;
+    let health = http::get(&admin.to_string(), "/healthz")?.text;
     ensure!(health.starts_with("HTTP/1.1 200"), "/healthz: {health}");
 
     stop.send(())
@@ -73,17 +73,4 @@ fn a_proxy_started_in_process_serves_and_stops_when_asked() -> Result<()> {
         "{bootstrap} still accepts connections after the proxy stopped"
     );
     Ok(())
-}
-
-/// One HTTP/1.1 GET, the whole answer.
-fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
 }

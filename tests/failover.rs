@@ -9,8 +9,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
@@ -18,6 +16,7 @@ use serde_json::Value;
 
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use support::crate_client::create_topics;
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools;
@@ -32,23 +31,15 @@ const PRODUCER_FENCED: i16 = 90;
 
 /// One admin request; returns (status code, JSON body).
 fn admin(proxy: &ProxyProcess, method: &str, path: &str, body: &str) -> Result<(u16, Value)> {
-    let mut s = TcpStream::connect(&proxy.admin)?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
+    let answer = http::request(
+        &proxy.admin,
+        method,
+        path,
+        "",
+        body,
+        Duration::from_secs(120),
     )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP head")?;
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("status code")?;
-    let json = serde_json::from_str(body).with_context(|| format!("not JSON: {text}"))?;
-    Ok((status, json))
+    Ok((answer.code()?, answer.json()?))
 }
 
 fn produce(

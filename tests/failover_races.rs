@@ -27,8 +27,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -46,6 +44,7 @@ use serde_json::Value;
 
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use support::crate_client::create_topics;
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
@@ -221,18 +220,9 @@ fn throttled_link_connection(proxy: &ProxyProcess, pid: i64) -> Result<(RawClien
 fn start_failover(proxy: &ProxyProcess) -> thread::JoinHandle<Result<(String, Value)>> {
     let admin = proxy.admin.clone();
     thread::spawn(move || {
-        let mut s = TcpStream::connect(&admin)?;
-        s.set_read_timeout(Some(Duration::from_secs(120)))?;
-        write!(
-            s,
-            "POST /links/x/failover?wait=100 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        let (head, body) = text.split_once("\r\n\r\n").context("no HTTP head")?;
-        let status = head.lines().next().unwrap_or_default().to_string();
-        let report = serde_json::from_str(body).with_context(|| format!("not JSON: {text}"))?;
-        Ok((status, report))
+        let path = "/links/x/failover?wait=100";
+        let answer = http::request(&admin, "POST", path, "", "", Duration::from_secs(120))?;
+        Ok((answer.status.clone(), answer.json()?))
     })
 }
 

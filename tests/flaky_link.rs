@@ -22,7 +22,7 @@ use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::ProxyProcess;
+use support::proxy::{link_env, start_with};
 use support::relay::Relay;
 use support::tools::{self, DumpedBatch};
 
@@ -102,14 +102,7 @@ fn the_replicator_under_a_flaky_connection_copies_each_record_exactly_once() -> 
     }
     producer.flush(Duration::from_secs(60))?;
 
-    let proxy = ProxyProcess::start(
-        &relay.address(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", TOPIC),
-        ],
-    )?;
+    let proxy = start_with(&relay.address(), &link_env("a", source.cluster_id(), TOPIC))?;
 
     relay.cut_every(CUT_EVERY);
     let config =

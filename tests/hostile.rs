@@ -308,7 +308,6 @@ fn a_client_cannot_write_delete_grow_or_reconfigure_the_state_topic() -> Result<
 /// duration holds must not panic there, with or without a token.
 #[test]
 fn an_absurd_failover_wait_is_cut_not_a_panic_and_the_token_is_still_asked() -> Result<()> {
-    use std::io::{Read, Write};
     let broker = KafkaCluster::start(KafkaOptions::default())?;
     create_topics(&broker.bootstrap(), &[("m", 1)])?;
     let source = ClusterId::from_bytes(*b"hostile-source!!").to_string();
@@ -321,24 +320,24 @@ fn an_absurd_failover_wait_is_cut_not_a_panic_and_the_token_is_still_asked() -> 
             ("ADMIN_TOKEN", "s3cret-admin-token"),
         ],
     )?;
-    let send = |line: &str, auth: &str| -> Result<String> {
-        let mut s = std::net::TcpStream::connect(&p.admin)?;
-        s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
-        write!(
-            s,
-            "{line} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    let send = |method: &str, path: &str, auth: &str| -> Result<String> {
+        let answer = support::http::request(
+            &p.admin,
+            method,
+            path,
+            auth,
+            "",
+            std::time::Duration::from_secs(30),
         )?;
-        let mut text = String::new();
-        s.read_to_string(&mut text)?;
-        Ok(text)
+        Ok(answer.text)
     };
-    let failover = "POST /links/x/failover?wait=1e30";
-    let answer = send(failover, "")?;
+    let failover = "/links/x/failover?wait=1e30";
+    let answer = send("POST", failover, "")?;
     ensure!(
         answer.starts_with("HTTP/1.1 401"),
         "without a token: {answer}"
     );
-    let answer = send(failover, "Authorization: Bearer wrong\r\n")?;
+    let answer = send("POST", failover, "Authorization: Bearer wrong\r\n")?;
     ensure!(
         answer.starts_with("HTTP/1.1 401"),
         "with a wrong token: {answer}"
@@ -350,7 +349,8 @@ fn an_absurd_failover_wait_is_cut_not_a_panic_and_the_token_is_still_asked() -> 
     );
     // The link was not failed over by the refused requests.
     let answer = send(
-        "GET /links/x",
+        "GET",
+        "/links/x",
         "Authorization: Bearer s3cret-admin-token\r\n",
     )?;
     ensure!(

@@ -9,7 +9,6 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -26,7 +25,7 @@ use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::relay::Relay;
-use support::wire::{partition_result, record_batch, RawClient};
+use support::wire::{linger_zero, partition_result, record_batch, small_receive_buffer, RawClient};
 
 const MIB: usize = 1024 * 1024;
 
@@ -37,6 +36,31 @@ fn topic_ready(bootstrap: &str, topic: &str) -> Result<()> {
     create_topics(bootstrap, &[(topic, 1)])?;
     runtime()?.block_on(client(bootstrap).list_offset(topic, 0, OffsetSpec::Latest))?;
     Ok(())
+}
+
+/// A broker with the empty topic the long polls wait on, and a proxy in
+/// front of it with `settings` (its budgets): the broker is returned to be
+/// kept alive as long as the proxy.
+fn behind_a_broker(settings: &[(&str, &str)]) -> Result<(KafkaCluster, ProxyProcess)> {
+    let broker = KafkaCluster::start(KafkaOptions::default())?;
+    topic_ready(&broker.bootstrap(), "empty")?;
+    let p = ProxyProcess::start(&broker.bootstrap(), settings)?;
+    Ok((broker, p))
+}
+
+/// ApiVersions v0 requests, framed back to back, one for each correlation
+/// id in `correlations`: what a connection pipelines behind a long poll.
+fn api_versions(correlations: std::ops::Range<i32>) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for c in correlations {
+        out.extend(framed(
+            ApiKey::ApiVersions,
+            0,
+            c,
+            &ApiVersionsRequest::default(),
+        )?);
+    }
+    Ok(out)
 }
 
 /// One request, framed: size, header, body.
@@ -88,42 +112,10 @@ fn fetch(topic: &str, max_wait_ms: i32, max_bytes: i32) -> FetchRequest {
 
 /// Close `s` with a reset (SO_LINGER 0), as a killed client would.
 fn reset(s: TcpStream) -> Result<()> {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::addr_of!(linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    linger_zero(&s)?;
     // Wakes a thread blocked writing on a clone of the socket.
     let _ = s.shutdown(std::net::Shutdown::Both);
     drop(s);
-    Ok(())
-}
-
-/// Shrink the receive buffer of `s`, so that what it does not read stays
-/// with the sender.
-fn small_receive_buffer(s: &TcpStream) -> Result<()> {
-    let size: libc::c_int = 4096;
-    // SAFETY: a valid socket fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            std::ptr::addr_of!(size).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
     Ok(())
 }
 
@@ -191,32 +183,30 @@ fn tagged_api_versions(correlation: i32, size: usize) -> Result<Vec<u8>> {
 fn ordinary_client_answered(p: &ProxyProcess, when: &str) -> Result<()> {
     let bound = Duration::from_secs(2);
     let mut c = TcpStream::connect(&p.bootstrap)?;
-    c.write_all(&framed(
-        ApiKey::ApiVersions,
-        0,
-        1,
-        &ApiVersionsRequest::default(),
-    )?)?;
-    let versions = recv_by(&mut c, Instant::now() + bound).with_context(|| {
-        format!(
-            "no ApiVersions answer within {bound:?} {when}; request budget held: {:?}",
-            p.metric("kafka_mirror_proxy_buffered_request_bytes")
-        )
-    })?;
-    ensure!(correlation_of(versions, ApiKey::ApiVersions, 0)? == 1);
-    c.write_all(&framed(
-        ApiKey::Metadata,
-        1,
-        2,
-        &MetadataRequest::default(),
-    )?)?;
-    let metadata = recv_by(&mut c, Instant::now() + bound).with_context(|| {
-        format!(
-            "no Metadata answer within {bound:?} {when}; request budget held: {:?}",
-            p.metric("kafka_mirror_proxy_buffered_request_bytes")
-        )
-    })?;
-    ensure!(correlation_of(metadata, ApiKey::Metadata, 1)? == 2);
+    let exchanges = [
+        (
+            ApiKey::ApiVersions,
+            0,
+            1,
+            framed(ApiKey::ApiVersions, 0, 1, &ApiVersionsRequest::default())?,
+        ),
+        (
+            ApiKey::Metadata,
+            1,
+            2,
+            framed(ApiKey::Metadata, 1, 2, &MetadataRequest::default())?,
+        ),
+    ];
+    for (api, version, correlation, frame) in exchanges {
+        c.write_all(&frame)?;
+        let answer = recv_by(&mut c, Instant::now() + bound).with_context(|| {
+            format!(
+                "no {api:?} answer within {bound:?} {when}; request budget held: {:?}",
+                p.metric("kafka_mirror_proxy_buffered_request_bytes")
+            )
+        })?;
+        ensure!(correlation_of(answer, api, version)? == correlation);
+    }
     Ok(())
 }
 
@@ -230,30 +220,17 @@ fn ordinary_client_answered(p: &ProxyProcess, when: &str) -> Result<()> {
 /// of the budget until the broker has answered.
 #[test]
 fn connections_parked_behind_a_long_poll_do_not_starve_new_clients() -> Result<()> {
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("MAX_FRAME_BYTES", "4194304"),
-            ("MAX_BUFFERED_BYTES", "8388608"),
-        ],
-    )?;
+    let (_broker, p) = behind_a_broker(&[
+        ("MAX_FRAME_BYTES", "4194304"),
+        ("MAX_BUFFERED_BYTES", "8388608"),
+    ])?;
     let long_poll = framed(
         ApiKey::Fetch,
         11,
         1,
         &fetch("empty", 60_000, 100 * MIB as i32),
     )?;
-    let mut pipelined = Vec::new();
-    for c in 2..202 {
-        pipelined.extend(framed(
-            ApiKey::ApiVersions,
-            0,
-            c,
-            &ApiVersionsRequest::default(),
-        )?);
-    }
+    let pipelined = api_versions(2..202)?;
     let big = [
         tagged_api_versions(202, 4 * MIB - 64)?,
         tagged_api_versions(203, 4 * MIB - 64)?,
@@ -311,17 +288,12 @@ fn connections_parked_behind_a_long_poll_do_not_starve_new_clients() -> Result<(
 #[test]
 fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
     const SHARE: usize = 512 * 1024;
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let mut p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("MAX_FRAME_BYTES", "4194304"),
-            ("MAX_BUFFERED_BYTES", "8388608"),
-            ("MAX_CONNECTIONS", "16"),
-            ("WRITE_TIMEOUT_MS", "3000"),
-        ],
-    )?;
+    let (_broker, mut p) = behind_a_broker(&[
+        ("MAX_FRAME_BYTES", "4194304"),
+        ("MAX_BUFFERED_BYTES", "8388608"),
+        ("MAX_CONNECTIONS", "16"),
+        ("WRITE_TIMEOUT_MS", "3000"),
+    ])?;
 
     let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, MIB as i32))?;
     let mut attackers = Vec::new();
@@ -460,17 +432,12 @@ fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
 #[test]
 fn a_reset_client_gives_its_memory_back_while_the_broker_holds_its_fetch() -> Result<()> {
     const SHARE: usize = 512 * 1024;
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[
-            ("MAX_FRAME_BYTES", "4194304"),
-            ("MAX_BUFFERED_BYTES", "8388608"),
-            ("MAX_CONNECTIONS", "16"),
-            ("WRITE_TIMEOUT_MS", "300000"),
-        ],
-    )?;
+    let (_broker, p) = behind_a_broker(&[
+        ("MAX_FRAME_BYTES", "4194304"),
+        ("MAX_BUFFERED_BYTES", "8388608"),
+        ("MAX_CONNECTIONS", "16"),
+        ("WRITE_TIMEOUT_MS", "300000"),
+    ])?;
     let s = TcpStream::connect(&p.bootstrap)?;
     let mut w = s.try_clone()?;
     w.write_all(&framed(
@@ -517,12 +484,8 @@ fn a_reset_client_gives_its_memory_back_while_the_broker_holds_its_fetch() -> Re
 /// timeout does not see it.
 #[test]
 fn a_frame_written_behind_a_full_queue_does_not_keep_its_memory() -> Result<()> {
-    let broker = KafkaCluster::start(KafkaOptions::default())?;
-    topic_ready(&broker.bootstrap(), "empty")?;
-    let p = ProxyProcess::start(
-        &broker.bootstrap(),
-        &[("MAX_FRAME_BYTES", "4096"), ("MAX_BUFFERED_BYTES", "8192")],
-    )?;
+    let (_broker, p) =
+        behind_a_broker(&[("MAX_FRAME_BYTES", "4096"), ("MAX_BUFFERED_BYTES", "8192")])?;
     let long_poll = framed(ApiKey::Fetch, 12, 1, &fetch("empty", 120_000, 1024))?;
     let mut attackers = Vec::new();
     for _ in 0..4 {
@@ -533,15 +496,7 @@ fn a_frame_written_behind_a_full_queue_does_not_keep_its_memory() -> Result<()> 
         // requests fill the queue of responses owed (they fit in the socket
         // buffers); the next, a frame of the whole per-connection share, is
         // written and then waits for room.
-        let mut pipelined = Vec::new();
-        for c in 2..514 {
-            pipelined.extend(framed(
-                ApiKey::ApiVersions,
-                0,
-                c,
-                &ApiVersionsRequest::default(),
-            )?);
-        }
+        let mut pipelined = api_versions(2..514)?;
         pipelined.extend(padded_frame(514, 4096)?);
         s.write_all(&pipelined)?;
         attackers.push(s);

@@ -8,8 +8,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +17,7 @@ use serde_json::Value;
 
 use kafka_mirror_proxy::mirror::pid::ClusterId;
 use support::crate_client::create_topics;
+use support::http;
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{proxy_bin, ProxyProcess};
 use support::tools;
@@ -39,23 +38,12 @@ fn now_ms() -> i64 {
 
 /// One admin request; returns (status code, JSON body).
 fn admin(proxy: &ProxyProcess, method: &str, path: &str) -> Result<(u16, Value)> {
-    let mut s = TcpStream::connect(&proxy.admin)?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP head")?;
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("status code")?;
+    let answer = http::request(&proxy.admin, method, path, "", "", Duration::from_secs(120))?;
     // A route the binary does not have answers 404 with no JSON body.
-    let json = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_string()));
-    Ok((status, json))
+    let json = answer
+        .json()
+        .unwrap_or_else(|_| Value::String(answer.body.clone()));
+    Ok((answer.code()?, json))
 }
 
 /// A sample of `/metrics` as a float (`None`: absent).

@@ -24,7 +24,7 @@ use kafka_mirror_proxy::client::offsets::Offsets;
 use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{client, create_topic, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
-use support::proxy::{http_request, ProxyProcess};
+use support::proxy::{cli_output, http_request, link_env, start_with};
 use support::records::{producer, Topic};
 
 const TOPIC: &str = "tx";
@@ -39,18 +39,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// `kafka-mirror-proxy offsets ...`: (topic, partition, source) -> the
 /// printed destination offset.
 fn offsets_cli(args: &[&str]) -> Result<BTreeMap<(String, i32, i64), String>> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
-        .arg("offsets")
-        .args(args)
-        .output()
-        .context("running kafka-mirror-proxy offsets")?;
-    ensure!(
-        out.status.success(),
-        "offsets {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
+    let text = cli_output(&[&["offsets"], args].concat())?;
     text.lines()
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -69,14 +58,7 @@ fn every_source_offset_translates_to_the_same_next_record() -> Result<()> {
     let b = KafkaCluster::start(KafkaOptions::default())?;
     let (ca, cb) = (client(&a.bootstrap()), client(&b.bootstrap()));
     create_topic(&rt, &ca, TOPIC, PARTITIONS, &[])?;
-    let pb = ProxyProcess::start(
-        &b.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", a.cluster_id()),
-            ("LINK_A_TOPICS", TOPIC),
-        ],
-    )?;
+    let pb = start_with(&b.bootstrap(), &link_env("a", a.cluster_id(), TOPIC))?;
 
     // Transactions (every third aborted) with plain records between them.
     let plain = producer(&a.bootstrap(), &[])?;

@@ -41,8 +41,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -50,22 +48,19 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use rdkafka::config::ClientConfig as RdConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::runtime::Runtime;
 
 use kafka_mirror_proxy::client::offsets::Offsets;
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::mirror::translation::Translation;
 use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::replicate::translation;
-use support::crate_client::{create_topic, runtime};
+use support::crate_client::{create_topic, end_offsets, runtime};
+use support::http;
 use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions};
-use support::ports::free_port;
-use support::proxy::ProxyProcess;
+use support::proxy::{cli_output, ProxyProcess};
+use support::records::Topic;
 use support::replicator::{replicator_command, Process};
 use support::tools;
 
@@ -184,54 +179,22 @@ fn keep_writing(bootstrap: String, stop: Arc<AtomicBool>) -> Result<(u64, u64)> 
     Ok((committed, aborted))
 }
 
+/// Every partition's end offset of the test topic through `c`.
 fn ends(rt: &Runtime, c: &Client) -> Result<Vec<i64>> {
-    (0..PARTITIONS)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(TOPIC, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
+    end_offsets(rt, c, TOPIC, PARTITIONS)
 }
 
-/// Every record of every partition up to `ends` (the consumer's position
-/// reaching it: a trailing marker is never delivered), read with
-/// `isolation`.
+/// Every record of every partition up to `ends`, read with `isolation`;
+/// one list a partition, each partition present.
 fn read(bootstrap: &str, isolation: &str, ends: &[i64]) -> Result<Vec<Vec<Rec>>> {
-    let consumer: BaseConsumer = RdConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "offsets-exact-verifier")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", isolation)
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut out = vec![Vec::new(); PARTITIONS as usize];
-    let mut position = vec![0i64; PARTITIONS as usize];
-    let deadline = Instant::now() + WAIT;
-    loop {
-        for e in consumer.position()?.elements() {
-            if let Offset::Offset(o) = e.offset() {
-                position[e.partition() as usize] = o;
-            }
-        }
-        if position.iter().zip(ends).all(|(p, e)| p >= e) {
-            return Ok(out);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "reading {bootstrap} ({isolation}): at {position:?} of {ends:?}"
-        );
-        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-            let m = m?;
-            let text =
-                |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
-            out[m.partition() as usize].push((m.offset(), text(m.key()), text(m.payload())));
-        }
-    }
+    let topic = Topic {
+        name: TOPIC,
+        partitions: PARTITIONS,
+    };
+    let mut log = topic.read_keyed(bootstrap, isolation, ends)?;
+    Ok((0..PARTITIONS)
+        .map(|p| log.remove(&p).unwrap_or_default())
+        .collect())
 }
 
 /// The replicator's committed resume points (-1: none).
@@ -251,7 +214,6 @@ struct Replicator {
 
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
-        let admin = format!("127.0.0.1:{}", free_port()?);
         let mut command = replicator_command();
         command
             .env("RUST_LOG", "kafka_mirror_proxy=info")
@@ -272,26 +234,16 @@ impl Replicator {
             .args(["--group-sync-interval-ms", "300"])
             .args(["--discovery-interval-ms", "1000"])
             .args(["--retry-backoff-ms", "50"])
-            .args(["--retry-backoff-max-ms", "1000"])
-            .args(["--admin-listen", &admin]);
-        let p = Process::spawn(command, dir, &format!("replicator-{run}"))?;
+            .args(["--retry-backoff-max-ms", "1000"]);
+        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
         Ok(Replicator { p, admin })
     }
 
     /// The replicator's metrics page (empty when it cannot be read).
     fn metrics(&self) -> String {
-        (|| -> std::io::Result<String> {
-            let mut s = TcpStream::connect(&self.admin)?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            write!(
-                s,
-                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut text = String::new();
-            s.read_to_string(&mut text)?;
-            Ok(text)
-        })()
-        .unwrap_or_default()
+        http::get(&self.admin, "/metrics")
+            .map(|answer| answer.text)
+            .unwrap_or_default()
     }
 
     /// SIGKILL mid-copy: right after a batch was acknowledged that no
@@ -509,19 +461,20 @@ fn expected(src: &[Rec], dst: &[Rec], dst_end: i64, offset: i64) -> i64 {
 /// `kafka-mirror-proxy offsets` for one source offset: the printed
 /// destination offset.
 fn offsets_cli(bootstrap: &str, partition: i32, offset: i64) -> Result<String> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
-        .args(["offsets", "--bootstrap-server", bootstrap, "--link", LINK])
-        .args(["--topic", TOPIC, "--partition", &partition.to_string()])
-        .args(["--offset", &offset.to_string()])
-        .output()
-        .context("running kafka-mirror-proxy offsets")?;
-    ensure!(
-        out.status.success(),
-        "offsets {partition} {offset}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout)?;
+    let (partition_arg, offset_arg) = (partition.to_string(), offset.to_string());
+    let text = cli_output(&[
+        "offsets",
+        "--bootstrap-server",
+        bootstrap,
+        "--link",
+        LINK,
+        "--topic",
+        TOPIC,
+        "--partition",
+        &partition_arg,
+        "--offset",
+        &offset_arg,
+    ])?;
     let fields: Vec<&str> = text.split_whitespace().collect();
     match fields.as_slice() {
         [t, p, s, d, ..]

@@ -28,7 +28,6 @@
 mod support;
 
 use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -49,7 +48,7 @@ use support::crate_client::{client, create_topics, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
 use support::tools::{self, DumpedBatch};
-use support::wire::{record_batch_at, RawClient};
+use support::wire::{linger_zero, record_batch_at, RawClient};
 
 const LINK_CLIENT: &str = "mirror-x";
 const TOPIC: &str = "m";
@@ -178,27 +177,8 @@ fn a_producer_with_a_batch_held_at_the_broker_is_not_evicted() -> Result<()> {
     let logs = || tools::tail_str(&proxy.logs(), 40);
     set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
 
-    // Producer 7's large batch throttles the link connection; its next
-    // batch (sequence 1) is then held, unread, at the broker.
     let mut link = RawClient::connect(&proxy.bootstrap)?;
-    let big = "x".repeat(THROTTLING_BYTES);
-    let c = link_produce(&mut link, record_batch_at(7, 0, &[&big]))?;
-    let (code, _, message) = produce_result(&mut link, c)?;
-    ensure!(
-        code == NONE,
-        "the large batch: {code} {message}\n{}",
-        logs()
-    );
-    let held = link_produce(&mut link, record_batch_at(7, 1, &["held"]))?;
-    // Until the proxy has forwarded it (begun: in flight).
-    let deadline = Instant::now() + WAIT;
-    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
-        ensure!(
-            Instant::now() < deadline,
-            "the held batch never reached the proxy"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    let held = hold_a_batch(&proxy, &mut link)?;
 
     // A new producer while the only producer held has a batch in flight.
     let mut other = RawClient::connect(&proxy.bootstrap)?;
@@ -261,24 +241,35 @@ fn a_producer_with_a_batch_held_at_the_broker_is_not_evicted() -> Result<()> {
     Ok(())
 }
 
+/// Producer 7's large batch throttles the `link` connection (the produce
+/// quota set); its next batch (sequence 1) is then held, unread, at the
+/// broker. Returns the held request's correlation id once the proxy has
+/// forwarded it (begun: in flight).
+fn hold_a_batch(proxy: &ProxyProcess, link: &mut RawClient) -> Result<i32> {
+    let big = "x".repeat(THROTTLING_BYTES);
+    let c = link_produce(link, record_batch_at(7, 0, &[&big]))?;
+    let (code, _, message) = produce_result(link, c)?;
+    ensure!(
+        code == NONE,
+        "the large batch: {code} {message}\n{}",
+        tools::tail_str(&proxy.logs(), 40)
+    );
+    let held = link_produce(link, record_batch_at(7, 1, &["held"]))?;
+    let deadline = Instant::now() + WAIT;
+    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
+        ensure!(
+            Instant::now() < deadline,
+            "the held batch never reached the proxy"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    Ok(held)
+}
+
 /// Close `s` with a reset (SO_LINGER 0), as a killed client would; every
 /// other handle on the socket must be closed already.
 fn reset(s: TcpStream) -> Result<()> {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid socket fd and a correctly sized option value.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            std::ptr::addr_of!(linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    ensure!(rc == 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    linger_zero(&s)?;
     drop(s);
     Ok(())
 }
@@ -309,23 +300,7 @@ fn a_produce_waiting_in_the_filter_ends_when_its_client_resets() -> Result<()> {
     set_produce_quota(&broker, LINK_CLIENT, QUOTA)?;
 
     let mut link = RawClient::connect(&proxy.bootstrap)?;
-    let big = "x".repeat(THROTTLING_BYTES);
-    let c = link_produce(&mut link, record_batch_at(7, 0, &[&big]))?;
-    let (code, _, message) = produce_result(&mut link, c)?;
-    ensure!(
-        code == NONE,
-        "the large batch: {code} {message}\n{}",
-        logs()
-    );
-    let held = link_produce(&mut link, record_batch_at(7, 1, &["held"]))?;
-    let deadline = Instant::now() + WAIT;
-    while proxy.metric("kafka_mirror_proxy_requests_total{api_key=\"0\"}")? < 2 {
-        ensure!(
-            Instant::now() < deadline,
-            "the held batch never reached the proxy"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    let held = hold_a_batch(&proxy, &mut link)?;
     ensure!(proxy.metric(gauge)? == 0, "the held batch was written on");
 
     // The retry of the held batch, with a new batch of another producer.

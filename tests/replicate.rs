@@ -21,45 +21,22 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Result};
 use rdkafka::config::ClientConfig as RdConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 use kafka_mirror_proxy::client::protocol::OffsetSpec;
-use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, runtime};
-use support::kafka::{KafkaCluster, KafkaOptions};
-use support::ports::free_port;
-use support::proxy::ProxyProcess;
-use support::replicator::{replicator_command, Process};
+use support::crate_client::{create_topic, end_offsets, runtime};
+use support::http;
+use support::kafka::KafkaCluster;
+use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 
 const WAIT: Duration = Duration::from_secs(90);
 const GROUP: &str = "replicator.mirror-a";
-
-/// GET `path` of an HTTP endpoint: (status code, body).
-fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("status code")?;
-    Ok((code, body.to_string()))
-}
 
 /// A sample's value in a Prometheus text exposition (`None`: absent).
 fn sample(metrics: &str, series: &str) -> Option<f64> {
@@ -76,7 +53,6 @@ struct Replicator {
 
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
-        let admin = format!("127.0.0.1:{}", free_port()?);
         let mut command = replicator_command();
         command
             // Flags and variables mix: a flag wins over its variable.
@@ -86,9 +62,8 @@ impl Replicator {
             .args(["--link", "a"])
             .args(["--topics", "orders\\..*"])
             .args(["--discovery-interval-ms", "1000"])
-            .args(["--retry-backoff-ms", "50"])
-            .args(["--admin-listen", &admin]);
-        let p = Process::spawn(command, dir, &format!("replicator-{run}"))?;
+            .args(["--retry-backoff-ms", "50"]);
+        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
         Ok(Replicator { p, admin })
     }
 
@@ -97,9 +72,10 @@ impl Replicator {
     }
 
     fn metrics(&self) -> Result<String> {
-        let (code, body) = http_get(&self.admin, "/metrics")?;
+        let answer = http::get(&self.admin, "/metrics")?;
+        let code = answer.code()?;
         ensure!(code == 200, "/metrics answered {code}");
-        Ok(body)
+        Ok(answer.body)
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
@@ -136,21 +112,6 @@ fn write(p: &BaseProducer, topic: &str, partitions: &[i32], n: usize, tag: &str)
     Ok(())
 }
 
-fn ends(
-    rt: &tokio::runtime::Runtime,
-    c: &Client,
-    topic: &str,
-    partitions: i32,
-) -> Result<Vec<i64>> {
-    (0..partitions)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
-}
-
 /// Waits until `f` holds, failing with `what` and the replicator's log.
 fn until(what: &str, r: &mut Replicator, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
     let deadline = Instant::now() + WAIT;
@@ -158,18 +119,7 @@ fn until(what: &str, r: &mut Replicator, mut f: impl FnMut() -> Result<bool>) ->
         if f().unwrap_or(false) {
             return Ok(());
         }
-        if let Some(status) = r.p.child.try_wait()? {
-            bail!(
-                "{what}: the replicator exited ({status}); its log:\n{}",
-                r.log()
-            );
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{what}: not within {WAIT:?}; the replicator's log:\n{}",
-                r.log()
-            );
-        }
+        r.p.still_waiting(what, deadline)?;
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -177,20 +127,8 @@ fn until(what: &str, r: &mut Replicator, mut f: impl FnMut() -> Result<bool>) ->
 #[test]
 fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
     let rt = runtime()?;
-    let source = KafkaCluster::start(KafkaOptions::default())?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let (src, dst) = (
-        client(&source.bootstrap()),
-        client(&destination.bootstrap()),
-    );
-    let proxy = ProxyProcess::start(
-        &destination.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", "orders\\..*"),
-        ],
-    )?;
+    let (source, destination, src, dst) = clusters()?;
+    let proxy = link_a_proxy(&source, &destination, "orders\\..*")?;
     let dir = tempfile::tempdir()?;
 
     // 1. A topic the destination lacks, with configs of its own.
@@ -214,7 +152,7 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
 
     let mut r = Replicator::start(&source.bootstrap(), &proxy.bootstrap, dir.path(), 0)?;
     until("orders.one copied", &mut r, || {
-        Ok(ends(&rt, &dst, "orders.one", 2)? == ends(&rt, &src, "orders.one", 2)?)
+        Ok(end_offsets(&rt, &dst, "orders.one", 2)? == end_offsets(&rt, &src, "orders.one", 2)?)
     })?;
     let src_overrides = rt.block_on(src.topic_overrides("orders.one"))?;
     let dst_overrides = rt.block_on(dst.topic_overrides("orders.one"))?;
@@ -255,10 +193,10 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
         )],
     ))?;
     until("orders.two created and copied", &mut r, || {
-        Ok(ends(&rt, &dst, "orders.two", 1)? == vec![50])
+        Ok(end_offsets(&rt, &dst, "orders.two", 1)? == vec![50])
     })?;
     until("the added partition copied", &mut r, || {
-        Ok(ends(&rt, &dst, "orders.one", 3)?.get(2) == Some(&30))
+        Ok(end_offsets(&rt, &dst, "orders.one", 3)?.get(2) == Some(&30))
     })?;
     until("retention.ms follows the source", &mut r, || {
         Ok(rt
@@ -297,14 +235,14 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
     );
     let admin = r.admin.clone();
     until("lag back to 0", &mut r, || {
-        let m = http_get(&admin, "/metrics")?.1;
+        let m = http::get(&admin, "/metrics")?.body;
         Ok(sample(
             &m,
             &series("partition_lag_records{link=\"a\",topic=\"orders.one\",partition=\"2\"}"),
         ) == Some(0.0))
     })?;
-    assert_eq!(http_get(&r.admin, "/healthz")?.0, 200);
-    assert_eq!(http_get(&r.admin, "/readyz")?.0, 200);
+    assert_eq!(http::get(&r.admin, "/healthz")?.code()?, 200);
+    assert_eq!(http::get(&r.admin, "/readyz")?.code()?, 200);
 
     // 4. A clean stop commits what the destination acknowledged.
     r.signal("TERM")?;
@@ -327,12 +265,12 @@ fn the_replicator_follows_the_source_and_stops_when_fenced() -> Result<()> {
 
     // 5. Started again: only what is new; then fenced.
     write(&p, "orders.one", &[0, 1, 2], 20, "second")?;
-    let before = ends(&rt, &dst, "orders.one", 3)?;
+    let before = end_offsets(&rt, &dst, "orders.one", 3)?;
     let mut r = Replicator::start(&source.bootstrap(), &proxy.bootstrap, dir.path(), 1)?;
     until("the second run copied", &mut r, || {
-        Ok(ends(&rt, &dst, "orders.one", 3)? == ends(&rt, &src, "orders.one", 3)?)
+        Ok(end_offsets(&rt, &dst, "orders.one", 3)? == end_offsets(&rt, &src, "orders.one", 3)?)
     })?;
-    let after = ends(&rt, &dst, "orders.one", 3)?;
+    let after = end_offsets(&rt, &dst, "orders.one", 3)?;
     for (b, a) in before.iter().zip(&after) {
         assert_eq!(
             a - b,

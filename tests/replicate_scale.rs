@@ -25,8 +25,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -39,13 +37,10 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, runtime};
-use support::kafka::{KafkaCluster, KafkaOptions};
-use support::ports::free_port;
-use support::proxy::ProxyProcess;
-use support::replicator::{replicator_command, Process};
+use support::crate_client::{create_topic, end_offsets, runtime};
+use support::http;
+use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 use support::tools;
 
 /// Bound on every wait (brokers, JVMs and four replicators share 2 cores).
@@ -60,7 +55,6 @@ fn value(topic: &str, partition: i32, i: u64) -> String {
 
 /// Starts instance `n` of link `a`; returns it and its admin address.
 fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<(Process, String)> {
-    let admin = format!("127.0.0.1:{}", free_port()?);
     let mut command = replicator_command();
     command
         .args(["--source-bootstrap-servers", source])
@@ -71,23 +65,15 @@ fn start(source: &str, proxy: &str, dir: &Path, n: usize) -> Result<(Process, St
         // partitions move after 6 s.
         .args(["--session-timeout-ms", "6000"])
         .args(["--commit-interval-ms", "1000"])
-        .args(["--retry-backoff-ms", "50"])
-        .args(["--admin-listen", &admin]);
-    let process = Process::spawn(command, dir, &format!("replicator-{n}"))?;
+        .args(["--retry-backoff-ms", "50"]);
+    let (process, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{n}"))?;
     Ok((process, admin))
 }
 
 /// Records an instance copied (all topics), from its /metrics at `admin`.
 fn copied(admin: &str) -> Result<f64> {
-    let mut s = TcpStream::connect(admin)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    Ok(text
+    Ok(http::get(admin, "/metrics")?
+        .text
         .lines()
         .filter(|l| l.starts_with("kafka_mirror_replicator_records_copied_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -129,10 +115,7 @@ fn keep_writing(bootstrap: String, stop: Arc<AtomicBool>) -> Result<BTreeMap<(St
 fn ends(rt: &tokio::runtime::Runtime, c: &Client) -> Result<BTreeMap<(String, i32), i64>> {
     let mut out = BTreeMap::new();
     for (topic, partitions) in TOPICS {
-        for p in 0..partitions {
-            let end = rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset;
+        for (p, end) in (0..).zip(end_offsets(rt, c, topic, partitions)?) {
             out.insert((topic.to_string(), p), end);
         }
     }
@@ -208,20 +191,8 @@ fn consume(
 #[test]
 fn instances_of_one_link_share_its_partitions_through_a_kill_and_an_addition() -> Result<()> {
     let rt = runtime()?;
-    let source = KafkaCluster::start(KafkaOptions::default())?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let (src, dst) = (
-        client(&source.bootstrap()),
-        client(&destination.bootstrap()),
-    );
-    let proxy = ProxyProcess::start(
-        &destination.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", "scale\\..*"),
-        ],
-    )?;
+    let (source, destination, src, dst) = clusters()?;
+    let proxy = link_a_proxy(&source, &destination, "scale\\..*")?;
     for (topic, partitions) in TOPICS {
         create_topic(&rt, &src, topic, partitions, &[])?;
     }

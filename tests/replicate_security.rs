@@ -29,18 +29,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use rdkafka::config::ClientConfig as RdConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Message, Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
 use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::wire::sasl::{Credentials, Mechanism};
 use support::certs::TestCa;
-use support::crate_client::{create_topic, runtime};
+use support::crate_client::{create_topic, end_offsets, runtime};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::ProxyProcess;
+use support::records;
 use support::replicator::replicator_command;
 use support::tools;
 
@@ -112,57 +110,15 @@ fn write(p: &BaseProducer, topic: &str, partitions: i32, n: usize) -> Result<()>
 /// Every record (key, value) of `topic`, per partition in log order, up
 /// to `ends`, read with `c`'s settings plus a bootstrap.
 fn consume(
-    mut c: RdConfig,
+    c: RdConfig,
     bootstrap: &str,
     topic: &str,
     ends: &[i64],
 ) -> Result<BTreeMap<i32, Vec<(String, String)>>> {
-    let consumer: BaseConsumer = c
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "replicate-security-verifier")
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..ends.len() as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut out: BTreeMap<i32, Vec<(String, String)>> = BTreeMap::new();
-    let mut next = vec![0i64; ends.len()];
-    let deadline = Instant::now() + WAIT;
-    while next.iter().zip(ends).any(|(n, e)| n < e) {
-        if Instant::now() > deadline {
-            bail!("read {topic} at {bootstrap} up to {next:?} of {ends:?} within {WAIT:?}");
-        }
-        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let m = m?;
-        let p = m.partition();
-        let text = |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
-        out.entry(p)
-            .or_default()
-            .push((text(m.key()), text(m.payload())));
-        if let Some(n) = usize::try_from(p).ok().and_then(|p| next.get_mut(p)) {
-            *n = m.offset() + 1;
-        }
-    }
-    Ok(out)
-}
-
-fn ends(
-    rt: &tokio::runtime::Runtime,
-    c: &Client,
-    topic: &str,
-    partitions: i32,
-) -> Result<Vec<i64>> {
-    (0..partitions)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
+    Ok(records::read_with(c, bootstrap, topic, ends)?
+        .into_iter()
+        .map(|(p, log)| (p, log.into_iter().map(|(_, k, v)| (k, v)).collect()))
+        .collect())
 }
 
 /// Runs the replicator (extra `MIRROR_REPLICATOR_*` variables, names
@@ -283,8 +239,8 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
             !log.contains(PASSWORD) && !log.contains(DEST_PASSWORD),
             "{name}: a password was logged:\n{log}"
         );
-        let source_ends = ends(&rt, &src, topic, partitions)?;
-        let destination_ends = ends(&rt, &dst, topic, partitions)?;
+        let source_ends = end_offsets(&rt, &src, topic, partitions)?;
+        let destination_ends = end_offsets(&rt, &dst, topic, partitions)?;
         assert_eq!(
             destination_ends, source_ends,
             "{topic}: the destination's log ends are the source's"

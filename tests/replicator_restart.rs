@@ -27,24 +27,19 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Result};
 use rdkafka::config::ClientConfig as RdConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use kafka_mirror_proxy::client::Client;
-use support::crate_client::{client, create_topic, runtime};
-use support::kafka::{KafkaCluster, KafkaOptions};
+use support::crate_client::{create_topic, end_offsets, runtime};
+use support::kafka::KafkaCluster;
 use support::proxy::ProxyProcess;
-use support::replicator::replicator_command;
+use support::records;
+use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
 use support::tools;
 
 const IDEM: &str = "idem";
@@ -71,87 +66,28 @@ fn txn_value(committed: bool, t: usize, partition: i32, i: usize) -> String {
     format!("txn-{kind}-{t}-p{partition}-{i}")
 }
 
-/// One replicator process, its output in files of the test's directory.
-struct Replicator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Replicator {
-    fn start(
-        source: &KafkaCluster,
-        proxy: &ProxyProcess,
-        dir: &Path,
-        run: usize,
-        until_caught_up: bool,
-    ) -> Result<Replicator> {
-        let log = dir.join(format!("replicator-{run}.log"));
-        let out = dir.join(format!("replicator-{run}.out"));
-        let child = replicator_command()
-            .args(["--source-bootstrap-servers", &source.bootstrap()])
-            .args(["--destination-bootstrap-servers", &proxy.bootstrap])
-            .args(["--topics", &format!("{IDEM},{TXN}")])
-            .args(["--link", "a"])
-            .args(["--until-caught-up", &until_caught_up.to_string()])
-            // Only the batch bound commits while it runs (see the module
-            // doc); the default group is replicator.<client id>.
-            .args(["--commit-interval-ms", "3600000"])
-            .args(["--retry-backoff-ms", "50"])
-            .args(["--admin-listen", "127.0.0.1:0"])
-            .stdout(File::create(&out)?)
-            .stderr(File::create(&log)?)
-            .spawn()
-            .context("starting the replicator")?;
-        Ok(Replicator { child, log })
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
-    }
-
-    fn signal(&self, name: &str) -> Result<()> {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()?;
-        ensure!(
-            status.success(),
-            "kill -{name} {}: {status}",
-            self.child.id()
-        );
-        Ok(())
-    }
-
-    fn kill(mut self) -> Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(())
-    }
-}
-
-impl Drop for Replicator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The end offset of every partition of `topic`.
-fn end_offsets(
-    rt: &tokio::runtime::Runtime,
-    c: &Client,
-    topic: &str,
-    partitions: i32,
-) -> Result<Vec<i64>> {
-    (0..partitions)
-        .map(|p| {
-            Ok(rt
-                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
-                .offset)
-        })
-        .collect()
+/// Starts run `run` of the replicator, its output in files of the test's
+/// directory.
+fn start_replicator(
+    source: &KafkaCluster,
+    proxy: &ProxyProcess,
+    dir: &Path,
+    run: usize,
+    until_caught_up: bool,
+) -> Result<Process> {
+    let mut command = replicator_command();
+    command
+        .args(["--source-bootstrap-servers", &source.bootstrap()])
+        .args(["--destination-bootstrap-servers", &proxy.bootstrap])
+        .args(["--topics", &format!("{IDEM},{TXN}")])
+        .args(["--link", "a"])
+        .args(["--until-caught-up", &until_caught_up.to_string()])
+        // Only the batch bound commits while it runs (see the module
+        // doc); the default group is replicator.<client id>.
+        .args(["--commit-interval-ms", "3600000"])
+        .args(["--retry-backoff-ms", "50"])
+        .args(["--admin-listen", "127.0.0.1:0"]);
+    Process::spawn(command, dir, &format!("replicator-{run}"))
 }
 
 /// Writes phase `phase` of both topics to the source: `PER_PHASE` records
@@ -213,7 +149,7 @@ fn committed(rt: &tokio::runtime::Runtime, dest: &Client) -> Result<Vec<i64>> {
 fn wait_for_copied(
     rt: &tokio::runtime::Runtime,
     dest: &Client,
-    replicator: &mut Replicator,
+    replicator: &mut Process,
     records: i64,
 ) -> Result<()> {
     let deadline = Instant::now() + WAIT;
@@ -227,18 +163,7 @@ fn wait_for_copied(
             }
             replicator.signal("CONT")?;
         }
-        if let Some(status) = replicator.child.try_wait()? {
-            bail!(
-                "the replicator exited ({status}) after {copied} records; its log:\n{}",
-                replicator.log_tail()
-            );
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{copied} of {records} records copied within {WAIT:?}; replicator log:\n{}",
-                replicator.log_tail()
-            );
-        }
+        replicator.still_waiting(&format!("{copied} of {records} records copied"), deadline)?;
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -246,59 +171,23 @@ fn wait_for_copied(
 /// Every record value of `topic` on the destination, per partition in log
 /// order, read by a read_committed consumer up to the end offsets.
 fn consume(bootstrap: &str, topic: &str, ends: &[i64]) -> Result<BTreeMap<i32, Vec<String>>> {
-    let consumer: BaseConsumer = RdConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "replicator-restart-verifier")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..ends.len() as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    let mut out: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-    let mut next = vec![0i64; ends.len()];
-    let deadline = Instant::now() + WAIT;
-    while next.iter().zip(ends).any(|(n, e)| n < e) {
-        if Instant::now() > deadline {
-            bail!("read {topic} up to {next:?} of {ends:?} within {WAIT:?}");
-        }
-        let Some(m) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let m = m?;
-        let p = m.partition();
-        let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-        out.entry(p).or_default().push(value);
-        if let Some(n) = usize::try_from(p).ok().and_then(|p| next.get_mut(p)) {
-            *n = m.offset() + 1;
-        }
-    }
-    Ok(out)
+    let mut c = RdConfig::new();
+    c.set("isolation.level", "read_committed");
+    Ok(records::read_with(c, bootstrap, topic, ends)?
+        .into_iter()
+        .map(|(p, log)| (p, log.into_iter().map(|(_, _, v)| v).collect()))
+        .collect())
 }
 
 #[test]
 fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() -> Result<()> {
     let rt = runtime()?;
-    let source = KafkaCluster::start(KafkaOptions::default())?;
-    let destination = KafkaCluster::start(KafkaOptions::default())?;
-    let (src, dest) = (
-        client(&source.bootstrap()),
-        client(&destination.bootstrap()),
-    );
+    let (source, destination, src, dest) = clusters()?;
     for c in [&src, &dest] {
         create_topic(&rt, c, IDEM, IDEM_PARTITIONS, &[])?;
         create_topic(&rt, c, TXN, TXN_PARTITIONS, &[])?;
     }
-    let proxy = ProxyProcess::start(
-        &destination.bootstrap(),
-        &[
-            ("LINKS", "a"),
-            ("LINK_A_SOURCE_CLUSTER_ID", source.cluster_id()),
-            ("LINK_A_TOPICS", &format!("{IDEM},{TXN}")),
-        ],
-    )?;
+    let proxy = link_a_proxy(&source, &destination, &format!("{IDEM},{TXN}"))?;
     let dir = tempfile::tempdir()?;
 
     let idem: BaseProducer = RdConfig::new()
@@ -322,7 +211,7 @@ fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() ->
     let mut kills = Vec::new();
     for phase in 0..2 {
         write_phase(&idem, &txn, phase)?;
-        let mut r = Replicator::start(&source, &proxy, dir.path(), phase, false)?;
+        let mut r = start_replicator(&source, &proxy, dir.path(), phase, false)?;
         // Kill once about half of this phase is copied: some records of
         // the whole stream copied, never all (phase 3 is not written yet).
         let target = phase as i64 * per_phase_total + per_phase_total / 2;
@@ -354,7 +243,7 @@ fn a_killed_replicator_resumes_from_its_commits_and_copies_each_record_once() ->
 
     // The last run copies the rest and stops once caught up.
     write_phase(&idem, &txn, 2)?;
-    let mut last = Replicator::start(&source, &proxy, dir.path(), 2, true)?;
+    let mut last = start_replicator(&source, &proxy, dir.path(), 2, true)?;
     let status = last.child.wait()?;
     ensure!(
         status.success(),

@@ -148,3 +148,29 @@ kmp_start_perf_proxy() {
         MIRROR_PROXY_LINK_PERF_SOURCE_CLUSTER_ID=MkU3OEVBNTcwNTJENDM2Qk \
         MIRROR_PROXY_LINK_PERF_TOPICS="${3:-perf-link}"
 }
+
+# kmp_mm2_one_replica: MirrorMaker 2 settings for clusters of one broker
+# each, to append to its properties: every topic MM2 creates has one
+# replica (its defaults ask for three).
+kmp_mm2_one_replica() {
+    cat <<'PROPS'
+replication.factor = 1
+offset-syncs.topic.replication.factor = 1
+checkpoints.topic.replication.factor = 1
+heartbeats.topic.replication.factor = 1
+offset.storage.replication.factor = 1
+status.storage.replication.factor = 1
+config.storage.replication.factor = 1
+PROPS
+}
+
+# kmp_start_mm2 PROPERTIES LOG HEAP: MirrorMaker 2 (jars in $MM2_LIBS) in
+# the background, its output in LOG, at most HEAP of heap (e.g. 1G); $! is
+# its pid. The JVM options of Kafka's connect-mirror-maker.sh and
+# kafka-run-class.sh; MM2's log at INFO, as Kafka ships it.
+kmp_start_mm2() {
+    java -Xms256M -Xmx"$3" -server -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+        -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
+        -Djava.awt.headless=true -Dlog4j2.configurationFile="$KMP_WORK/broker-log4j2.properties" \
+        -cp "$MM2_LIBS/*" org.apache.kafka.connect.mirror.MirrorMaker "$1" > "$2" 2>&1 &
+}

@@ -1,7 +1,7 @@
 //! The crate's own Kafka client (`kafka_mirror_proxy::client`) as the
 //! integration tests use it to set up and inspect a broker: a tokio runtime,
-//! a plaintext client, topic creation, and the records of a state topic
-//! read back.
+//! a plaintext client, topic creation, partitions' end offsets, and the
+//! records of a state topic read back.
 
 use std::time::Duration;
 
@@ -68,6 +68,17 @@ pub fn create_topics(bootstrap: &str, topics: &[(&str, i32)]) -> Result<()> {
         create_topic(&rt, &c, name, *partitions, &[])?;
     }
     Ok(())
+}
+
+/// The end offset of partitions `0..partitions` of `topic`, in order.
+pub fn end_offsets(rt: &Runtime, c: &Client, topic: &str, partitions: i32) -> Result<Vec<i64>> {
+    (0..partitions)
+        .map(|p| {
+            Ok(rt
+                .block_on(c.list_offset(topic, p, OffsetSpec::Latest))?
+                .offset)
+        })
+        .collect()
 }
 
 /// Every record of partition 0 of the state topic `topic` up to its

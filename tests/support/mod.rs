@@ -3,8 +3,8 @@
 //! (`proxy`), test certificates (`certs`), a raw wire client (`wire`), the
 //! crate's own client set up for tests (`crate_client`), a TCP relay that
 //! breaks connections (`relay`), one that holds a request (`hold_relay`),
-//! the replicator (`replicator`), a test topic's records (`records`) and
-//! free ports (`ports`).
+//! the replicator (`replicator`), a test topic's records (`records`),
+//! hand-written admin requests (`http`) and free ports (`ports`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -13,6 +13,7 @@ pub mod capture;
 pub mod certs;
 pub mod crate_client;
 pub mod hold_relay;
+pub mod http;
 pub mod kafka;
 pub mod ports;
 pub mod proxy;

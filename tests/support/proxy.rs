@@ -2,8 +2,8 @@
 //! configured through its environment, with its log captured so tests can
 //! assert on what it says.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -415,21 +415,32 @@ impl Drop for ProxyProcess {
     }
 }
 
-/// One HTTP/1.1 request to `addr` (an admin endpoint); returns (status
-/// line, body).
+/// `kafka-mirror-proxy ARGS...` (this build's binary) run to its end: its
+/// standard output, or an error with its status and standard error.
+pub fn cli_output(args: &[&str]) -> Result<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_kafka-mirror-proxy"))
+        .args(args)
+        .output()
+        .with_context(|| format!("running kafka-mirror-proxy {args:?}"))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kafka-mirror-proxy {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// One HTTP/1.1 request to `addr` (an admin endpoint), a JSON `body`;
+/// returns (status line, body).
 pub fn http_request(addr: &str, method: &str, path: &str, body: &str) -> Result<(String, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))?;
-    write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Ok((
-        head.lines().next().unwrap_or_default().to_string(),
-        body.to_string(),
-    ))
+    let answer = super::http::request(
+        addr,
+        method,
+        path,
+        "Content-Type: application/json\r\n",
+        body,
+        Duration::from_secs(120),
+    )?;
+    Ok((answer.status, answer.body))
 }

@@ -1,8 +1,8 @@
 //! One test topic's records as the drills write and check them: librdkafka
 //! producers (idempotent, transactional with extra settings), values
 //! `<tag>-p<partition>-<i>` so that a record is known by its value on
-//! either cluster, the partitions' log ends, and every committed record
-//! read back (read_committed).
+//! either cluster, the partitions' log ends, and every record read back
+//! (read_committed, or with the isolation a test asks for).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -14,12 +14,13 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use kafka_mirror_proxy::client::protocol::OffsetSpec;
-
-use super::crate_client::client;
+use super::crate_client::{client, end_offsets};
 
 /// (offset, value) of each committed record, per partition.
 pub type Log = BTreeMap<i32, Vec<(i64, String)>>;
+
+/// (offset, key, value) of each record read, per partition.
+pub type KeyedLog = BTreeMap<i32, Vec<(i64, String, String)>>;
 
 /// How long a flush or a read may take.
 const WAIT: Duration = Duration::from_secs(90);
@@ -64,51 +65,74 @@ impl Topic {
 
     /// Every partition's log end offset on `bootstrap`.
     pub fn ends(&self, rt: &tokio::runtime::Runtime, bootstrap: &str) -> Result<Vec<i64>> {
-        let c = client(bootstrap);
-        (0..self.partitions)
-            .map(|p| {
-                Ok(rt
-                    .block_on(c.list_offset(self.name, p, OffsetSpec::Latest))?
-                    .offset)
-            })
-            .collect()
+        end_offsets(rt, &client(bootstrap), self.name, self.partitions)
     }
 
     /// Every record a read_committed consumer sees on `bootstrap`, per
     /// partition, up to `ends`.
     pub fn read(&self, bootstrap: &str, ends: &[i64]) -> Result<Log> {
-        let consumer: BaseConsumer = RdConfig::new()
-            .set("bootstrap.servers", bootstrap)
-            .set("group.id", "records-verifier")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..self.partitions {
-            tpl.add_partition_offset(self.name, p, Offset::Beginning)?;
+        let keyed = self.read_keyed(bootstrap, "read_committed", ends)?;
+        Ok(keyed
+            .into_iter()
+            .map(|(p, records)| (p, records.into_iter().map(|(o, _, v)| (o, v)).collect()))
+            .collect())
+    }
+
+    /// Every record a consumer with `isolation` (`read_committed` or
+    /// `read_uncommitted`) sees on `bootstrap`, per partition, up to `ends`,
+    /// with its key.
+    pub fn read_keyed(&self, bootstrap: &str, isolation: &str, ends: &[i64]) -> Result<KeyedLog> {
+        let mut config = RdConfig::new();
+        config.set("isolation.level", isolation);
+        read_with(config, bootstrap, self.name, ends)
+    }
+}
+
+/// Every record of `topic` on `bootstrap`, per partition, with its key, up
+/// to `ends` (the consumer's position reaching each end, so that a
+/// trailing transaction marker, never delivered, does not stall it), read
+/// by a consumer with `config`'s settings (isolation, security).
+pub fn read_with(
+    mut config: RdConfig,
+    bootstrap: &str,
+    topic: &str,
+    ends: &[i64],
+) -> Result<KeyedLog> {
+    let consumer: BaseConsumer = config
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "records-verifier")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..i32::try_from(ends.len())? {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out = KeyedLog::new();
+    let mut position = vec![0i64; ends.len()];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for e in consumer.position()?.elements() {
+            if let Offset::Offset(o) = e.offset() {
+                position[e.partition() as usize] = o;
+            }
         }
-        consumer.assign(&tpl)?;
-        let mut out = Log::new();
-        let mut position = vec![0i64; ends.len()];
-        let deadline = Instant::now() + WAIT;
-        loop {
-            for e in consumer.position()?.elements() {
-                if let Offset::Offset(o) = e.offset() {
-                    position[e.partition() as usize] = o;
-                }
-            }
-            if position.iter().zip(ends).all(|(p, e)| p >= e) {
-                return Ok(out);
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "reading {bootstrap}: at {position:?} of {ends:?}"
-            );
-            if let Some(m) = consumer.poll(Duration::from_millis(200)) {
-                let m = m?;
-                let v = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
-                out.entry(m.partition()).or_default().push((m.offset(), v));
-            }
+        if position.iter().zip(ends).all(|(p, e)| p >= e) {
+            return Ok(out);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "reading {topic} at {bootstrap}: at {position:?} of {ends:?}"
+        );
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m?;
+            let text =
+                |b: Option<&[u8]>| String::from_utf8_lossy(b.unwrap_or_default()).into_owned();
+            out.entry(m.partition()).or_default().push((
+                m.offset(),
+                text(m.key()),
+                text(m.payload()),
+            ));
         }
     }
 }

@@ -6,8 +6,13 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kafka_mirror_proxy::client::Client;
 use kafka_mirror_proxy::config::replicator::ReplicatorConfig;
 use kafka_mirror_proxy::replicate::{self, Report};
+
+use super::crate_client::client;
+use super::kafka::{KafkaCluster, KafkaOptions};
+use super::proxy::{link_env, start_with, ProxyProcess};
 
 /// The binary, ready for `replicate` flags.
 pub fn replicator_command() -> Command {
@@ -41,6 +46,32 @@ pub fn config(source: &str, destination: &str, topics: &str, client_id: &str) ->
     c
 }
 
+/// What a replicator drill copies between: a source and a destination
+/// broker (default settings) and the crate's client of each, as (source,
+/// destination, source client, destination client).
+pub fn clusters() -> Result<(KafkaCluster, KafkaCluster, Client, Client)> {
+    let source = KafkaCluster::start(KafkaOptions::default())?;
+    let destination = KafkaCluster::start(KafkaOptions::default())?;
+    let (src, dst) = (
+        client(&source.bootstrap()),
+        client(&destination.bootstrap()),
+    );
+    Ok((source, destination, src, dst))
+}
+
+/// A proxy in front of `destination` whose link `a` mirrors `topics`
+/// from `source`: where a drill's replicator writes.
+pub fn link_a_proxy(
+    source: &KafkaCluster,
+    destination: &KafkaCluster,
+    topics: &str,
+) -> Result<ProxyProcess> {
+    start_with(
+        &destination.bootstrap(),
+        &link_env("a", source.cluster_id(), topics),
+    )
+}
+
 /// Runs the replicator until it returns.
 pub fn run(rt: &tokio::runtime::Runtime, config: ReplicatorConfig) -> Result<Report> {
     let (_never, shutdown) = tokio::sync::watch::channel(false);
@@ -68,6 +99,18 @@ impl Process {
         Ok(Process { child, log })
     }
 
+    /// Starts `command` with an admin listener on a free loopback port:
+    /// the process and that address (for its /metrics and probes).
+    pub fn spawn_with_admin(
+        mut command: Command,
+        dir: &std::path::Path,
+        name: &str,
+    ) -> Result<(Process, String)> {
+        let admin = format!("127.0.0.1:{}", super::ports::free_port()?);
+        command.args(["--admin-listen", &admin]);
+        Ok((Process::spawn(command, dir, name)?, admin))
+    }
+
     /// The last 40 lines of its log.
     pub fn log_tail(&self) -> String {
         super::tools::tail_str(&std::fs::read_to_string(&self.log).unwrap_or_default(), 40)
@@ -81,6 +124,30 @@ impl Process {
                 self.log_tail()
             );
         }
+        Ok(())
+    }
+
+    /// While waiting for `what` until `deadline`: an error, with its log, if
+    /// it exited or the deadline passed.
+    pub fn still_waiting(&mut self, what: &str, deadline: std::time::Instant) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            anyhow::bail!(
+                "{what}: the replicator exited ({status}); its log:\n{}",
+                self.log_tail()
+            );
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() <= deadline,
+            "{what}: not in time; the replicator's log:\n{}",
+            self.log_tail()
+        );
+        Ok(())
+    }
+
+    /// SIGKILL, and reaped.
+    pub fn kill(&mut self) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
         Ok(())
     }
 

@@ -228,3 +228,38 @@ pub fn record_batch_at(pid: i64, sequence: i32, values: &[&str]) -> Bytes {
     };
     Bytes::from(build(&batch, &records).expect("a record batch of at least one record"))
 }
+
+/// SO_LINGER 0 on `s`: closing it then sends a reset, as a killed client's
+/// socket does, instead of a FIN.
+pub fn linger_zero(s: &TcpStream) -> Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    socket_option(s, libc::SO_LINGER, &linger, "SO_LINGER")
+}
+
+/// A 4 KiB receive buffer on `s`, so that what it does not read stays with
+/// the sender.
+pub fn small_receive_buffer(s: &TcpStream) -> Result<()> {
+    let size: libc::c_int = 4096;
+    socket_option(s, libc::SO_RCVBUF, &size, "SO_RCVBUF")
+}
+
+/// `setsockopt(SOL_SOCKET, name, value)` on `s`; `what` names the option
+/// in the error.
+fn socket_option<T>(s: &TcpStream, name: libc::c_int, value: &T, what: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket fd, and `value` a live `T` of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            name,
+            std::ptr::from_ref(value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    anyhow::ensure!(rc == 0, "{what}: {}", std::io::Error::last_os_error());
+    Ok(())
+}

@@ -140,39 +140,7 @@ enum Command {
     /// through A's admin API (MIRROR_PROXY_ADMIN_URL). Exit code 0 done (or
     /// would proceed), 3 refused (a partition's divergence cannot be told,
     /// or LINK is not PREPARING or STOPPED), 1 other errors. Plain TCP.
-    Failback {
-        /// The failback link on A's proxy.
-        #[arg(long)]
-        link: String,
-        /// The link on B's proxy that mirrored A into B and failed over.
-        #[arg(long)]
-        reverse_of: String,
-        /// Cluster A: its brokers (or A's proxy), host:port,...
-        #[arg(long)]
-        bootstrap_server: String,
-        /// Cluster B, host:port,...
-        #[arg(long)]
-        source_bootstrap_server: String,
-        /// B's proxy's state topic.
-        #[arg(long, default_value = DEFAULT_STATE_TOPIC)]
-        state_topic: String,
-        /// The replicators' OFFSETS_TOPIC (on both clusters).
-        #[arg(long, default_value = DEFAULT_OFFSETS_TOPIC)]
-        offsets_topic: String,
-        /// REVERSE_OF's replicator's GROUP_ID (default
-        /// replicator.mirror-<REVERSE_OF>), on B.
-        #[arg(long)]
-        forward_group: Option<String>,
-        /// LINK's replicator's GROUP_ID (default replicator.mirror-<LINK>),
-        /// on A.
-        #[arg(long)]
-        progress_group: Option<String>,
-        /// Report and change nothing (no admin API needed).
-        #[arg(long)]
-        dry_run: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Failback(FailbackArgs),
     /// Start mirroring a stopped link again.
     Start {
         name: String,
@@ -220,32 +188,7 @@ fn main() -> ExitCode {
                 cli::start(&c, &name, source_cluster_id.as_deref(), json).await
             })
         }
-        Command::Failback {
-            link,
-            reverse_of,
-            bootstrap_server,
-            source_bootstrap_server,
-            state_topic,
-            offsets_topic,
-            forward_group,
-            progress_group,
-            dry_run,
-            json,
-        } => {
-            let args = FailbackArgs {
-                forward_group: forward_group
-                    .unwrap_or_else(|| format!("replicator.mirror-{reverse_of}")),
-                progress_group: progress_group
-                    .unwrap_or_else(|| format!("replicator.mirror-{link}")),
-                link,
-                reverse_of,
-                bootstrap_server,
-                source_bootstrap_server,
-                state_topic,
-                offsets_topic,
-                dry_run,
-                json,
-            };
+        Command::Failback(args) => {
             return match failback(args) {
                 Ok(code) => ExitCode::from(code),
                 Err(e) => {
@@ -426,16 +369,38 @@ fn offsets(args: OffsetsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(clap::Args)]
 struct FailbackArgs {
+    /// The failback link on A's proxy.
+    #[arg(long)]
     link: String,
+    /// The link on B's proxy that mirrored A into B and failed over.
+    #[arg(long)]
     reverse_of: String,
+    /// Cluster A: its brokers (or A's proxy), host:port,...
+    #[arg(long)]
     bootstrap_server: String,
+    /// Cluster B, host:port,...
+    #[arg(long)]
     source_bootstrap_server: String,
+    /// B's proxy's state topic.
+    #[arg(long, default_value = DEFAULT_STATE_TOPIC)]
     state_topic: String,
+    /// The replicators' OFFSETS_TOPIC (on both clusters).
+    #[arg(long, default_value = DEFAULT_OFFSETS_TOPIC)]
     offsets_topic: String,
-    forward_group: String,
-    progress_group: String,
+    /// REVERSE_OF's replicator's GROUP_ID (default
+    /// replicator.mirror-<REVERSE_OF>), on B.
+    #[arg(long)]
+    forward_group: Option<String>,
+    /// LINK's replicator's GROUP_ID (default replicator.mirror-<LINK>),
+    /// on A.
+    #[arg(long)]
+    progress_group: Option<String>,
+    /// Report and change nothing (no admin API needed).
+    #[arg(long)]
     dry_run: bool,
+    #[arg(long)]
     json: bool,
 }
 
@@ -443,6 +408,10 @@ struct FailbackArgs {
 /// the history, the starting points and the link's start.
 fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
     use kafka_mirror_proxy::replicate::failback::{self, Failback};
+    let forward_group = (args.forward_group.clone())
+        .unwrap_or_else(|| format!("replicator.mirror-{}", args.reverse_of));
+    let progress_group =
+        (args.progress_group.clone()).unwrap_or_else(|| format!("replicator.mirror-{}", args.link));
     let a = Client::new(ClientConfig::plain(&args.bootstrap_server));
     let b = Client::new(ClientConfig::plain(&args.source_bootstrap_server));
     let f = Failback {
@@ -452,8 +421,8 @@ fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
         b: &b,
         state_topic: &args.state_topic,
         offsets_topic: &args.offsets_topic,
-        forward_group: &args.forward_group,
-        progress_group: &args.progress_group,
+        forward_group: &forward_group,
+        progress_group: &progress_group,
     };
     let admin = if args.dry_run {
         None

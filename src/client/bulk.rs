@@ -14,7 +14,7 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, ProduceRequest,
-    ProduceResponse, TransactionalId,
+    ProduceResponse, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
@@ -54,6 +54,38 @@ fn topic_key(by_id: bool, to: &PartitionRef<'_>) -> TopicKey {
     }
 }
 
+/// How a new topic entry names its topic: by id (v13+) or by name.
+enum TopicIs {
+    Id(Uuid),
+    Name(TopicName),
+}
+
+/// The index in `topics` of the entry for `to`'s topic, made with `make`
+/// and pushed when it is the topic's first partition (topics stay in the
+/// order they first appear); by id from v13 on, `api` naming the request
+/// when the topic has no id.
+fn topic_entry<T>(
+    topics: &mut Vec<T>,
+    index: &mut HashMap<TopicKey, usize>,
+    by_id: bool,
+    to: &PartitionRef<'_>,
+    api: &str,
+    make: impl FnOnce(TopicIs) -> T,
+) -> Result<usize, ClientError> {
+    let key = topic_key(by_id, to);
+    if let Some(&at) = index.get(&key) {
+        return Ok(at);
+    }
+    let topic = if by_id {
+        make(TopicIs::Id(to.require_id(api)?))
+    } else {
+        make(TopicIs::Name(topic_name(to.topic)))
+    };
+    topics.push(topic);
+    index.insert(key, topics.len() - 1);
+    Ok(topics.len() - 1)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum TopicKey {
     Id(Uuid),
@@ -78,20 +110,17 @@ pub(crate) fn fetch_request_many(
         if version >= 9 {
             partition = partition.with_current_leader_epoch(part.from.leader_epoch);
         }
-        let key = topic_key(by_id, &part.from);
-        let at = match index.get(&key) {
-            Some(&at) => at,
-            None => {
-                let topic = if by_id {
-                    FetchTopic::default().with_topic_id(part.from.require_id("Fetch")?)
-                } else {
-                    FetchTopic::default().with_topic(topic_name(part.from.topic))
-                };
-                topics.push(topic);
-                index.insert(key, topics.len() - 1);
-                topics.len() - 1
-            }
-        };
+        let at = topic_entry(
+            &mut topics,
+            &mut index,
+            by_id,
+            &part.from,
+            "Fetch",
+            |t| match t {
+                TopicIs::Id(id) => FetchTopic::default().with_topic_id(id),
+                TopicIs::Name(name) => FetchTopic::default().with_topic(name),
+            },
+        )?;
         topics[at].partitions.push(partition);
     }
     Ok(FetchRequest::default()
@@ -163,20 +192,17 @@ pub(crate) fn produce_request_many(
     let mut topics: Vec<TopicProduceData> = Vec::new();
     let mut index: HashMap<TopicKey, usize> = HashMap::new();
     for part in parts {
-        let key = topic_key(by_id, &part.to);
-        let at = match index.get(&key) {
-            Some(&at) => at,
-            None => {
-                let topic = if by_id {
-                    TopicProduceData::default().with_topic_id(part.to.require_id("Produce")?)
-                } else {
-                    TopicProduceData::default().with_name(topic_name(part.to.topic))
-                };
-                topics.push(topic);
-                index.insert(key, topics.len() - 1);
-                topics.len() - 1
-            }
-        };
+        let at = topic_entry(
+            &mut topics,
+            &mut index,
+            by_id,
+            &part.to,
+            "Produce",
+            |t| match t {
+                TopicIs::Id(id) => TopicProduceData::default().with_topic_id(id),
+                TopicIs::Name(name) => TopicProduceData::default().with_name(name),
+            },
+        )?;
         topics[at].partition_data.push(
             PartitionProduceData::default()
                 .with_index(part.to.partition)

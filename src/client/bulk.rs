@@ -86,6 +86,42 @@ fn topic_entry<T>(
     Ok(topics.len() - 1)
 }
 
+/// Each part's answer, in the order of `parts`: its partition's entry
+/// among the response's `topics` (id, name, partitions; by id from v13
+/// on, else by name) read with `read`, or a missing answer to `api`.
+fn answers_in_order<'r, P: 'r, X, T>(
+    by_id: bool,
+    topics: impl Iterator<Item = (Uuid, &'r str, &'r [P])>,
+    index_of: impl Fn(&P) -> i32,
+    parts: &[X],
+    part_ref: impl Fn(&X) -> &PartitionRef<'_>,
+    api: &str,
+    read: impl Fn(&P, &str) -> Result<T, ClientError>,
+) -> Vec<Result<T, ClientError>> {
+    let mut answers = HashMap::new();
+    for (id, name, partitions) in topics {
+        let key = if by_id {
+            TopicKey::Id(id)
+        } else {
+            TopicKey::Name(name.to_string())
+        };
+        for p in partitions {
+            answers.insert((key.clone(), index_of(p)), p);
+        }
+    }
+    parts
+        .iter()
+        .map(|part| {
+            let to = part_ref(part);
+            let label = to.label();
+            match answers.get(&(topic_key(by_id, to), to.partition)) {
+                Some(p) => read(p, &label),
+                None => Err(missing(api, &label)),
+            }
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum TopicKey {
     Id(Uuid),
@@ -148,28 +184,17 @@ pub(crate) fn fetch_result_many(
             message: None,
         });
     }
-    let by_id = version >= 13;
-    let mut answers = HashMap::new();
-    for t in &r.responses {
-        let key = if by_id {
-            TopicKey::Id(t.topic_id)
-        } else {
-            TopicKey::Name(t.topic.0.to_string())
-        };
-        for p in &t.partitions {
-            answers.insert((key.clone(), p.partition_index), p);
-        }
-    }
-    Ok(parts
-        .iter()
-        .map(|part| {
-            let label = part.from.label();
-            match answers.get(&(topic_key(by_id, &part.from), part.from.partition)) {
-                Some(p) => partition_fetched(p, &label),
-                None => Err(missing("Fetch", &label)),
-            }
-        })
-        .collect())
+    Ok(answers_in_order(
+        version >= 13,
+        r.responses
+            .iter()
+            .map(|t| (t.topic_id, &*t.topic.0, &t.partitions[..])),
+        |p| p.partition_index,
+        parts,
+        |part| &part.from,
+        "Fetch",
+        partition_fetched,
+    ))
 }
 
 /// One partition of a Produce: exactly one record batch (Produce v3+).
@@ -225,28 +250,17 @@ pub(crate) fn produce_result_many(
     version: i16,
     parts: &[ProducePart<'_>],
 ) -> Vec<Result<Produced, ClientError>> {
-    let by_id = version >= 13;
-    let mut answers = HashMap::new();
-    for t in &r.responses {
-        let key = if by_id {
-            TopicKey::Id(t.topic_id)
-        } else {
-            TopicKey::Name(t.name.0.to_string())
-        };
-        for p in &t.partition_responses {
-            answers.insert((key.clone(), p.index), p);
-        }
-    }
-    parts
-        .iter()
-        .map(|part| {
-            let label = part.to.label();
-            match answers.get(&(topic_key(by_id, &part.to), part.to.partition)) {
-                Some(p) => partition_produced(p, &label),
-                None => Err(missing("Produce", &label)),
-            }
-        })
-        .collect()
+    answers_in_order(
+        version >= 13,
+        r.responses
+            .iter()
+            .map(|t| (t.topic_id, &*t.name.0, &t.partition_responses[..])),
+        |p| p.index,
+        parts,
+        |part| &part.to,
+        "Produce",
+        partition_produced,
+    )
 }
 
 /// One ListOffsets for many partitions of one leader (by name: every

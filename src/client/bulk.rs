@@ -14,7 +14,7 @@ use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListO
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     BrokerId, FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse, ProduceRequest,
-    ProduceResponse, TransactionalId,
+    ProduceResponse, TopicName, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
 use uuid::Uuid;
@@ -54,6 +54,74 @@ fn topic_key(by_id: bool, to: &PartitionRef<'_>) -> TopicKey {
     }
 }
 
+/// How a new topic entry names its topic: by id (v13+) or by name.
+enum TopicIs {
+    Id(Uuid),
+    Name(TopicName),
+}
+
+/// The index in `topics` of the entry for `to`'s topic, made with `make`
+/// and pushed when it is the topic's first partition (topics stay in the
+/// order they first appear); by id from v13 on, `api` naming the request
+/// when the topic has no id.
+fn topic_entry<T>(
+    topics: &mut Vec<T>,
+    index: &mut HashMap<TopicKey, usize>,
+    by_id: bool,
+    to: &PartitionRef<'_>,
+    api: &str,
+    make: impl FnOnce(TopicIs) -> T,
+) -> Result<usize, ClientError> {
+    let key = topic_key(by_id, to);
+    if let Some(&at) = index.get(&key) {
+        return Ok(at);
+    }
+    let topic = if by_id {
+        make(TopicIs::Id(to.require_id(api)?))
+    } else {
+        make(TopicIs::Name(topic_name(to.topic)))
+    };
+    topics.push(topic);
+    index.insert(key, topics.len() - 1);
+    Ok(topics.len() - 1)
+}
+
+/// Each part's answer, in the order of `parts`: its partition's entry
+/// among the response's `topics` (id, name, partitions; by id from v13
+/// on, else by name) read with `read`, or a missing answer to `api`.
+fn answers_in_order<'r, P: 'r, X, T>(
+    by_id: bool,
+    topics: impl Iterator<Item = (Uuid, &'r str, &'r [P])>,
+    index_of: impl Fn(&P) -> i32,
+    parts: &[X],
+    part_ref: impl Fn(&X) -> &PartitionRef<'_>,
+    api: &str,
+    read: impl Fn(&P, &str) -> Result<T, ClientError>,
+) -> Vec<Result<T, ClientError>> {
+    let mut answers = HashMap::new();
+    for (id, name, partitions) in topics {
+        let key = if by_id {
+            TopicKey::Id(id)
+        } else {
+            TopicKey::Name(name.to_string())
+        };
+        for p in partitions {
+            answers.insert((key.clone(), index_of(p)), p);
+        }
+    }
+    parts
+        .iter()
+        .map(|part| {
+            let to = part_ref(part);
+            let label = to.label();
+            match answers.get(&(topic_key(by_id, to), to.partition)) {
+                Some(p) => read(p, &label),
+                None => Err(missing(api, &label)),
+            }
+        })
+        .collect()
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum TopicKey {
     Id(Uuid),
@@ -78,20 +146,17 @@ pub(crate) fn fetch_request_many(
         if version >= 9 {
             partition = partition.with_current_leader_epoch(part.from.leader_epoch);
         }
-        let key = topic_key(by_id, &part.from);
-        let at = match index.get(&key) {
-            Some(&at) => at,
-            None => {
-                let topic = if by_id {
-                    FetchTopic::default().with_topic_id(part.from.require_id("Fetch")?)
-                } else {
-                    FetchTopic::default().with_topic(topic_name(part.from.topic))
-                };
-                topics.push(topic);
-                index.insert(key, topics.len() - 1);
-                topics.len() - 1
-            }
-        };
+        let at = topic_entry(
+            &mut topics,
+            &mut index,
+            by_id,
+            &part.from,
+            "Fetch",
+            |t| match t {
+                TopicIs::Id(id) => FetchTopic::default().with_topic_id(id),
+                TopicIs::Name(name) => FetchTopic::default().with_topic(name),
+            },
+        )?;
         topics[at].partitions.push(partition);
     }
     Ok(FetchRequest::default()
@@ -119,28 +184,17 @@ pub(crate) fn fetch_result_many(
             message: None,
         });
     }
-    let by_id = version >= 13;
-    let mut answers = HashMap::new();
-    for t in &r.responses {
-        let key = if by_id {
-            TopicKey::Id(t.topic_id)
-        } else {
-            TopicKey::Name(t.topic.0.to_string())
-        };
-        for p in &t.partitions {
-            answers.insert((key.clone(), p.partition_index), p);
-        }
-    }
-    Ok(parts
-        .iter()
-        .map(|part| {
-            let label = part.from.label();
-            match answers.get(&(topic_key(by_id, &part.from), part.from.partition)) {
-                Some(p) => partition_fetched(p, &label),
-                None => Err(missing("Fetch", &label)),
-            }
-        })
-        .collect())
+    Ok(answers_in_order(
+        version >= 13,
+        r.responses
+            .iter()
+            .map(|t| (t.topic_id, &*t.topic.0, &t.partitions[..])),
+        |p| p.partition_index,
+        parts,
+        |part| &part.from,
+        "Fetch",
+        partition_fetched,
+    ))
 }
 
 /// One partition of a Produce: exactly one record batch (Produce v3+).
@@ -163,20 +217,17 @@ pub(crate) fn produce_request_many(
     let mut topics: Vec<TopicProduceData> = Vec::new();
     let mut index: HashMap<TopicKey, usize> = HashMap::new();
     for part in parts {
-        let key = topic_key(by_id, &part.to);
-        let at = match index.get(&key) {
-            Some(&at) => at,
-            None => {
-                let topic = if by_id {
-                    TopicProduceData::default().with_topic_id(part.to.require_id("Produce")?)
-                } else {
-                    TopicProduceData::default().with_name(topic_name(part.to.topic))
-                };
-                topics.push(topic);
-                index.insert(key, topics.len() - 1);
-                topics.len() - 1
-            }
-        };
+        let at = topic_entry(
+            &mut topics,
+            &mut index,
+            by_id,
+            &part.to,
+            "Produce",
+            |t| match t {
+                TopicIs::Id(id) => TopicProduceData::default().with_topic_id(id),
+                TopicIs::Name(name) => TopicProduceData::default().with_name(name),
+            },
+        )?;
         topics[at].partition_data.push(
             PartitionProduceData::default()
                 .with_index(part.to.partition)
@@ -199,28 +250,17 @@ pub(crate) fn produce_result_many(
     version: i16,
     parts: &[ProducePart<'_>],
 ) -> Vec<Result<Produced, ClientError>> {
-    let by_id = version >= 13;
-    let mut answers = HashMap::new();
-    for t in &r.responses {
-        let key = if by_id {
-            TopicKey::Id(t.topic_id)
-        } else {
-            TopicKey::Name(t.name.0.to_string())
-        };
-        for p in &t.partition_responses {
-            answers.insert((key.clone(), p.index), p);
-        }
-    }
-    parts
-        .iter()
-        .map(|part| {
-            let label = part.to.label();
-            match answers.get(&(topic_key(by_id, &part.to), part.to.partition)) {
-                Some(p) => partition_produced(p, &label),
-                None => Err(missing("Produce", &label)),
-            }
-        })
-        .collect()
+    answers_in_order(
+        version >= 13,
+        r.responses
+            .iter()
+            .map(|t| (t.topic_id, &*t.name.0, &t.partition_responses[..])),
+        |p| p.index,
+        parts,
+        |part| &part.to,
+        "Produce",
+        partition_produced,
+    )
 }
 
 /// One ListOffsets for many partitions of one leader (by name: every

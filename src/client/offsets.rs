@@ -328,24 +328,28 @@ mod tests {
     #[test]
     fn fetched_offsets_keep_their_metadata() {
         let asked = vec![("t".to_string(), 0), ("t".to_string(), 1)];
-        let r =
-            OffsetFetchResponse::default().with_groups(vec![OffsetFetchResponseGroup::default()
-                .with_group_id(GroupId(s("g")))
-                .with_topics(vec![OffsetFetchResponseTopics::default()
-                    .with_name(TopicName(s("t")))
-                    .with_partitions(vec![
-                        OffsetFetchResponsePartitions::default()
-                            .with_partition_index(0)
-                            .with_committed_offset(7)
-                            .with_metadata(Some(s("released"))),
-                        OffsetFetchResponsePartitions::default()
-                            .with_partition_index(1)
-                            .with_committed_offset(9)
-                            .with_metadata(None),
-                    ])])]);
+        let r = fetch_answer(vec![
+            OffsetFetchResponsePartitions::default()
+                .with_partition_index(0)
+                .with_committed_offset(7)
+                .with_metadata(Some(s("released"))),
+            OffsetFetchResponsePartitions::default()
+                .with_partition_index(1)
+                .with_committed_offset(9)
+                .with_metadata(None),
+        ]);
         let got = offset_fetch_marked(&r, "g", &asked).expect("answered");
         assert_eq!(got[&("t".to_string(), 0)], (7, "released".to_string()));
         assert_eq!(got[&("t".to_string(), 1)], (9, String::new()));
+    }
+
+    /// Group `g`'s answer to an OffsetFetch: `partitions` of topic `t`.
+    fn fetch_answer(partitions: Vec<OffsetFetchResponsePartitions>) -> OffsetFetchResponse {
+        OffsetFetchResponse::default().with_groups(vec![OffsetFetchResponseGroup::default()
+            .with_group_id(GroupId(s("g")))
+            .with_topics(vec![OffsetFetchResponseTopics::default()
+                .with_name(TopicName(s("t")))
+                .with_partitions(partitions)])])
     }
 
     fn commit_answer(codes: &[(&str, i32, i16)]) -> OffsetCommitResponse {
@@ -383,19 +387,14 @@ mod tests {
             ("t".to_string(), 1),
             ("u".to_string(), 0),
         ];
-        let r =
-            OffsetFetchResponse::default().with_groups(vec![OffsetFetchResponseGroup::default()
-                .with_group_id(GroupId(s("g")))
-                .with_topics(vec![OffsetFetchResponseTopics::default()
-                    .with_name(TopicName(s("t")))
-                    .with_partitions(vec![
-                        OffsetFetchResponsePartitions::default()
-                            .with_partition_index(0)
-                            .with_committed_offset(42),
-                        OffsetFetchResponsePartitions::default()
-                            .with_partition_index(1)
-                            .with_committed_offset(-1),
-                    ])])]);
+        let r = fetch_answer(vec![
+            OffsetFetchResponsePartitions::default()
+                .with_partition_index(0)
+                .with_committed_offset(42),
+            OffsetFetchResponsePartitions::default()
+                .with_partition_index(1)
+                .with_committed_offset(-1),
+        ]);
         let got = offset_fetch_result(&r, "g", &asked).expect("ok");
         assert_eq!(got, [(("t".to_string(), 0), 42)].into_iter().collect());
         let request = offset_fetch_request("g", &asked);

@@ -31,6 +31,22 @@ impl ClientSocket {
         let tcp = Arc::new(tcp);
         (ClientSocket(Arc::clone(&tcp)), ResetWatch(tcp))
     }
+
+    /// Writes with `write` once the socket is writable; a WouldBlock
+    /// clears the readiness and the next poll waits.
+    fn poll_write_with(
+        &self,
+        cx: &mut Context<'_>,
+        mut write: impl FnMut(&TcpStream) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.0.poll_write_ready(cx))?;
+            match write(&self.0) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return Poll::Ready(r),
+            }
+        }
+    }
 }
 
 impl ResetWatch {
@@ -66,13 +82,7 @@ impl AsyncWrite for ClientSocket {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.0.poll_write_ready(cx))?;
-            match self.0.try_write(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
-            }
-        }
+        self.poll_write_with(cx, |tcp| tcp.try_write(buf))
     }
 
     fn poll_write_vectored(
@@ -80,13 +90,7 @@ impl AsyncWrite for ClientSocket {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.0.poll_write_ready(cx))?;
-            match self.0.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return Poll::Ready(r),
-            }
-        }
+        self.poll_write_with(cx, |tcp| tcp.try_write_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

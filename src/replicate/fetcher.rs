@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::client::bulk::{fetch_request_many, fetch_result_many, FetchPart, FetchSpec};
 use crate::client::conn::Connection;
 use crate::client::error::error_name;
-use crate::client::protocol::{Fetched, IsolationLevel, OffsetSpec, PartitionRef};
+use crate::client::protocol::{Fetched, IsolationLevel, OffsetSpec};
 use crate::client::{Client, ClientError};
 use crate::config::replicator::Isolation;
 use crate::sync::error_chain;
@@ -101,12 +101,7 @@ async fn fetch(
     let refs: Vec<FetchPart<'_>> = parts
         .iter()
         .map(|p| FetchPart {
-            from: PartitionRef {
-                topic: &p.tp.topic,
-                topic_id: p.placement.topic_id,
-                partition: p.tp.partition,
-                leader_epoch: p.placement.leader_epoch,
-            },
+            from: p.placement.partition_ref(&p.tp),
             offset: p.offset,
             max_bytes: p.max_bytes,
         })

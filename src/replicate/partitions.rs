@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use uuid::Uuid;
 
+use crate::client::protocol::PartitionRef;
 use crate::mirror::translation::{Segment, Segments};
 
 pub(crate) use crate::mirror::producer_state::RETAINED_BATCHES;
@@ -112,6 +113,16 @@ impl Placement {
         leader_epoch: -1,
         topic_id: Uuid::nil(),
     };
+
+    /// `tp` as the client names it in a request to the cluster placed so.
+    pub(crate) fn partition_ref<'a>(&self, tp: &'a Tp) -> PartitionRef<'a> {
+        PartitionRef {
+            topic: &tp.topic,
+            topic_id: self.topic_id,
+            partition: tp.partition,
+            leader_epoch: self.leader_epoch,
+        }
+    }
 }
 
 /// What the report says of a partition.

@@ -16,7 +16,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::client::bulk::{produce_request_many, produce_result_many, ProducePart};
 use crate::client::conn::{Connection, Receiver, Sender, Sent};
 use crate::client::error::error_name;
-use crate::client::protocol::{PartitionRef, Produced};
+use crate::client::protocol::Produced;
 use crate::client::{Client, ClientError};
 use crate::sync::error_chain;
 
@@ -210,12 +210,7 @@ fn produce_parts(batches: &[ToSend]) -> Vec<ProducePart<'_>> {
     batches
         .iter()
         .map(|b| ProducePart {
-            to: PartitionRef {
-                topic: &b.tp.topic,
-                topic_id: b.placement.topic_id,
-                partition: b.tp.partition,
-                leader_epoch: b.placement.leader_epoch,
-            },
+            to: b.placement.partition_ref(&b.tp),
             records: b.batch.bytes.clone(),
         })
         .collect()

@@ -57,11 +57,10 @@ use kafka_mirror_proxy::mirror::translation::Translation;
 use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{create_topic, end_offsets, runtime};
-use support::http;
 use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions};
 use support::proxy::{cli_output, ProxyProcess};
 use support::records::Topic;
-use support::replicator::{replicator_command, Process};
+use support::replicator::{replicator_command, Replicator};
 use support::tools;
 
 const TOPIC: &str = "exact";
@@ -207,11 +206,6 @@ fn progress(rt: &Runtime, b: &Client) -> Result<Vec<i64>> {
         .collect())
 }
 
-struct Replicator {
-    p: Process,
-    admin: String,
-}
-
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
         let mut command = replicator_command();
@@ -232,18 +226,8 @@ impl Replicator {
             .args(["--unknown-outcome-wait-ms", OUTCOME_WAIT_MS])
             .args(["--groups", APP])
             .args(["--group-sync-interval-ms", "300"])
-            .args(["--discovery-interval-ms", "1000"])
-            .args(["--retry-backoff-ms", "50"])
             .args(["--retry-backoff-max-ms", "1000"]);
-        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
-        Ok(Replicator { p, admin })
-    }
-
-    /// The replicator's metrics page (empty when it cannot be read).
-    fn metrics(&self) -> String {
-        http::get(&self.admin, "/metrics")
-            .map(|answer| answer.text)
-            .unwrap_or_default()
+        Replicator::spawn(command, dir, run)
     }
 
     /// SIGKILL mid-copy: right after a batch was acknowledged that no
@@ -253,7 +237,8 @@ impl Replicator {
         // One page for both: it renders the batch counter before the
         // commit counter, so a commit after the batch shows.
         let scrape = |r: &Replicator| {
-            let page = r.metrics();
+            // (empty when it cannot be read)
+            let page = r.metrics().unwrap_or_default();
             let sum = |name: &str| -> f64 {
                 page.lines()
                     .filter(|l| l.starts_with(name))

@@ -426,11 +426,7 @@ fn move_leaders(rt: &Runtime, b: &Client, bootstrap: &str, dir: &Path) -> Result
                 &elect_file.display().to_string(),
             ],
         )?;
-        last = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        last = tools::output_text(&out);
     }
     Ok(moves)
 }
@@ -518,17 +514,25 @@ fn the_translation_stays_exact_across_kills_a_proxy_restart_and_a_leader_move() 
     copying("the first run copies", &mut r, &[0; PARTITIONS as usize])?;
     // The resume points each later run started from.
     let mut resumed_from = Vec::new();
+    // Step `step`: `r` killed mid-copy, the destination's ends and resume
+    // points at the kill noted, and run `run` started in its place; the
+    // ends at the kill.
+    let destination = proxy.bootstrap.clone();
+    let mut kill_and_rerun = |step: usize, r: &mut Replicator, run: usize| -> Result<Vec<i64>> {
+        r.kill_mid_copy()?;
+        let at = ends(&rt, &cb)?;
+        let resume = progress(&rt, &cb)?;
+        eprintln!(
+            "{step}. replicator killed at destination {at:?}, resume points {resume:?} ({:.1} s)",
+            elapsed()
+        );
+        resumed_from.push(resume);
+        *r = Replicator::start(&a.bootstrap(), &destination, dir.path(), run)?;
+        Ok(at)
+    };
 
     // 1. Killed mid-copy; a second run takes over.
-    r.kill_mid_copy()?;
-    let at = ends(&rt, &cb)?;
-    let resume = progress(&rt, &cb)?;
-    eprintln!(
-        "1. replicator killed at destination {at:?}, resume points {resume:?} ({:.1} s)",
-        elapsed()
-    );
-    resumed_from.push(resume);
-    r = Replicator::start(&a.bootstrap(), &proxy.bootstrap, dir.path(), 2)?;
+    let at = kill_and_rerun(1, &mut r, 2)?;
     let at = copying("the second run copies", &mut r, &at)?;
     let duplicates = proxy.metric(DUPLICATES)?;
     ensure!(
@@ -557,15 +561,7 @@ fn the_translation_stays_exact_across_kills_a_proxy_restart_and_a_leader_move() 
 
     // 4. Killed again: the third run's history is the offsets topic's.
     let before = proxy.metric(DUPLICATES)?;
-    r.kill_mid_copy()?;
-    let at = ends(&rt, &cb)?;
-    let resume = progress(&rt, &cb)?;
-    eprintln!(
-        "4. replicator killed at destination {at:?}, resume points {resume:?} ({:.1} s)",
-        elapsed()
-    );
-    resumed_from.push(resume);
-    r = Replicator::start(&a.bootstrap(), &proxy.bootstrap, dir.path(), 3)?;
+    let at = kill_and_rerun(4, &mut r, 3)?;
     copying("the third run copies", &mut r, &at)?;
     let again = proxy.metric(DUPLICATES)? - before;
     ensure!(

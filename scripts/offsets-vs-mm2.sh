@@ -68,9 +68,7 @@ MM2_ISOLATION=${MM2_ISOLATION:-read_committed}
 COPIERS=${COPIERS:-after}
 TOPIC=orders
 
-for v in PARTITIONS ROUNDS SYNC_S STABLE_S MIN_SETTLE_S SETTLE_TIMEOUT; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive whole number, got '${!v}'" >&2; exit 2; }
-done
+kmp_require_counts PARTITIONS ROUNDS SYNC_S STABLE_S MIN_SETTLE_S SETTLE_TIMEOUT
 [ "$ROUNDS" -ge 8 ] || { echo "ROUNDS must be at least 8 (the groups need aborted rounds on both halves)" >&2; exit 2; }
 case $MM2_ISOLATION in read_committed | read_uncommitted) ;; *) echo "MM2_ISOLATION: read_committed or read_uncommitted" >&2; exit 2 ;; esac
 case $COPIERS in after | first) ;; *) echo "COPIERS: after (the groups' commits) or first" >&2; exit 2 ;; esac

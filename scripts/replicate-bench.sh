@@ -65,9 +65,7 @@ DELAY_MS=${DELAY_MS:-25}
 BASE_REPLICATOR=${BASE_REPLICATOR:-}
 COPY_TIMEOUT=${COPY_TIMEOUT:-600}
 
-for v in RECORDS RECORD_SIZE ROUNDS DELAY_MS COPY_TIMEOUT; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive whole number, got '${!v}'" >&2; exit 2; }
-done
+kmp_require_counts RECORDS RECORD_SIZE ROUNDS DELAY_MS COPY_TIMEOUT
 for p in $PARTITIONS; do
     [[ $p =~ ^[1-9][0-9]*$ ]] || { echo "PARTITIONS: not a partition count: $p" >&2; exit 2; }
 done

@@ -37,17 +37,15 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use rdkafka::producer::{BaseProducer, Producer};
 use serde_json::Value;
+use tokio::runtime::Runtime;
 
-use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
-use kafka_mirror_proxy::mirror::state_records::StateRecord;
-use support::crate_client::{client, create_topic, runtime, state_records};
+use support::crate_client::{client, create_topic, runtime};
+use support::failover::{barriers, batch_region, dump, preparing, region, ID_A, ID_B};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{link_env, start_with};
 use support::records::{producer, Topic};
 use support::tools::{self, DumpedBatch};
 
-const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
-const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
 const TOPIC: &str = "payments";
 const PARTITIONS: i32 = 2;
 const T: Topic = Topic {
@@ -239,6 +237,22 @@ fn synced(resume: &Resume, consumed: &Consumed) -> Resume {
         .collect()
 }
 
+/// For each group's consumption on one side: where it resumes on the
+/// other (the record after its commit in `log`) and the offsets synced
+/// there, in [`GROUPS`] order.
+fn resumes(
+    consumed: &[Consumed],
+    log: &BTreeMap<i32, Vec<(i64, String)>>,
+) -> (Vec<Resume>, Vec<Resume>) {
+    let resume: Vec<Resume> = consumed.iter().map(|c| next_after_commit(c, log)).collect();
+    let sync = resume
+        .iter()
+        .zip(consumed)
+        .map(|(r, c)| synced(r, c))
+        .collect();
+    (resume, sync)
+}
+
 /// Per partition, the first value `consumed` read; where `resume` says the
 /// group had read everything, the first record written after the move
 /// (`<tag>-p<partition>-0`) stands in.
@@ -265,6 +279,30 @@ fn firsts(consumed: &Consumed, resume: &Resume, tag: &str) -> (Resume, Resume) {
     (got, want)
 }
 
+/// Every record value of `T` on `cluster` (region `side`), checked to
+/// stand there once each and `count` in all.
+fn held_once(
+    rt: &Runtime,
+    cluster: &KafkaCluster,
+    side: &str,
+    count: usize,
+) -> Result<BTreeSet<String>> {
+    let all: Vec<String> = T
+        .read(&cluster.bootstrap(), &T.ends(rt, &cluster.bootstrap())?)?
+        .into_values()
+        .flatten()
+        .map(|(_, v)| v)
+        .collect();
+    let once: BTreeSet<String> = all.iter().cloned().collect();
+    ensure!(
+        once.len() == all.len() && all.len() == count,
+        "{side} holds {} records, {} distinct",
+        all.len(),
+        once.len()
+    );
+    Ok(once)
+}
+
 #[test]
 fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Result<()> {
     let n = scale();
@@ -288,12 +326,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         .map(|(g, k)| verifiable_consumer(&a.bootstrap(), &config, g, k * n))
         .collect::<Result<_>>()?;
     let a_log = T.read(&a.bootstrap(), &T.ends(&rt, &a.bootstrap())?)?;
-    let resume_on_b: Vec<Resume> = on_a.iter().map(|c| next_after_commit(c, &a_log)).collect();
-    let sync_on_b: Vec<Resume> = resume_on_b
-        .iter()
-        .zip(&on_a)
-        .map(|(r, c)| synced(r, c))
-        .collect();
+    let (resume_on_b, sync_on_b) = resumes(&on_a, &a_log);
     replicate_until(&rt, &a.bootstrap(), &pb.bootstrap, "a", || {
         let b_log = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
         let copied: usize = b_log.values().map(Vec::len).sum();
@@ -326,12 +359,7 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
             "on B {g} resumed at {firsts_on_b:?}, after its commits on A: {want:?}"
         );
     }
-    let resume_on_a: Vec<Resume> = on_b.iter().map(|c| next_after_commit(c, &b_log)).collect();
-    let sync_on_a: Vec<Resume> = resume_on_a
-        .iter()
-        .zip(&on_b)
-        .map(|(r, c)| synced(r, c))
-        .collect();
+    let (resume_on_a, sync_on_a) = resumes(&on_b, &b_log);
 
     // 4. Failback.
     let pa = start_with(&a.bootstrap(), &preparing(link_env("b", ID_B, TOPIC)))?;
@@ -408,22 +436,10 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         );
     }
 
-    let a_final = T.read(&a.bootstrap(), &T.ends(&rt, &a.bootstrap())?)?;
-    let on_a_now: Vec<&str> = a_final
-        .values()
-        .flatten()
-        .map(|(_, v)| v.as_str())
-        .collect();
-    let a_once: BTreeSet<&str> = on_a_now.iter().copied().collect();
-    ensure!(
-        a_once.len() == on_a_now.len() && on_a_now.len() == (74 + 18 + 24 + 10) * n,
-        "A holds {} records, {} distinct",
-        on_a_now.len(),
-        a_once.len()
-    );
+    let a_once = held_once(&rt, &a, "A", (74 + 18 + 24 + 10) * n)?;
     let expected: BTreeSet<&str> = a_once
         .iter()
-        .copied()
+        .map(String::as_str)
         .filter(|v| !v.starts_with("a-tail"))
         .collect();
     // Every group consumed every acknowledged record once; A's past the
@@ -448,25 +464,13 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         );
     }
     ensure!(
-        !on_a_now.iter().any(|v| v.contains("aborted")),
+        !a_once.iter().any(|v| v.contains("aborted")),
         "no aborted record is read on A"
     );
 
     // B: every record once, A's before the divergence and B's own, none
     // of A's past it (the policy), nothing A does not also hold.
-    let b_final = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
-    let on_b_now: Vec<&str> = b_final
-        .values()
-        .flatten()
-        .map(|(_, v)| v.as_str())
-        .collect();
-    let b_once: BTreeSet<&str> = on_b_now.iter().copied().collect();
-    ensure!(
-        b_once.len() == on_b_now.len() && on_b_now.len() == (74 + 24) * n,
-        "B holds {} records, {} distinct",
-        on_b_now.len(),
-        b_once.len()
-    );
+    let b_once = held_once(&rt, &b, "B", (74 + 24) * n)?;
     ensure!(
         b_once
             .iter()
@@ -484,33 +488,16 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
     // DumpLogSegments then shows the regions on each side of it: before
     // it, the link's mirrored batches in their source's region (B's
     // producers on A in B's, A's on B in A's); at or past it, none.
-    let region = |id: &str| -> Result<u32> { Ok(cluster_hash(&ClusterId::parse(id)?)) };
     for (cluster, link, source) in [(&a, "b", ID_B), (&b, "a", ID_A)] {
         let source_region = region(source)?;
-        let records = rt.block_on(state_records(
-            &client(&cluster.bootstrap()),
-            "__mirror_state",
-        ))?;
-        let barriers: BTreeMap<i32, i64> = records
-            .iter()
-            .filter_map(|(_, r)| match r {
-                StateRecord::Barrier(k, Some(v)) if k.link == link => {
-                    Some((k.partition, v.log_end_offset))
-                }
-                _ => None,
-            })
-            .collect();
+        let barriers = barriers(&rt, cluster, link)?;
         ensure!(
             barriers.len() == PARTITIONS as usize,
             "link {link}'s barriers: {barriers:?}"
         );
         for (p, barrier) in barriers {
-            let mut batches = Vec::new();
-            for file in cluster.segment_files(TOPIC, p)? {
-                batches.extend(tools::dump_log_segments(&file, false)?);
-            }
-            let in_region =
-                |x: &&DumpedBatch| unmap_pid(x.producer_id).map(|(r, _)| r) == Some(source_region);
+            let batches = dump(cluster, TOPIC, p)?;
+            let in_region = |x: &&DumpedBatch| batch_region(x) == Some(source_region);
             let before: Vec<&DumpedBatch> = batches
                 .iter()
                 .filter(|x| !x.is_control && x.producer_id < 0 && x.base_offset < barrier)
@@ -531,10 +518,4 @@ fn applications_move_a_to_b_to_a_and_the_groups_read_every_record_once() -> Resu
         }
     }
     Ok(())
-}
-
-/// `env` with link `b` starting PREPARING (a failback link).
-fn preparing(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
-    env.push(("LINK_B_INITIAL_STATE".into(), "PREPARING".into()));
-    env
 }

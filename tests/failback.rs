@@ -27,17 +27,14 @@ use anyhow::{ensure, Context, Result};
 use rdkafka::producer::Producer;
 use serde_json::Value;
 
-use kafka_mirror_proxy::mirror::pid::{cluster_hash, unmap_pid, ClusterId};
-use kafka_mirror_proxy::mirror::state_records::StateRecord;
-use support::crate_client::{client, create_topic, runtime, state_records};
+use support::crate_client::{client, create_topic, runtime};
+use support::failover::{barriers, batch_region, dump, preparing, region, ID_A, ID_B};
 use support::kafka::{KafkaCluster, KafkaOptions};
 use support::proxy::{link_env, start_with};
-use support::records::{producer, Topic};
-use support::tools::{self, DumpedBatch};
+use support::records::{producer, Log, Topic};
+use support::tools::DumpedBatch;
 use support::wire::{partition_result, record_batch, RawClient};
 
-const ID_A: &str = "MkU3OEVBNTcwNTJENDM2Qk";
-const ID_B: &str = "q1Zx7Kd8Tj2m4Wf0hYvRsA";
 const TOPIC: &str = "orders";
 const PARTITIONS: i32 = 2;
 const T: Topic = Topic {
@@ -343,12 +340,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
         }
     }
     for p in 0..PARTITIONS {
-        let values: Vec<&str> = a_after[&p].iter().map(|(_, v)| v.as_str()).collect();
-        let unique: BTreeSet<&str> = values.iter().copied().collect();
-        ensure!(
-            unique.len() == values.len(),
-            "partition {p} holds a record twice: {values:?}"
-        );
+        let values = distinct_values(&a_after, p, "A's")?;
         let expected = 20 + 7 + 10 + 9 + 8;
         ensure!(
             values.len() == expected,
@@ -380,10 +372,9 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     // Kafka's DumpLogSegments: B's producers' batches sit in link b's
     // region on A (B's cluster id), A's own past the divergence keep
     // their ids; B holds A's records in link a's region.
-    let region = |id: &str| -> Result<u32> { Ok(cluster_hash(&ClusterId::parse(id)?)) };
     let region_a = region(ID_A)?;
     for p in 0..PARTITIONS {
-        let on_a = dump(&a, p)?;
+        let on_a = dump(&a, TOPIC, p)?;
         let from_b: Vec<&DumpedBatch> = on_a
             .iter()
             .filter(|x| x.base_offset >= a_ends_at_failover[p as usize] && !x.is_control)
@@ -391,7 +382,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
         ensure!(!from_b.is_empty(), "partition {p}: B's batches on A");
         for x in &from_b {
             ensure!(
-                unmap_pid(x.producer_id).map(|(r, _)| r) == Some(region(ID_B)?),
+                batch_region(x) == Some(region(ID_B)?),
                 "partition {p}: B's batch on A not in B's region: {x:?}"
             );
         }
@@ -404,15 +395,12 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
         let barrier = report["partitions"][p as usize]["copy_from"]
             .as_i64()
             .context("copy_from")?;
-        let mirrored: Vec<DumpedBatch> = dump(&b, p)?
+        let mirrored: Vec<DumpedBatch> = dump(&b, TOPIC, p)?
             .into_iter()
             .filter(|x| x.base_offset < barrier && !x.is_control)
             .collect();
         ensure!(
-            !mirrored.is_empty()
-                && mirrored
-                    .iter()
-                    .all(|x| unmap_pid(x.producer_id).map(|(r, _)| r) == Some(region_a)),
+            !mirrored.is_empty() && mirrored.iter().all(|x| batch_region(x) == Some(region_a)),
             "partition {p}: A's batches on B in A's region: {mirrored:?}"
         );
     }
@@ -466,12 +454,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     );
     let b_final = T.read(&b.bootstrap(), &T.ends(&rt, &b.bootstrap())?)?;
     for p in 0..PARTITIONS {
-        let values: Vec<&str> = b_final[&p].iter().map(|(_, v)| v.as_str()).collect();
-        let unique: BTreeSet<&str> = values.iter().copied().collect();
-        ensure!(
-            unique.len() == values.len(),
-            "B's partition {p} holds a record twice: {values:?}"
-        );
+        let values = distinct_values(&b_final, p, "B's")?;
         ensure!(
             values.len() == 20 + 7 + 10 + 8 + 5,
             "B's partition {p}: {values:?}"
@@ -489,17 +472,7 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     }
     // The barriers of both failovers, each in its proxy's state topic.
     for (cluster, link) in [(&b, "a"), (&a, "b")] {
-        let records = rt.block_on(state_records(
-            &client(&cluster.bootstrap()),
-            "__mirror_state",
-        ))?;
-        let barriers: BTreeSet<i32> = records
-            .iter()
-            .filter_map(|(_, r)| match r {
-                StateRecord::Barrier(k, Some(_)) if k.link == link => Some(k.partition),
-                _ => None,
-            })
-            .collect();
+        let barriers = barriers(&rt, cluster, link)?;
         ensure!(
             barriers.len() == PARTITIONS as usize,
             "link {link}'s barriers: {barriers:?}"
@@ -508,17 +481,14 @@ fn failback_reports_what_b_never_got_then_copies_only_bs_records() -> Result<()>
     Ok(())
 }
 
-/// Every batch of `TOPIC`-`partition` in `cluster`'s log (DumpLogSegments).
-fn dump(cluster: &KafkaCluster, partition: i32) -> Result<Vec<DumpedBatch>> {
-    let mut out = Vec::new();
-    for file in cluster.segment_files(TOPIC, partition)? {
-        out.extend(tools::dump_log_segments(&file, false)?);
-    }
-    Ok(out)
-}
-
-/// `env` with link `b` starting PREPARING (a failback link).
-fn preparing(mut env: Vec<(String, String)>) -> Vec<(String, String)> {
-    env.push(("LINK_B_INITIAL_STATE".into(), "PREPARING".into()));
-    env
+/// The values of `log`'s partition `p` in order (`side`: whose, for the
+/// message), checked to hold no record twice.
+fn distinct_values<'a>(log: &'a Log, p: i32, side: &str) -> Result<Vec<&'a str>> {
+    let values: Vec<&str> = log[&p].iter().map(|(_, v)| v.as_str()).collect();
+    let unique: BTreeSet<&str> = values.iter().copied().collect();
+    ensure!(
+        unique.len() == values.len(),
+        "{side} partition {p} holds a record twice: {values:?}"
+    );
+    Ok(values)
 }

@@ -315,11 +315,7 @@ fn kafka_test_bootstrap_does_not_skip_anything() -> Result<()> {
         .env("KAFKA_TEST_BOOTSTRAP", "127.0.0.1:1")
         .output()
         .context("running the harness test binary again")?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = tools::output_text(&out);
     ensure!(
         out.status.success(),
         "{test} failed ({}):\n{text}",

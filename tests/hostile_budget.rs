@@ -153,6 +153,31 @@ fn wait_for_metric(p: &ProxyProcess, sample: &str, want: i64, timeout: Duration)
     }
 }
 
+/// Waits (each at most `timeout`) until the request budget holds nothing
+/// and `connections` client connections are open on the bootstrap listener.
+fn budget_released(p: &ProxyProcess, connections: i64, timeout: Duration) -> Result<()> {
+    wait_for_metric(p, "kafka_mirror_proxy_buffered_request_bytes", 0, timeout)?;
+    wait_for_metric(
+        p,
+        "kafka_mirror_proxy_client_connections_active{listener=\"bootstrap\"}",
+        connections,
+        timeout,
+    )
+}
+
+/// An ordinary client's first request: ApiVersions v3, correlation id 1,
+/// naming its software.
+fn ordinary_api_versions() -> Result<Vec<u8>> {
+    framed(
+        ApiKey::ApiVersions,
+        3,
+        1,
+        &ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("t"))
+            .with_client_software_version(StrBytes::from_static_str("1")),
+    )
+}
+
 /// An ApiVersions v3 request frame of exactly `size` bytes after the size
 /// prefix, padded with an unknown tagged field (which a broker skips).
 fn tagged_api_versions(correlation: i32, size: usize) -> Result<Vec<u8>> {
@@ -342,14 +367,7 @@ fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
     let started = Instant::now();
     let bound = started + Duration::from_secs(20);
     let mut fresh = TcpStream::connect(&p.bootstrap)?;
-    fresh.write_all(&framed(
-        ApiKey::ApiVersions,
-        3,
-        1,
-        &ApiVersionsRequest::default()
-            .with_client_software_name(StrBytes::from_static_str("t"))
-            .with_client_software_version(StrBytes::from_static_str("1")),
-    )?)?;
+    fresh.write_all(&ordinary_api_versions()?)?;
     let versions = recv_by(&mut fresh, bound).with_context(|| {
         format!(
             "no ApiVersions answer within {:?} while four connections were stuck:\n{}",
@@ -397,18 +415,7 @@ fn connections_whose_writes_are_stuck_do_not_freeze_the_others() -> Result<()> {
         text.contains("kafka_mirror_proxy_buffered_request_bytes "),
         "no request budget gauge in:\n{text}"
     );
-    wait_for_metric(
-        &p,
-        "kafka_mirror_proxy_buffered_request_bytes",
-        0,
-        Duration::from_secs(30),
-    )?;
-    wait_for_metric(
-        &p,
-        "kafka_mirror_proxy_client_connections_active{listener=\"bootstrap\"}",
-        1,
-        Duration::from_secs(30),
-    )?;
+    budget_released(&p, 1, Duration::from_secs(30))?;
     p.wait_for_log("no progress writing to the broker", Duration::from_secs(5))?;
 
     // A frame of the whole per-connection share goes through again.
@@ -462,18 +469,7 @@ fn a_reset_client_gives_its_memory_back_while_the_broker_holds_its_fetch() -> Re
     )?;
     reset(s)?;
     let _ = writer.join();
-    wait_for_metric(
-        &p,
-        "kafka_mirror_proxy_buffered_request_bytes",
-        0,
-        Duration::from_secs(60),
-    )?;
-    wait_for_metric(
-        &p,
-        "kafka_mirror_proxy_client_connections_active{listener=\"bootstrap\"}",
-        0,
-        Duration::from_secs(60),
-    )?;
+    budget_released(&p, 0, Duration::from_secs(60))?;
     Ok(())
 }
 
@@ -659,14 +655,7 @@ fn a_broker_that_trickles_a_response_does_not_keep_its_memory() -> Result<()> {
     // An ordinary client: ApiVersions and Metadata answered whole.
     let mut c = TcpStream::connect(&p.bootstrap)?;
     let bound = Duration::from_secs(30);
-    c.write_all(&framed(
-        ApiKey::ApiVersions,
-        3,
-        1,
-        &ApiVersionsRequest::default()
-            .with_client_software_name(StrBytes::from_static_str("t"))
-            .with_client_software_version(StrBytes::from_static_str("1")),
-    )?)?;
+    c.write_all(&ordinary_api_versions()?)?;
     let versions = recv_by(&mut c, Instant::now() + bound)?;
     ensure!(correlation_of(versions, ApiKey::ApiVersions, 3)? == 1);
     c.write_all(&framed(
@@ -712,15 +701,10 @@ fn a_broker_that_trickles_a_response_does_not_keep_its_memory() -> Result<()> {
     );
     wait_for_metric(&p, timeouts, 1, Duration::from_secs(10))?;
     wait_for_metric(&p, gauge, 0, Duration::from_secs(10))?;
-    p.wait_for_log(
+    let lines = p.log_lines_once_logged(
         "MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS",
         Duration::from_secs(10),
     )?;
-    let lines = p
-        .logs()
-        .lines()
-        .filter(|l| l.contains("MIRROR_PROXY_RESPONSE_READ_TIMEOUT_MS"))
-        .count();
     ensure!(lines == 1, "logged {lines} times:\n{}", p.logs());
     // The broker connection was closed too: the relay's next byte finds
     // its client (the proxy) gone.

@@ -57,11 +57,10 @@ use kafka_mirror_proxy::mirror::translation::Translation;
 use kafka_mirror_proxy::net::upstream::Upstream;
 use kafka_mirror_proxy::replicate::translation;
 use support::crate_client::{create_topic, end_offsets, runtime};
-use support::http;
 use support::kafka::{KafkaCluster, KafkaMultiCluster, KafkaOptions};
 use support::proxy::{cli_output, ProxyProcess};
 use support::records::Topic;
-use support::replicator::{replicator_command, Process};
+use support::replicator::{replicator_command, Replicator};
 use support::tools;
 
 const TOPIC: &str = "exact";
@@ -207,11 +206,6 @@ fn progress(rt: &Runtime, b: &Client) -> Result<Vec<i64>> {
         .collect())
 }
 
-struct Replicator {
-    p: Process,
-    admin: String,
-}
-
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
         let mut command = replicator_command();
@@ -232,18 +226,8 @@ impl Replicator {
             .args(["--unknown-outcome-wait-ms", OUTCOME_WAIT_MS])
             .args(["--groups", APP])
             .args(["--group-sync-interval-ms", "300"])
-            .args(["--discovery-interval-ms", "1000"])
-            .args(["--retry-backoff-ms", "50"])
             .args(["--retry-backoff-max-ms", "1000"]);
-        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
-        Ok(Replicator { p, admin })
-    }
-
-    /// The replicator's metrics page (empty when it cannot be read).
-    fn metrics(&self) -> String {
-        http::get(&self.admin, "/metrics")
-            .map(|answer| answer.text)
-            .unwrap_or_default()
+        Replicator::spawn(command, dir, run)
     }
 
     /// SIGKILL mid-copy: right after a batch was acknowledged that no
@@ -253,7 +237,8 @@ impl Replicator {
         // One page for both: it renders the batch counter before the
         // commit counter, so a commit after the batch shows.
         let scrape = |r: &Replicator| {
-            let page = r.metrics();
+            // (empty when it cannot be read)
+            let page = r.metrics().unwrap_or_default();
             let sum = |name: &str| -> f64 {
                 page.lines()
                     .filter(|l| l.starts_with(name))
@@ -441,11 +426,7 @@ fn move_leaders(rt: &Runtime, b: &Client, bootstrap: &str, dir: &Path) -> Result
                 &elect_file.display().to_string(),
             ],
         )?;
-        last = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        last = tools::output_text(&out);
     }
     Ok(moves)
 }
@@ -533,17 +514,25 @@ fn the_translation_stays_exact_across_kills_a_proxy_restart_and_a_leader_move() 
     copying("the first run copies", &mut r, &[0; PARTITIONS as usize])?;
     // The resume points each later run started from.
     let mut resumed_from = Vec::new();
+    // Step `step`: `r` killed mid-copy, the destination's ends and resume
+    // points at the kill noted, and run `run` started in its place; the
+    // ends at the kill.
+    let destination = proxy.bootstrap.clone();
+    let mut kill_and_rerun = |step: usize, r: &mut Replicator, run: usize| -> Result<Vec<i64>> {
+        r.kill_mid_copy()?;
+        let at = ends(&rt, &cb)?;
+        let resume = progress(&rt, &cb)?;
+        eprintln!(
+            "{step}. replicator killed at destination {at:?}, resume points {resume:?} ({:.1} s)",
+            elapsed()
+        );
+        resumed_from.push(resume);
+        *r = Replicator::start(&a.bootstrap(), &destination, dir.path(), run)?;
+        Ok(at)
+    };
 
     // 1. Killed mid-copy; a second run takes over.
-    r.kill_mid_copy()?;
-    let at = ends(&rt, &cb)?;
-    let resume = progress(&rt, &cb)?;
-    eprintln!(
-        "1. replicator killed at destination {at:?}, resume points {resume:?} ({:.1} s)",
-        elapsed()
-    );
-    resumed_from.push(resume);
-    r = Replicator::start(&a.bootstrap(), &proxy.bootstrap, dir.path(), 2)?;
+    let at = kill_and_rerun(1, &mut r, 2)?;
     let at = copying("the second run copies", &mut r, &at)?;
     let duplicates = proxy.metric(DUPLICATES)?;
     ensure!(
@@ -572,15 +561,7 @@ fn the_translation_stays_exact_across_kills_a_proxy_restart_and_a_leader_move() 
 
     // 4. Killed again: the third run's history is the offsets topic's.
     let before = proxy.metric(DUPLICATES)?;
-    r.kill_mid_copy()?;
-    let at = ends(&rt, &cb)?;
-    let resume = progress(&rt, &cb)?;
-    eprintln!(
-        "4. replicator killed at destination {at:?}, resume points {resume:?} ({:.1} s)",
-        elapsed()
-    );
-    resumed_from.push(resume);
-    r = Replicator::start(&a.bootstrap(), &proxy.bootstrap, dir.path(), 3)?;
+    let at = kill_and_rerun(4, &mut r, 3)?;
     copying("the third run copies", &mut r, &at)?;
     let again = proxy.metric(DUPLICATES)? - before;
     ensure!(

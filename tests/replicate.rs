@@ -33,7 +33,7 @@ use kafka_mirror_proxy::client::protocol::OffsetSpec;
 use support::crate_client::{create_topic, end_offsets, runtime};
 use support::http;
 use support::kafka::KafkaCluster;
-use support::replicator::{clusters, link_a_proxy, replicator_command, Process};
+use support::replicator::{clusters, link_a_proxy, replicator_command, Replicator};
 
 const WAIT: Duration = Duration::from_secs(90);
 const GROUP: &str = "replicator.mirror-a";
@@ -46,11 +46,6 @@ fn sample(metrics: &str, series: &str) -> Option<f64> {
     })
 }
 
-struct Replicator {
-    p: Process,
-    admin: String,
-}
-
 impl Replicator {
     fn start(source: &str, proxy: &str, dir: &Path, run: usize) -> Result<Replicator> {
         let mut command = replicator_command();
@@ -60,22 +55,12 @@ impl Replicator {
             .env("MIRROR_REPLICATOR_LINK", "not-this-one")
             .args(["--destination-bootstrap-servers", proxy])
             .args(["--link", "a"])
-            .args(["--topics", "orders\\..*"])
-            .args(["--discovery-interval-ms", "1000"])
-            .args(["--retry-backoff-ms", "50"]);
-        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
-        Ok(Replicator { p, admin })
+            .args(["--topics", "orders\\..*"]);
+        Replicator::spawn(command, dir, run)
     }
 
     fn log(&self) -> String {
         self.p.log_tail()
-    }
-
-    fn metrics(&self) -> Result<String> {
-        let answer = http::get(&self.admin, "/metrics")?;
-        let code = answer.code()?;
-        ensure!(code == 200, "/metrics answered {code}");
-        Ok(answer.body)
     }
 
     fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {

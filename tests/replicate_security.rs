@@ -276,17 +276,15 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
         secured("SCRAM-SHA-512", "not-the-password", "secure\\..*"),
         &[],
     )?;
-    assert_eq!(
-        status.code(),
-        Some(1),
-        "a refused password: {status}; log:\n{}",
-        tools::tail_str(&log, 40)
-    );
-    assert!(
-        log.contains("SASL SCRAM-SHA-512 authentication failed")
-            && log.contains("SASL_AUTHENTICATION_FAILED"),
-        "the message names SASL and the authentication:\n{}",
-        tools::tail_str(&log, 40)
+    assert_failed(
+        "a refused password",
+        status,
+        &log,
+        &[
+            "SASL SCRAM-SHA-512 authentication failed",
+            "SASL_AUTHENTICATION_FAILED",
+        ],
+        "the message names SASL and the authentication",
     );
     assert!(
         !log.contains("not-the-password"),
@@ -305,17 +303,31 @@ fn a_sasl_source_and_a_tls_proxy_copy_exactly_and_bad_credentials_exit_1() -> Re
         }
     }
     let (status, log) = run("no-sasl-listener", vars, &[])?;
+    assert_failed(
+        "SASL against a PLAINTEXT listener",
+        status,
+        &log,
+        &[
+            "SASL PLAIN authentication failed",
+            "this listener does not speak SASL",
+        ],
+        "the message names the listener",
+    );
+    Ok(())
+}
+
+/// A replicator run that ended with exit code 1 (`what` went wrong) and a
+/// log holding every one of `needles` (`named`: what they show).
+fn assert_failed(what: &str, status: ExitStatus, log: &str, needles: &[&str], named: &str) {
     assert_eq!(
         status.code(),
         Some(1),
-        "SASL against a PLAINTEXT listener: {status}; log:\n{}",
-        tools::tail_str(&log, 40)
+        "{what}: {status}; log:\n{}",
+        tools::tail_str(log, 40)
     );
     assert!(
-        log.contains("SASL PLAIN authentication failed")
-            && log.contains("this listener does not speak SASL"),
-        "the message names the listener:\n{}",
-        tools::tail_str(&log, 40)
+        needles.iter().all(|n| log.contains(n)),
+        "{named}:\n{}",
+        tools::tail_str(log, 40)
     );
-    Ok(())
 }

@@ -215,11 +215,7 @@ fn a_batch_lost_in_an_unclean_election_is_appended_again_not_answered_duplicate(
                 "0",
             ],
         )?;
-        last = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        last = tools::output_text(&out);
         Ok(false)
     })
     .with_context(|| format!("last LeaderElectionCommand output: {last}"))?;

@@ -23,6 +23,13 @@ kmp_free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+kmp_require_counts() { # VAR...: exit 2 unless each names a positive whole number
+    local v
+    for v in "$@"; do
+        [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "$v must be a positive whole number, got '${!v}'" >&2; exit 2; }
+    done
+}
+
 kmp_init() { # create the work dir and fetch jars
     KMP_WORK=$(mktemp -d "${TMPDIR:-/tmp}/kafka-mirror-proxy.XXXXXX")
     KMP_LIBS=$(kmp_libs)

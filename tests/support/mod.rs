@@ -4,7 +4,8 @@
 //! crate's own client set up for tests (`crate_client`), a TCP relay that
 //! breaks connections (`relay`), one that holds a request (`hold_relay`),
 //! the replicator (`replicator`), a test topic's records (`records`),
-//! hand-written admin requests (`http`) and free ports (`ports`).
+//! hand-written admin requests (`http`), free ports (`ports`) and what a
+//! failover leaves in two regions (`failover`).
 //!
 //! Each test binary compiles this module separately and uses only part of it.
 #![allow(dead_code)]
@@ -12,6 +13,7 @@
 pub mod capture;
 pub mod certs;
 pub mod crate_client;
+pub mod failover;
 pub mod hold_relay;
 pub mod http;
 pub mod kafka;

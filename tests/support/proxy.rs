@@ -362,6 +362,14 @@ impl ProxyProcess {
         }
     }
 
+    /// How many of its log lines hold `needle`, once one does (waiting at
+    /// most `timeout`: the log is read from stderr by a thread that can lag
+    /// what the proxy already counts in its metrics).
+    pub fn log_lines_once_logged(&mut self, needle: &str, timeout: Duration) -> Result<usize> {
+        self.wait_for_log(needle, timeout)?;
+        Ok(self.logs().lines().filter(|l| l.contains(needle)).count())
+    }
+
     /// GET a path of the admin endpoint; returns (status line, body).
     pub fn admin_get(&self, path: &str) -> Result<(String, String)> {
         self.admin_request("GET", path, "")

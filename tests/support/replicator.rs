@@ -178,6 +178,35 @@ impl Process {
     }
 }
 
+/// A replicator process with an admin listener (for its /metrics and
+/// probes), its output in `replicator-<run>.log` and `.out` in a test's
+/// folder.
+pub struct Replicator {
+    pub p: Process,
+    pub admin: String,
+}
+
+impl Replicator {
+    /// Starts `command` (a [`replicator_command`] with the test's flags) at
+    /// the pace the broker-backed tests share: topics discovered every
+    /// second, a failed request retried after 50 ms.
+    pub fn spawn(mut command: Command, dir: &std::path::Path, run: usize) -> Result<Replicator> {
+        command
+            .args(["--discovery-interval-ms", "1000"])
+            .args(["--retry-backoff-ms", "50"]);
+        let (p, admin) = Process::spawn_with_admin(command, dir, &format!("replicator-{run}"))?;
+        Ok(Replicator { p, admin })
+    }
+
+    /// Its `/metrics` page (an error unless answered 200).
+    pub fn metrics(&self) -> Result<String> {
+        let answer = super::http::get(&self.admin, "/metrics")?;
+        let code = answer.code()?;
+        anyhow::ensure!(code == 200, "/metrics answered {code}");
+        Ok(answer.body)
+    }
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();

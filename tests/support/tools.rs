@@ -85,6 +85,15 @@ pub fn props_ref(props: &[(String, String)]) -> Vec<(&str, &str)> {
         .collect()
 }
 
+/// A finished command's stdout then stderr, as text (for messages).
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Runs a tool class with the default timeout and no stdin; any exit status.
 pub fn java(class: &str, args: &[&str]) -> Result<Output> {
     java_with_input(class, args, None, TOOL_TIMEOUT)

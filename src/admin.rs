@@ -67,7 +67,7 @@ impl Default for Timeouts {
 }
 
 /// Bind the admin listener; the returned future serves it.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
@@ -81,7 +81,7 @@ pub async fn serve(
 }
 
 /// An error of the failback's work, with its chain.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a failback found.
 pub enum FailbackAnswer {

@@ -146,7 +146,7 @@ struct Read<T> {
 
 impl AdminClient {
     /// From `http://host:port[/prefix]` and an optional bearer token.
-    pub fn new(url: &str, token: Option<String>) -> Result<AdminClient, CliError> {
+    pub(crate) fn new(url: &str, token: Option<String>) -> Result<AdminClient, CliError> {
         let bad = |problem: &'static str| CliError::Url {
             url: url.to_string(),
             problem,
@@ -186,7 +186,7 @@ impl AdminClient {
 
     /// One request; any status with a JSON body is an [`Answer`] (error
     /// statuses become [`CliError::Status`]).
-    pub async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,

@@ -28,7 +28,7 @@ use variables as v;
 pub use variables::VARIABLES;
 
 /// The prefix shared by every variable the proxy reads.
-pub(crate) const PREFIX: &str = "MIRROR_PROXY_";
+pub const PREFIX: &str = "MIRROR_PROXY_";
 
 /// One problem with one variable: what it should hold, and the error that
 /// refused its value when there was one.
@@ -154,7 +154,7 @@ impl fmt::Debug for StateKey {
 pub struct Secret(String);
 
 impl Secret {
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }

@@ -990,7 +990,7 @@ impl StateMetrics {
         self.load_seconds.set(seconds);
     }
     /// The gauge `control::members` keeps at 1 while a member.
-    pub fn instance_group_member(&self) -> Gauge {
+    pub(crate) fn instance_group_member(&self) -> Gauge {
         self.instance_group_member.clone()
     }
 }

@@ -91,7 +91,7 @@ pub fn our_versions<R: Rpc>() -> Result<(i16, i16), ClientError> {
 pub struct ApiVersionTable(HashMap<i16, (i16, i16)>);
 
 impl ApiVersionTable {
-    pub fn from_response(r: &ApiVersionsResponse) -> Self {
+    pub(crate) fn from_response(r: &ApiVersionsResponse) -> Self {
         ApiVersionTable(
             r.api_keys
                 .iter()

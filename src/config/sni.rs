@@ -34,7 +34,7 @@ pub struct SniNames {
 /// What is wrong with the SNI names: each message says what the variable
 /// should hold.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SniError {
+pub(crate) enum SniError {
     #[error("a host name holding {}", NODE_ID_PLACEHOLDER)]
     NoPlaceholder,
     #[error("a host name holding {} once", NODE_ID_PLACEHOLDER)]
@@ -62,7 +62,7 @@ impl SniError {
 
 impl SniNames {
     /// From the pattern and the bootstrap name.
-    pub fn new(pattern: &str, bootstrap: &str) -> Result<SniNames, SniError> {
+    pub(crate) fn new(pattern: &str, bootstrap: &str) -> Result<SniNames, SniError> {
         let Some((prefix, suffix)) = pattern.split_once(NODE_ID_PLACEHOLDER) else {
             return Err(SniError::NoPlaceholder);
         };

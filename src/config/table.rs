@@ -22,7 +22,7 @@ use crate::wire::sasl::{Credentials, Mechanism};
 
 /// What a variable is when it is not set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unset {
+pub(crate) enum Unset {
     /// This value, read by the variable's own parser (documented in
     /// backticks, as a value one could write).
     Value(&'static str),
@@ -35,14 +35,14 @@ pub enum Unset {
 
 impl Unset {
     /// As the documented table shows it, without the backticks.
-    pub const fn text(&self) -> &'static str {
+    pub(crate) const fn text(&self) -> &'static str {
         match self {
             Unset::Value(text) | Unset::Described(text) | Unset::Template(text) => text,
         }
     }
 
     /// The text with each (placeholder, value) of `fill` replaced.
-    pub fn fill(&self, fill: &[(&str, &str)]) -> String {
+    pub(crate) fn fill(&self, fill: &[(&str, &str)]) -> String {
         fill.iter()
             .fold(self.text().to_string(), |text, (placeholder, value)| {
                 text.replace(placeholder, value)
@@ -51,7 +51,7 @@ impl Unset {
 }
 
 /// One variable of a table.
-pub struct Var<T> {
+pub(crate) struct Var<T> {
     /// Without the program's prefix; a per-link variable holds `<NAME>`.
     pub name: &'static str,
     pub default: Unset,
@@ -67,7 +67,7 @@ pub struct Var<T> {
 /// A table entry as documented: the typed parser left out.
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Row {
+pub(crate) struct Row {
     pub name: &'static str,
     pub default: Unset,
     pub summary: &'static str,
@@ -79,7 +79,7 @@ pub struct Row {
 
 impl<T> Var<T> {
     #[cfg(test)]
-    pub fn row(&self) -> Row {
+    pub(crate) fn row(&self) -> Row {
         Row {
             name: self.name,
             default: self.default,
@@ -145,7 +145,7 @@ pub(crate) use variables;
 /// Why a variable's text was refused: what it should hold, and the error
 /// that refused it when there was one.
 #[derive(Debug, Clone)]
-pub struct Invalid {
+pub(crate) struct Invalid {
     expected: Cow<'static, str>,
     source: Option<Arc<dyn Error + Send + Sync>>,
     /// The value is a secret: the problem does not echo it.
@@ -153,7 +153,7 @@ pub struct Invalid {
 }
 
 impl Invalid {
-    pub fn expected(expected: impl Into<Cow<'static, str>>) -> Invalid {
+    pub(crate) fn expected(expected: impl Into<Cow<'static, str>>) -> Invalid {
         Invalid {
             expected: expected.into(),
             source: None,
@@ -161,12 +161,12 @@ impl Invalid {
         }
     }
 
-    pub fn because(mut self, source: impl Error + Send + Sync + 'static) -> Invalid {
+    pub(crate) fn because(mut self, source: impl Error + Send + Sync + 'static) -> Invalid {
         self.source = Some(Arc::new(source));
         self
     }
 
-    pub fn secret(mut self) -> Invalid {
+    pub(crate) fn secret(mut self) -> Invalid {
         self.secret = true;
         self
     }

@@ -11,21 +11,21 @@ use crate::mirror::link_state::LinkState;
 
 /// Every error answer: `{"error": "..."}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// What went wrong, for the operator.
     pub error: String,
 }
 
 /// `GET /links`: every link's report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LinkList {
+pub(crate) struct LinkList {
     pub links: Vec<LinkReport>,
 }
 
 /// One link (`GET /links/{name}`; also the answer of a failover and of a
 /// start).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LinkReport {
+pub(crate) struct LinkReport {
     pub name: String,
     #[serde(with = "state_name")]
     pub state: LinkState,
@@ -41,7 +41,7 @@ pub struct LinkReport {
 
 /// A link's counters on this instance.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LinkCounters {
+pub(crate) struct LinkCounters {
     pub local_writes_refused: u64,
     pub link_requests_refused: u64,
     pub connections_fenced: u64,
@@ -63,7 +63,7 @@ impl LinkCounters {
 
 /// A link's failover: its progress while it runs, its outcome after.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FailoverReport {
+pub(crate) struct FailoverReport {
     pub id: i64,
     pub started_ms: i64,
     /// `null` until the link is `STOPPED`.
@@ -83,7 +83,7 @@ pub struct FailoverReport {
 
 /// One partition's barrier in a failover.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BarrierRow {
+pub(crate) struct BarrierRow {
     pub topic: String,
     pub partition: i32,
     pub result: BarrierState,
@@ -100,7 +100,7 @@ pub struct BarrierRow {
 /// Where a partition's barrier is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum BarrierState {
+pub(crate) enum BarrierState {
     Pending,
     /// The log appended it; recorded.
     Accepted,
@@ -129,7 +129,7 @@ impl BarrierState {
 
 /// `GET /links/{name}/failover`: what a failover would do now.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FailoverDryRun {
+pub(crate) struct FailoverDryRun {
     pub link: String,
     /// Always true: says what the document is.
     pub dry_run: bool,
@@ -156,7 +156,7 @@ pub struct FailoverDryRun {
 /// What a failover call would do to the link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum FailoverAction {
+pub(crate) enum FailoverAction {
     /// `MIRRORING`: a new failover.
     Start,
     /// `STOPPING`: the failover in progress goes on.
@@ -168,7 +168,7 @@ pub enum FailoverAction {
 /// The instances a failover would wait for, or why they are unknown.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum LiveInstances {
+pub(crate) enum LiveInstances {
     Listed(Vec<String>),
     /// `{"error": "..."}`: the instances' group could not be read.
     Unknown {
@@ -178,7 +178,7 @@ pub enum LiveInstances {
 
 /// A partition above `max_delay`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PartitionDelay {
+pub(crate) struct PartitionDelay {
     pub topic: String,
     pub partition: i32,
     pub delay_seconds: f64,
@@ -188,7 +188,7 @@ pub struct PartitionDelay {
 /// `GET /links/{name}/partitions`). The counts are absent for a partition
 /// this instance mirrored nothing of; `producers` only in the latter.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PartitionRow {
+pub(crate) struct PartitionRow {
     pub topic: String,
     pub partition: i32,
     pub delay_seconds: Option<f64>,
@@ -210,7 +210,7 @@ pub struct PartitionRow {
 
 /// `GET /links/{name}/partitions`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LinkPartitions {
+pub(crate) struct LinkPartitions {
     pub link: String,
     pub now_ms: i64,
     pub partitions: Vec<PartitionRow>,
@@ -218,7 +218,7 @@ pub struct LinkPartitions {
 
 /// The optional body of `POST /links/{name}/start`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StartRequest {
+pub(crate) struct StartRequest {
     /// The source cluster the link mirrors from now on.
     #[serde(default)]
     pub source_cluster_id: Option<String>,
@@ -286,7 +286,7 @@ pub struct UnresolvedPartition {
 
 /// `POST /links/{name}/failback` done: the report and the started link.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FailbackDone {
+pub(crate) struct FailbackDone {
     pub failback: FailbackReport,
     pub link: LinkReport,
 }
@@ -294,7 +294,7 @@ pub struct FailbackDone {
 /// `POST /links/{name}/failback` refused (409) while a partition is
 /// unresolved: nothing was written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailbackHeld {
+pub(crate) struct FailbackHeld {
     pub error: String,
     pub failback: FailbackReport,
 }

@@ -167,7 +167,7 @@ impl Control {
     /// without links), which also places the barriers, and this instance's
     /// membership of the instances' group.
     /// Background work (the drain loop, failover runs) goes to `tasks`.
-    pub fn new(
+    pub(crate) fn new(
         links: Links,
         state: Option<Arc<StateStore>>,
         members: Option<Arc<Members>>,
@@ -390,7 +390,7 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
     /// Start the instance's background work: drained records for every
     /// fenced link, and (once the state topic is loaded) the resumption of
     /// any failover found `STOPPING` that began before this instance did.
-    pub fn start(self: &Arc<Self>) {
+    pub(crate) fn start(self: &Arc<Self>) {
         let Some(state) = self.state.clone() else {
             return;
         };

@@ -33,7 +33,7 @@ pub fn group_name(state_topic: &str) -> String {
 }
 
 /// A random instance id (a version 4 UUID), when none is configured.
-pub fn random_instance_id() -> String {
+pub(crate) fn random_instance_id() -> String {
     use ring::rand::SecureRandom;
     let mut b = [0u8; 16];
     if ring::rand::SystemRandom::new().fill(&mut b).is_err() {

@@ -9,10 +9,10 @@
 //! - `links`: the [`Control`] object the admin API calls, the fencing
 //!   and draining every instance does, and the failover runner.
 
-pub mod api;
+pub(crate) mod api;
 pub mod barriers;
 pub(crate) mod io;
-pub(crate) mod links;
+pub mod links;
 pub mod members;
 
 pub(crate) use links::Control;

@@ -92,7 +92,7 @@ pub struct Learnt {
 }
 
 impl Learnt {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.brokers.is_empty() && self.topics.is_empty()
     }
 

@@ -40,7 +40,7 @@ pub(crate) mod broker;
 pub(crate) mod fence;
 pub(crate) mod guard;
 pub(crate) mod metrics;
-pub(crate) mod produce;
+pub mod produce;
 pub(crate) mod rebuild;
 
 use std::future::Future;
@@ -332,7 +332,7 @@ impl TopicTable {
     }
 
     /// The name of a topic id seen in a Metadata response.
-    pub fn name(&self, id: Uuid) -> Option<Arc<str>> {
+    pub(crate) fn name(&self, id: Uuid) -> Option<Arc<str>> {
         crate::sync::read(&self.names).get(&id).cloned()
     }
 

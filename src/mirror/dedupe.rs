@@ -155,7 +155,7 @@ impl RebuildReason {
 
 /// What a rebuild read.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Rebuilt {
+pub(crate) struct Rebuilt {
     /// The first offset read (the dedupe window starts about there).
     pub from_offset: i64,
     /// The log start offset when read.
@@ -233,12 +233,12 @@ pub struct RebuildClaim {
 }
 
 impl RebuildClaim {
-    pub fn partition(&self) -> PartitionId {
+    pub(crate) fn partition(&self) -> PartitionId {
         self.partition
     }
 
     /// The topic as the request names it.
-    pub fn topic(&self) -> &TopicRef {
+    pub(crate) fn topic(&self) -> &TopicRef {
         &self.topic
     }
 
@@ -292,7 +292,7 @@ impl RebuildClaim {
     /// `read_at` (when the log end was read) is past their wait and the
     /// read was `stable` ([`Doubts::after_tail`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn apply(
+    pub(crate) fn apply(
         self,
         start: i64,
         end: i64,

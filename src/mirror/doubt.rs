@@ -49,7 +49,7 @@ pub(crate) enum Verdict {
 
 /// What a tail read did to a partition's doubts.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Resolved {
+pub(crate) struct Resolved {
     /// Found in the tail: appended after all.
     pub found: usize,
     /// Absent from a stable tail read after the deadline: never appended.

@@ -15,7 +15,7 @@ use crate::mirror::link_state::LinkState;
 use crate::mirror::pid::{cluster_hash, ClusterId};
 
 /// The `<NAME>` part of a link's `MIRROR_PROXY_LINK_<NAME>_*` variables.
-pub fn link_env_name(link: &str) -> String {
+pub(crate) fn link_env_name(link: &str) -> String {
     link.to_ascii_uppercase().replace('-', "_")
 }
 
@@ -112,7 +112,7 @@ impl Link {
         self
     }
 
-    pub fn failback(&self) -> Option<&Failback> {
+    pub(crate) fn failback(&self) -> Option<&Failback> {
         self.failback.as_ref()
     }
 
@@ -177,13 +177,13 @@ impl Link {
     pub fn region(&self) -> u32 {
         self.region
     }
-    pub fn client_id(&self) -> &str {
+    pub(crate) fn client_id(&self) -> &str {
         &self.client_id
     }
     pub(crate) fn control_batches(&self) -> ControlBatchPolicy {
         self.control_batches
     }
-    pub fn tls_subject(&self) -> Option<&str> {
+    pub(crate) fn tls_subject(&self) -> Option<&str> {
         self.tls_subject.as_deref()
     }
 
@@ -337,7 +337,7 @@ impl std::fmt::Debug for Links {
 }
 
 impl Links {
-    pub fn new(links: Vec<Link>) -> Links {
+    pub(crate) fn new(links: Vec<Link>) -> Links {
         let ordered: Vec<Arc<Link>> = links.into_iter().map(Arc::new).collect();
         let by_client_id = ordered
             .iter()
@@ -357,7 +357,7 @@ impl Links {
         self.ordered.iter().map(|l| l.name()).collect()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Link>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Link>> {
         self.ordered.iter()
     }
 

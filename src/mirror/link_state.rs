@@ -26,7 +26,7 @@ pub enum LinkState {
 
 impl LinkState {
     /// As persisted (int8 of `MirrorLinkStateValue`).
-    pub fn code(self) -> i8 {
+    pub(crate) fn code(self) -> i8 {
         match self {
             LinkState::Mirroring => 0,
             LinkState::Stopping => 1,
@@ -56,7 +56,7 @@ impl LinkState {
     }
 
     /// `MIRRORING`, `STOPPING`, `STOPPED` or `PREPARING`, any case.
-    pub fn parse(s: &str) -> Option<LinkState> {
+    pub(crate) fn parse(s: &str) -> Option<LinkState> {
         match s.to_ascii_uppercase().as_str() {
             "MIRRORING" => Some(LinkState::Mirroring),
             "STOPPING" => Some(LinkState::Stopping),

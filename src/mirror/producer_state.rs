@@ -211,7 +211,7 @@ impl ProducerStateEntry {
 
     /// The epoch of the appended batches (`NO_EPOCH` if none yet).
     #[cfg(test)]
-    pub fn epoch(&self) -> i16 {
+    pub(crate) fn epoch(&self) -> i16 {
         self.epoch
     }
 

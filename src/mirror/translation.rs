@@ -60,7 +60,7 @@ pub struct Segments {
 
 impl Segments {
     /// A map holding the whole history (read back from the offsets topic).
-    pub fn new(max: usize) -> Segments {
+    pub(crate) fn new(max: usize) -> Segments {
         Segments {
             segments: VecDeque::new(),
             max: max.max(1),

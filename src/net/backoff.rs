@@ -38,7 +38,7 @@ impl Backoff {
 
     /// The nominal delay of the next wait (without jitter), for log lines.
     #[cfg(test)]
-    pub fn peek(&self) -> Duration {
+    pub(crate) fn peek(&self) -> Duration {
         self.next
     }
 

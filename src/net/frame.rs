@@ -116,7 +116,12 @@ pub struct Budget {
 impl Budget {
     /// `total` bytes, set by the variable `setting`; a frame waits at most
     /// `wait` for memory; `held` follows what is charged.
-    pub fn new(total: usize, wait: Duration, setting: &'static str, held: Gauge) -> Arc<Budget> {
+    pub(crate) fn new(
+        total: usize,
+        wait: Duration,
+        setting: &'static str,
+        held: Gauge,
+    ) -> Arc<Budget> {
         let total = total.min(Semaphore::MAX_PERMITS);
         Arc::new(Budget {
             total,

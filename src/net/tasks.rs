@@ -19,7 +19,7 @@ pub struct Tasks {
 impl Tasks {
     /// Run `task` until it ends or [`shutdown`](Self::shutdown) stops it
     /// (dropped at its next await point).
-    pub fn spawn<F>(&self, task: F)
+    pub(crate) fn spawn<F>(&self, task: F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
@@ -39,7 +39,7 @@ impl Tasks {
 
     /// Stop every task and wait at most `timeout` for them to end; how
     /// many were still running then.
-    pub async fn shutdown(&self, timeout: Duration) -> usize {
+    pub(crate) async fn shutdown(&self, timeout: Duration) -> usize {
         self.stop.cancel();
         self.tracker.close();
         match tokio::time::timeout(timeout, self.tracker.wait()).await {

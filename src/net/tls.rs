@@ -65,7 +65,7 @@ pub(crate) enum ReloadError {
 }
 
 /// How often the TLS files are checked for changes (SIGHUP checks at once).
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(3);
+pub(crate) const RELOAD_INTERVAL: Duration = Duration::from_secs(3);
 /// A certificate or key file larger than this is refused, not read whole.
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
@@ -191,7 +191,7 @@ pub struct ServerTls(Arc<Reloading<TlsAcceptor>>);
 impl ServerTls {
     /// From the configuration (files already read once); reloaded by
     /// [`reload_all`] from then on.
-    pub fn new(tls: &ClientTls) -> Result<ServerTls, TlsSetupError> {
+    pub(crate) fn new(tls: &ClientTls) -> Result<ServerTls, TlsSetupError> {
         let first = acceptor(tls)?;
         let template = tls.clone();
         let build = move |contents: &[Vec<u8>]| -> Result<TlsAcceptor, ReloadError> {
@@ -306,7 +306,7 @@ pub struct UpstreamConnector(Arc<Reloading<TlsConnector>>);
 impl UpstreamConnector {
     /// From the configuration (files already read once); reloaded by
     /// [`reload_all`] from then on.
-    pub fn new(tls: &UpstreamTls) -> Result<UpstreamConnector, TlsSetupError> {
+    pub(crate) fn new(tls: &UpstreamTls) -> Result<UpstreamConnector, TlsSetupError> {
         let first = connector(tls)?;
         let template = tls.clone();
         let build = move |contents: &[Vec<u8>]| -> Result<TlsConnector, ReloadError> {
@@ -444,7 +444,7 @@ impl<T: Clone + Send + Sync + 'static> Reload for Reloading<T> {
 
 /// Checks every TLS configuration's files and reloads those that changed.
 /// Blocking file reads (small, bounded): call from a blocking thread.
-pub fn reload_all() {
+pub(crate) fn reload_all() {
     let live: Vec<Arc<dyn Reload>> = {
         let mut all = crate::sync::lock(&RELOADING);
         all.retain(|w| w.strong_count() > 0);

@@ -73,7 +73,7 @@ pub struct Upstream {
 impl Upstream {
     /// From the proxy's configuration: upstream TLS (if enabled) and the
     /// connect timeout.
-    pub fn from_config(config: &crate::config::Config) -> Result<Upstream, TlsSetupError> {
+    pub(crate) fn from_config(config: &crate::config::Config) -> Result<Upstream, TlsSetupError> {
         Ok(Upstream {
             tls: config
                 .upstream_tls

@@ -365,7 +365,7 @@ impl Shared {
     }
 
     /// Client connections open now.
-    pub fn open_connections(&self) -> usize {
+    pub(crate) fn open_connections(&self) -> usize {
         *self.connections.borrow()
     }
 
@@ -547,7 +547,7 @@ async fn accept_while_open(shared: &Arc<Shared>, listener: &TcpListener, target:
 }
 
 /// A running proxy.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub shared: Arc<Shared>,
     pub bootstrap_addr: SocketAddr,
 }
@@ -556,7 +556,7 @@ impl Proxy {
     /// Bind the bootstrap listener and start accepting. `state` is the
     /// state store (started by the caller), required for mirror links;
     /// `members` the instance's group membership (started by the caller).
-    pub async fn start(
+    pub(crate) async fn start(
         config: Config,
         metrics: Arc<Metrics>,
         state: Option<Arc<StateStore>>,
@@ -680,7 +680,7 @@ impl Proxy {
     /// Stop accepting connections and reading requests, and wait up to
     /// `timeout` for every connection to deliver the responses it owes and
     /// close. Returns how many connections were still open at the timeout.
-    pub async fn shutdown(&self, timeout: Duration) -> usize {
+    pub(crate) async fn shutdown(&self, timeout: Duration) -> usize {
         self.shared.shutdown.send_replace(true);
         let mut open = self.shared.connections.subscribe();
         let drained = tokio::time::timeout(timeout, open.wait_for(|n| *n == 0)).await;

@@ -38,7 +38,7 @@ mod batches;
 pub mod failback;
 mod fetcher;
 mod groups;
-pub(crate) mod members;
+pub mod members;
 pub(crate) mod metrics;
 pub mod partitions;
 mod progress;

@@ -46,7 +46,7 @@ pub(crate) const MAX_SEGMENTS: usize = 1024;
 
 /// A source partition, named as on both clusters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Tp {
+pub(crate) struct Tp {
     pub topic: Arc<str>,
     pub partition: i32,
 }
@@ -186,7 +186,7 @@ pub struct Partition {
 
 impl Partition {
     /// A partition taken on at `position` (its first offset to copy).
-    pub fn new(
+    pub(crate) fn new(
         tp: &Tp,
         position: i64,
         high_watermark: i64,

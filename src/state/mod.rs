@@ -212,7 +212,10 @@ fn random_i64() -> i64 {
 
 impl StateStore {
     /// A store for `config` (not started).
-    pub fn new(config: &Config, metrics: Arc<Metrics>) -> Result<Arc<StateStore>, TlsSetupError> {
+    pub(crate) fn new(
+        config: &Config,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<StateStore>, TlsSetupError> {
         let mut client = ClientConfig::from_config(config)?;
         client.client_id = "kafka-mirror-proxy-state".into();
         // A Produce waits on state writes: give up (retriable error to the
@@ -337,7 +340,7 @@ impl StateStore {
         tasks.spawn(async move { me.expire_loop().await });
     }
 
-    pub fn topic(&self) -> &str {
+    pub(crate) fn topic(&self) -> &str {
         &self.topic
     }
 
@@ -602,7 +605,7 @@ impl StateStore {
     }
 
     /// Resolves with the reason once the state topic turned out unusable.
-    pub async fn fatal(&self) -> String {
+    pub(crate) async fn fatal(&self) -> String {
         let mut rx = self.fatal.subscribe();
         let why = match rx.wait_for(|f| f.is_some()).await {
             Ok(f) => f.clone(),

@@ -94,7 +94,7 @@ struct Waiting {
 /// other (their proposals are made together, and never take one slot
 /// twice), only with other instances'.
 #[derive(Default)]
-pub(crate) struct Group {
+pub struct Group {
     queue: Mutex<Vec<Waiting>>,
     writing: tokio::sync::Mutex<()>,
 }

@@ -19,8 +19,8 @@ use crate::wire::crc32c;
 mod build;
 pub use build::{build, BuildError, NewBatch, NewRecord};
 
-pub const BASE_OFFSET_OFFSET: usize = 0;
-pub const BATCH_LENGTH_OFFSET: usize = 8;
+pub(crate) const BASE_OFFSET_OFFSET: usize = 0;
+pub(crate) const BATCH_LENGTH_OFFSET: usize = 8;
 /// baseOffset + batchLength: bytes not counted by batchLength.
 pub(crate) const LOG_OVERHEAD: usize = 12;
 pub const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;

@@ -70,7 +70,7 @@ impl<'a> Cursor<'a> {
     /// The bytes left to read, without reading them.
     #[inline]
     #[cfg(test)]
-    pub fn rest(&self) -> &'a [u8] {
+    pub(crate) fn rest(&self) -> &'a [u8] {
         self.rest
     }
 
@@ -129,13 +129,13 @@ impl<'a> Cursor<'a> {
 
     #[inline]
     #[cfg(test)]
-    pub fn u32(&mut self) -> Result<u32, CursorError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, CursorError> {
         self.array().map(u32::from_be_bytes)
     }
 
     #[inline]
     #[cfg(test)]
-    pub fn i64(&mut self) -> Result<i64, CursorError> {
+    pub(crate) fn i64(&mut self) -> Result<i64, CursorError> {
         self.array().map(i64::from_be_bytes)
     }
 

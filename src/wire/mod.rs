@@ -24,7 +24,7 @@ pub(crate) mod write;
 /// kafka-protocol's encode and decode errors, as a cause this crate's
 /// errors carry: kafka-protocol returns `anyhow::Error`, which is not a
 /// `std::error::Error` itself but converts into this with its chain.
-pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type CodecError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why the bytes of a message could not be read: its schema, the bounded
 /// walk over it, or kafka-protocol's decoder refused them.

@@ -154,7 +154,7 @@ impl Span {
 
 /// A topic entry of an indexed request.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct IndexedTopic {
+pub(crate) struct IndexedTopic {
     /// The name with its length before v13, the id from v13.
     key: Span,
     /// Its tagged fields (empty before v9).
@@ -166,7 +166,7 @@ pub struct IndexedTopic {
 
 impl IndexedTopic {
     /// Its partition entries' places in [`Index::partitions`].
-    pub fn partitions(&self) -> Range<usize> {
+    pub(crate) fn partitions(&self) -> Range<usize> {
         self.first as usize..(self.first + self.count) as usize
     }
 }
@@ -193,7 +193,7 @@ impl IndexedPartition {
 impl Index {
     /// Index `input[start..]`, which must be exactly one Produce request
     /// body at `version`; fails as [`walk`] fails.
-    pub fn new(version: i16, input: &[u8], start: usize) -> Result<Index, WalkError> {
+    pub(crate) fn new(version: i16, input: &[u8], start: usize) -> Result<Index, WalkError> {
         if u32::try_from(input.len()).is_err() {
             return Err(WalkError::Length {
                 path: "ProduceRequest".into(),
@@ -222,7 +222,7 @@ impl Index {
     }
 
     /// The topic entry `topic` as the request names it.
-    pub fn topic<'a>(&self, input: &'a [u8], topic: &IndexedTopic) -> Topic<'a> {
+    pub(crate) fn topic<'a>(&self, input: &'a [u8], topic: &IndexedTopic) -> Topic<'a> {
         let key = input.get(topic.key.range()).unwrap_or_default();
         match <[u8; 16]>::try_from(key) {
             Ok(id) if self.version >= FIRST_BY_ID => Topic::Id(id),
@@ -233,7 +233,7 @@ impl Index {
 
     /// The key bytes of `topic` (the name, or the id), for comparing topic
     /// entries: two entries name the same topic when these are equal.
-    pub fn key<'a>(&self, input: &'a [u8], topic: &IndexedTopic) -> &'a [u8] {
+    pub(crate) fn key<'a>(&self, input: &'a [u8], topic: &IndexedTopic) -> &'a [u8] {
         match self.topic(input, topic) {
             Topic::Name(name) => name,
             Topic::Id(_) => input.get(topic.key.range()).unwrap_or_default(),

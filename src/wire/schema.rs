@@ -107,7 +107,7 @@ impl Field {
     }
 
     /// The last path component.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.path[self.name_at..]
     }
 

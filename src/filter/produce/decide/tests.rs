@@ -28,7 +28,7 @@ const CORRELATION_ID: i32 = 42;
 const READ_ONLY: &str = "topic 'orders' is read-only";
 
 /// One batch of one record, without a producer.
-pub(crate) fn batch() -> Bytes {
+pub fn batch() -> Bytes {
     let record = NewRecord {
         key: None,
         value: Some(b"v"),
@@ -375,7 +375,7 @@ fn acks_0_is_refused_without_a_response() {
     assert_eq!(head.answer(&plan.local).expect("answer"), None);
 }
 
-pub(crate) fn link() -> Link {
+pub fn link() -> Link {
     Link::new(
         "east".into(),
         "MkU3OEVBNTcwNTJENDM2Qk"

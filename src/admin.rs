@@ -12,9 +12,9 @@
 //! refuses anything else), so failover controls added later are never open
 //! to the network by accident. Because it may face a network, the token is
 //! checked in constant time and every connection is bounded in time: a
-//! request head must arrive within [`Timeouts::header_read`] (an idle or
+//! request head must arrive within `Timeouts::header_read` (an idle or
 //! trickling connection is closed) and a request is answered within
-//! [`Timeouts::request`]. `axum::serve` offers neither bound, so connections
+//! `Timeouts::request`. `axum::serve` offers neither bound, so connections
 //! are served with hyper's HTTP/1 builder directly.
 
 use std::net::SocketAddr;

@@ -279,7 +279,7 @@ pub(crate) fn metadata_request(topics: Option<&[String]>) -> MetadataRequest {
         .with_allow_auto_topic_creation(false)
 }
 
-/// A topic for [`create_topics_request`].
+/// A topic for `create_topics_request`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTopic {
     pub name: String,

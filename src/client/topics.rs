@@ -28,7 +28,7 @@ const RESOURCE_TOPIC: i8 = 2;
 /// `ConfigSource.DYNAMIC_TOPIC_CONFIG`: set on the topic itself.
 const DYNAMIC_TOPIC_CONFIG: i8 = 1;
 
-/// One change of [`alter_topic_configs_request`].
+/// One change of `alter_topic_configs_request`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigChange {
     Set(String, String),

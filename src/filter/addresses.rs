@@ -5,7 +5,7 @@
 //!
 //! Pure: a response frame goes in; the frame to send (or `None` when nothing
 //! changed) and what was learnt (real broker addresses, topic ids) come out.
-//! [`AddressesLayer`] runs it as a filter on every response that can carry
+//! `AddressesLayer` runs it as a filter on every response that can carry
 //! addresses, except Produce: the Produce filter walks its own responses
 //! once, and rewrites them only when that walk finds leader endpoints.
 //! Responses are walked with Kafka's own schemas (`wire::walk`), so every

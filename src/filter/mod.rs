@@ -5,11 +5,11 @@
 //! metrics -> fence -> produce -> api_versions -> addresses -> broker
 //! ```
 //!
-//! A [`Service`] takes a [`Request`] (its header peeked and its client
+//! A `Service` takes a `Request` (its header peeked and its client
 //! classified once, by the session) and either answers it itself or passes
-//! it on; the innermost service, [`broker::Broker`], keeps it for the
+//! it on; the innermost service, `broker::Broker`, keeps it for the
 //! session to write to the pipelined broker connection
-//! ([`Service::flush`]). What it returns is the request's [`Pending`]
+//! (`Service::flush`). What it returns is the request's `Pending`
 //! response: the session queues it in request order and, when its turn
 //! comes, hands it the broker's response frame (if it awaits one); each
 //! layer's response half then runs, innermost first, and yields the frame
@@ -20,11 +20,11 @@
 //! which for the Produce filter's waits (resolves, rebuilds) means a boxed
 //! future per request and layer, and a chain of futures each layer wraps
 //! and moves. Here a call decides synchronously where it can and boxes a
-//! future only where it must wait ([`Step`]), so the common path is plain
+//! future only where it must wait (`Step`), so the common path is plain
 //! function calls, statically dispatched, allocating nothing;
 //! `tower::Layer` and `ServiceBuilder` compose it all the same. A filter
 //! without a response half returns its inner service's pending response
-//! as it is; one with a half adds one field ([`Then`]). A response half is
+//! as it is; one with a half adds one field (`Then`). A response half is
 //! a plain function of the broker's frame, so no future, channel or task
 //! wake-up is spent per response either.
 //!

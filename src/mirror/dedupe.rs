@@ -27,13 +27,13 @@
 //! base offset below the log end the partition was known to have when the
 //! request was begun (a log only grows, except by truncation); and, because
 //! an idle partition answers nothing, a duplicate answer is checked against
-//! the log first (`filter::produce`, with [`Tracked::duplicates`]): it must
+//! the log first (`filter::produce`, with `Tracked::duplicates`): it must
 //! name a batch the log still holds.
 //!
 //! A batch whose answer never came may still be appended after the tail
 //! was read (the broker handles a request it read even once its connection
 //! closed, and one may sit in its queue or on the network): such batches
-//! are held in [`Doubts`] until a tail holds them (settled: the retry is a
+//! are held in `Doubts` until a tail holds them (settled: the retry is a
 //! duplicate) or their wait is over and a stable tail read after it does
 //! not (never appended); meanwhile their producer's batches on that
 //! partition are answered retriable ([`Refusal::OutcomeUnknown`]).
@@ -44,7 +44,7 @@
 //! trusted only by the connections (writers) that claimed one of its
 //! rebuilds here: a connection new to a partition first catches up,
 //! whatever it sends, reading what the log holds past the offset up to
-//! which this instance has seen all of it ([`RebuildClaim::since`]), and
+//! which this instance has seen all of it (`RebuildClaim::since`), and
 //! merging it. A replicator reconnecting (to this instance or, after a
 //! kill, to another) is such a connection; one that keeps its connection
 //! writes through this instance and is seen here. Only what is new is read:
@@ -205,12 +205,12 @@ pub enum Begin {
     /// [`Tracked`], the rest became local answers in the plan.
     Begun(Tracked),
     /// A batch of the request is in flight on another request: nothing was
-    /// begun; wait for [`Dedupe::changed`] and begin again.
+    /// begun; wait for `Dedupe::changed` and begin again.
     InFlight,
     /// Some partitions' state must be rebuilt first: nothing was begun.
     /// `claims` are this request's to rebuild;
     /// `waiting` are being rebuilt by other requests (wait for
-    /// [`Dedupe::changed`], bounded, then begin again).
+    /// `Dedupe::changed`, bounded, then begin again).
     Rebuild {
         claims: Vec<RebuildClaim>,
         waiting: Vec<PartitionId>,
@@ -218,7 +218,7 @@ pub enum Begin {
 }
 
 /// One request's right and duty to rebuild one partition's state. Dropped
-/// without [`apply`](Self::apply), the partition stays unrebuilt and
+/// without `apply`, the partition stays unrebuilt and
 /// the next request claims it.
 pub struct RebuildClaim {
     dedupe: Arc<Dedupe>,
@@ -501,7 +501,7 @@ impl Dedupe {
     ///
     /// A batch whose same attempt is in flight: with `wait`, nothing of the
     /// request is begun and [`Begin::InFlight`] is returned (`plan`
-    /// unchanged), for the caller to wait for [`changed`](Self::changed)
+    /// unchanged), for the caller to wait for `changed`
     /// and begin again; else its partition is answered with the retriable
     /// [`Refusal::RetryInFlight`]. Never a second append.
     ///

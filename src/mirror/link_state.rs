@@ -3,7 +3,7 @@
 //! `MIRRORING`, and which persisted record may follow which.
 //!
 //! The state topic orders every instance's writes; each instance applies the
-//! records in that order with [`follows`], so all of them end up in the same
+//! records in that order with `follows`, so all of them end up in the same
 //! state even when two operators act at once on two instances.
 
 use crate::mirror::pid::ClusterId;

@@ -135,7 +135,7 @@ pub(crate) struct Proposal {
     pub held_by: Option<OriginId>,
 }
 
-/// No salt found a free slot in [`SALT_ATTEMPTS`] tries.
+/// No salt found a free slot in `SALT_ATTEMPTS` tries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "no free slot found for producer id {pid} of cluster {cluster} after {SALT_ATTEMPTS} salts"
@@ -228,7 +228,7 @@ impl Origins {
 
     /// Apply one state record found at `offset`.
     /// Returns `false` for a record it skipped: an origin whose mapped PID
-    /// is not one the proxy could have written (see [`is_valid_mapping`]),
+    /// is not one the proxy could have written (see `is_valid_mapping`),
     /// or a salt that leaves the region unchanged (the proxy draws salts
     /// whose `fold32` is not 0).
     pub fn apply(&mut self, offset: i64, record: &StateRecord) -> bool {
@@ -333,7 +333,7 @@ impl Origins {
             .collect()
     }
 
-    /// Tombstone offsets remembered (bounded by [`MAX_TOMBSTONES`]).
+    /// Tombstone offsets remembered (bounded by `MAX_TOMBSTONES`).
     pub fn tombstones_remembered(&self) -> usize {
         self.tombstones.len()
     }

@@ -61,7 +61,7 @@ impl ClusterId {
     /// Parses a cluster id the way Kafka's `Uuid.fromString` does: the
     /// unused low 4 bits of the last character are ignored, because brokers
     /// accept such ids (e.g. the ubiquitous demo id `MkU3OEVBNTcwNTJENDM2Qk`,
-    /// canonically `...Qg`). Use [`ClusterId::parse_canonical`] to reject them.
+    /// canonically `...Qg`). Use `ClusterId::parse_canonical` to reject them.
     pub fn parse(s: &str) -> Result<Self, ClusterIdError> {
         let found = s.chars().count();
         if found != ENCODED_LEN {

@@ -3,7 +3,7 @@
 //! `ProducerStateEntry` for an idempotent producer, which a stock broker does
 //! not keep for negative (mapped) PIDs.
 //!
-//! For each producer: its last epoch and the last [`RETAINED_BATCHES`]
+//! For each producer: its last epoch and the last `RETAINED_BATCHES`
 //! appended batches (first and last sequence, the base offset the broker
 //! assigned, the append time), plus the batches currently in flight to the
 //! broker. From it, [`ProducerStates::check`] decides what to do with an
@@ -35,7 +35,7 @@
 //! evicted: forgotten, the retry of that batch would be appended again. When
 //! the bound is reached and every producer held has a batch in flight, a
 //! new producer's batch is refused, retriable ([`RefusalKind::StateFull`]),
-//! and counted ([`ProducerStates::full_refusals`]): fail closed, never forget.
+//! and counted (`ProducerStates::full_refusals`): fail closed, never forget.
 //!
 //! Pure: no I/O, no clock (callers pass times), no async. Checking a batch of
 //! a known producer does not allocate (the retained and in-flight batches are
@@ -545,7 +545,7 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     }
 
     /// [`check`](Self::check), and on `Append` mark the batch in flight.
-    /// More than [`MAX_IN_FLIGHT`] batches of one producer in flight is
+    /// More than `MAX_IN_FLIGHT` batches of one producer in flight is
     /// refused as out of order.
     ///
     /// A producer already held is found once for both (this runs for every

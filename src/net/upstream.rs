@@ -64,7 +64,7 @@ impl ConnectError {
 /// How to reach brokers.
 #[derive(Clone)]
 pub struct Upstream {
-    /// Reloaded when its files change (see [`super::tls`]).
+    /// Reloaded when its files change (see `super::tls`).
     pub tls: Option<UpstreamConnector>,
     pub server_name: Option<String>,
     pub timeout: Duration,

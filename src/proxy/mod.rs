@@ -8,12 +8,12 @@
 //!
 //! With SNI routing (`MIRROR_PROXY_SNI_HOST_PATTERN`) there is only the one
 //! TLS listener: each connection's ClientHello names the bootstrap or a
-//! node ([`Shared::sni_target`]), and a name that routes nowhere, or to a
+//! node (`Shared::sni_target`), and a name that routes nowhere, or to a
 //! broker that is unreachable, is refused during the handshake.
 //!
 //! Listeners enforce `MAX_CONNECTIONS`; `Proxy::shutdown` stops them and
 //! waits for the connections to deliver what they owe. A listener is closed
-//! while the proxy cannot reach its broker (see [`health`]).
+//! while the proxy cannot reach its broker (see `health`).
 
 pub(crate) mod queue;
 pub(crate) mod session;
@@ -140,7 +140,7 @@ pub struct Shared {
     /// What the filters of every connection see.
     pub ctx: Context,
     pub upstream: Upstream,
-    /// Reloaded when its files change (see [`crate::net::tls`]).
+    /// Reloaded when its files change (see `crate::net::tls`).
     pub acceptor: Option<crate::net::tls::ServerTls>,
     /// Memory for client request frames, shared by every connection.
     pub budget: Arc<Budget>,

@@ -6,7 +6,7 @@
 //!
 //! The leader of each generation gives every member a *slot*, its index
 //! among the members sorted by id, and the count; a slot owns the
-//! partitions [`Slot::owns`] gives it, the same answer on every instance
+//! partitions `Slot::owns` gives it, the same answer on every instance
 //! without any of them listing partitions, so a topic found later by one
 //! instance's discovery is owned by exactly one of them too. Only slot 0
 //! creates, grows and reconfigures destination topics.
@@ -19,7 +19,7 @@
 //! and forgets them. The coordinator completes the rebalance only once
 //! every member joined again (or the rebalance timeout dropped it), so no
 //! partition has two owners sending at once. The commit that gives a
-//! partition back cleanly carries [`RELEASED`] as its metadata: the next
+//! partition back cleanly carries `RELEASED` as its metadata: the next
 //! owner starts at once. A partition whose last owner died (or could not
 //! finish) has no such mark: its next owner waits `UNKNOWN_OUTCOME_WAIT_MS`
 //! first, so that a request the dead one left at a proxy instance lands

@@ -6,7 +6,7 @@
 //!
 //! The rules that keep the copy exact:
 //! - A partition's batches are sent in source order, one at a time
-//!   ([`IN_FLIGHT_PER_PARTITION`]), while many partitions share each
+//!   (`IN_FLIGHT_PER_PARTITION`), while many partitions share each
 //!   request and several requests are in flight per connection. Neither a
 //!   broker (a mapped producer id is negative: no sequence checks) nor the
 //!   proxy (it accepts forward sequence gaps, which compacted sources and
@@ -18,7 +18,7 @@
 //!   it when everything before them was acknowledged.
 //! - A restart sends again everything after the last commit. The proxy
 //!   recognises a re-sent batch as a duplicate only among the last
-//!   [`RETAINED_BATCHES`] of its producer, so a partition never has more
+//!   `RETAINED_BATCHES` of its producer, so a partition never has more
 //!   than that many batches acknowledged-and-uncommitted plus in flight:
 //!   past it, the partition waits for the commit.
 //! - Memory: fetched and unacknowledged bytes, plus what fetches in flight

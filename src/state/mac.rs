@@ -13,7 +13,7 @@
 //! while instances follow the topic; the topic's ACLs are the rest).
 //!
 //! HMAC comes from `ring`, already the crate's TLS and random-number
-//! provider; [`StateAuth::verify`] compares in constant time
+//! provider; `StateAuth::verify` compares in constant time
 //! (`ring::hmac::verify`).
 
 use ring::hmac;

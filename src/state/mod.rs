@@ -7,7 +7,7 @@
 //! - `mirror::state_records`: the record codecs (pure).
 //! - `topic`: records in and out of record batches (pure).
 //! - `resolve`: writing records and resolving new origins, over the
-//!   [`resolve::Log`] trait this store implements.
+//!   `resolve::Log` trait this store implements.
 //! - `mac`: the optional state key's MACs (`MIRROR_PROXY_STATE_KEY`).
 //! - this module: the I/O, on the proxy's own [`Client`].
 //!
@@ -22,14 +22,14 @@
 //! within a second. Until the first load completes, link Produce requests
 //! get a retriable error and `/readyz` says why; failures are retried with
 //! backoff from 200 ms to 5 s (with jitter, `net::backoff`). A topic that exists with another cleanup
-//! policy is fatal ([`StateStore::fatal`]).
+//! policy is fatal (`StateStore::fatal`).
 //!
-//! A new origin is resolved by [`StateStore::resolve`]: propose a slot
+//! A new origin is resolved by `StateStore::resolve`: propose a slot
 //! (salted if needed), write its claim (and the salt record) with acks=all,
 //! wait until the tailer has applied past the write, and check that the
 //! claim owns the slot; a loser proposes again (bounded). Concurrent
 //! requests' origins are proposed and written together
-//! ([`resolve::Group`]): one write carries the claims of every request
+//! (`resolve::Group`): one write carries the claims of every request
 //! that queued while the previous write was in flight.
 //!
 //! Every record is checked before it is applied, and skipped (one WARN

@@ -174,7 +174,7 @@ impl IndexedTopic {
 /// A partition entry of an indexed request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct IndexedPartition {
-    /// Its topic entry's place in [`Index::topics`].
+    /// Its topic entry's place in `Index::topics`.
     pub topic: u32,
     pub index: i32,
     records: Span,

@@ -5,7 +5,7 @@
 //! Pure: no I/O. `client::conn` carries these messages in SaslAuthenticate
 //! requests after a SaslHandshake has chosen the mechanism. The only outside
 //! input besides the messages is the client nonce, which the caller draws
-//! from a secure random source (see [`random_nonce`]) and tests fix.
+//! from a secure random source (see `random_nonce`) and tests fix.
 //!
 //! User connections are not touched by any of this: their SaslHandshake and
 //! SaslAuthenticate requests pass through the proxy to the broker.

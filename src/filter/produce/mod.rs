@@ -1,14 +1,14 @@
 //! The Produce filter (SPEC §6), the glue around two halves. The request
 //! half decides what to answer and what to forward: the decision itself is
-//! pure, in [`decide`] (refuse writes to read-only mirrored topics and the
+//! pure, in `decide` (refuse writes to read-only mirrored topics and the
 //! state topic, refuse a spoofed link, plan a link's request with
 //! `mirror::produce`); the waits of a link write (new origins resolved in
 //! the state store, its mirrored producer state begun with `mirror::dedupe`
-//! and rebuilt from the log where claimed) are in [`wait`]. The response
-//! half ([`ProduceFilter::response`]) rewrites leader endpoints, records
+//! and rebuilt from the log where claimed) are in `wait`. The response
+//! half (`ProduceFilter::response`) rewrites leader endpoints, records
 //! what the broker appended and merges in the partitions answered locally,
-//! with the per-request state ([`ProduceState`]) that links the two.
-//! [`ProduceLayer`] puts it in the stack.
+//! with the per-request state (`ProduceState`) that links the two.
+//! `ProduceLayer` puts it in the stack.
 
 pub(crate) mod decide;
 pub(crate) mod wait;

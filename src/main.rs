@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 
 use kafka_mirror_proxy::cli;
 use kafka_mirror_proxy::client::{Client, ClientConfig};
-use kafka_mirror_proxy::config::replicator::DEFAULT_OFFSETS_TOPIC;
+use kafka_mirror_proxy::config::replicator::{default_group_id, DEFAULT_OFFSETS_TOPIC};
 use kafka_mirror_proxy::config::{Config, LogFormat, DEFAULT_STATE_TOPIC};
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, map_pid, unmap_pid, ClusterId, Mapping};
 
@@ -210,7 +210,7 @@ fn main() -> ExitCode {
             source_bootstrap_server,
         } => offsets(OffsetsArgs {
             bootstrap_server,
-            progress_group: progress_group.unwrap_or_else(|| format!("replicator.mirror-{link}")),
+            progress_group: progress_group.unwrap_or_else(|| default_group_id(&link)),
             link,
             offsets_topic,
             one: topic.zip(partition).zip(offset),
@@ -408,10 +408,10 @@ struct FailbackArgs {
 /// the history, the starting points and the link's start.
 fn failback(args: FailbackArgs) -> anyhow::Result<u8> {
     use kafka_mirror_proxy::replicate::failback::{self, Failback};
-    let forward_group = (args.forward_group.clone())
-        .unwrap_or_else(|| format!("replicator.mirror-{}", args.reverse_of));
+    let forward_group =
+        (args.forward_group.clone()).unwrap_or_else(|| default_group_id(&args.reverse_of));
     let progress_group =
-        (args.progress_group.clone()).unwrap_or_else(|| format!("replicator.mirror-{}", args.link));
+        (args.progress_group.clone()).unwrap_or_else(|| default_group_id(&args.link));
     let a = Client::new(ClientConfig::plain(&args.bootstrap_server));
     let b = Client::new(ClientConfig::plain(&args.source_bootstrap_server));
     let f = Failback {

@@ -14,7 +14,7 @@ use futures_util::{Stream, StreamExt};
 
 use crate::admin::{BoxError, FailbackAnswer, FailbackApi};
 use crate::client::{Client, ClientConfig};
-use crate::config::replicator::DEFAULT_OFFSETS_TOPIC;
+use crate::config::replicator::{default_group_id, DEFAULT_OFFSETS_TOPIC};
 use crate::config::Config;
 use crate::control::members::{self, Members};
 use crate::metrics::Metrics;
@@ -311,8 +311,8 @@ impl FailbackService {
                 "link '{link}' has no failback settings"
             )));
         };
-        let forward_group = format!("replicator.mirror-{reverse_of}");
-        let progress_group = format!("replicator.mirror-{link}");
+        let forward_group = default_group_id(reverse_of);
+        let progress_group = default_group_id(link);
         let f = Failback {
             link,
             reverse_of,

@@ -411,6 +411,13 @@ pub struct ReplicatorConfig {
     pub log_format: LogFormat,
 }
 
+/// The replicator's default GROUP_ID for `link` (`replicator.mirror-<link>`),
+/// for the commands that find a replicator's progress without its settings.
+pub fn default_group_id(link: &str) -> String {
+    let client_id = CLIENT_ID.default.fill(&[("<link>", link)]);
+    GROUP_ID.default.fill(&[("<client id>", &client_id)])
+}
+
 impl ReplicatorConfig {
     /// Settings for a program that builds them itself (tests, benchmarks):
     /// the defaults of [`VARIABLES`], no admin listener, no TLS or SASL.
@@ -604,6 +611,7 @@ mod tests {
         assert_eq!(c.client_id, "mirror-east");
         assert_eq!(c.transactional_id, "mirror-east");
         assert_eq!(c.group_id, "replicator.mirror-east");
+        assert_eq!(default_group_id("east"), c.group_id);
         assert_eq!(c.offsets_topic, DEFAULT_OFFSETS_TOPIC);
         assert_eq!(c.destination.bootstrap, ["proxy:9092", "proxy2:9092"]);
         assert!(c.copies_topic("orders") && c.copies_topic("audit.x"));

@@ -6,7 +6,7 @@
 //! are read and parsed here too: a certificate that does not load is a
 //! configuration error, not a runtime surprise on the first connection.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt;
 use std::net::SocketAddr;
@@ -23,7 +23,7 @@ pub(crate) mod sni;
 mod table;
 mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
-use table::{link_var, process_vars, read_all, upstream_sasl, upstream_tls, Env, Var};
+use table::{from_env_and_vars, link_var, process_vars, upstream_sasl, upstream_tls, Env, Var};
 use variables as v;
 pub use variables::VARIABLES;
 
@@ -278,17 +278,7 @@ pub enum ReadOnlyError {
 pub const DEFAULT_STATE_TOPIC: &str = "__mirror_state";
 
 impl Config {
-    /// Read the process environment.
-    pub fn from_env() -> Result<Config, ConfigError> {
-        Self::from_vars(&process_vars(PREFIX))
-    }
-
-    /// Validate a map of variables (full names, with the prefix): each
-    /// variable of [`VARIABLES`] read by its entry, then the checks across
-    /// variables.
-    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        read_all(PREFIX, vars, Self::read)
-    }
+    from_env_and_vars!(PREFIX);
 
     /// The configuration `env` holds; `None` beside a problem.
     fn read(env: &mut Env<'_>) -> Option<Config> {
@@ -689,6 +679,8 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::mirror::link::ControlBatchPolicy;
     use crate::mirror::link_state::LinkState;
@@ -697,10 +689,7 @@ mod tests {
     use table::docs::{documented, drift, render, Column};
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
-            .collect()
+        crate::config::table::prefixed(PREFIX, pairs)
     }
 
     fn problems(pairs: &[(&str, &str)]) -> Vec<ConfigProblem> {
@@ -767,15 +756,11 @@ mod tests {
             assert!(shown.contains(setting), "{setting} missing: {shown}");
         }
         // Every field of the struct, read from its declaration here.
-        let fields =
-            crate::config::table::docs::declared_fields(include_str!("config.rs"), "Config");
-        assert!(fields.len() > 30, "{fields:?}");
-        for field in fields {
-            assert!(
-                shown.contains(&format!(" {field}: ")),
-                "{field} missing: {shown}"
-            );
-        }
+        crate::config::table::docs::assert_shows_every_field(
+            &shown,
+            include_str!("config.rs"),
+            "Config",
+        );
     }
 
     #[test]

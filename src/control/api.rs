@@ -262,15 +262,22 @@ pub struct ResolvedPartition {
     pub topic: String,
 }
 
-/// A's records past the divergence point (B never got them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A's records past the divergence point (B never got them), read
+/// committed: aborted transactions and markers are not records anyone was
+/// acknowledged. `replicate::failback` counts them (its `Tail`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PastDivergence {
+    /// Batches of aborted transactions passed over.
     pub aborted_batches: u64,
     pub batches: u64,
+    /// A's offsets of the first and last record.
     pub first_offset: Option<i64>,
+    /// The batches' max timestamps: the first and last.
     pub first_time_ms: Option<i64>,
     pub last_offset: Option<i64>,
     pub last_time_ms: Option<i64>,
+    /// A transaction still open on A (its records are not counted until it
+    /// ends: A's `transaction.timeout.ms` aborts it).
     pub open_transaction: bool,
     pub records: u64,
 }

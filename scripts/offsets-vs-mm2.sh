@@ -91,33 +91,6 @@ drill() {
         -cp "$DRILL/classes:$KMP_LIBS/*" Drill "$@"
 }
 
-# A process counts as alive until it exits (a zombie not yet waited for
-# does not).
-alive() {
-    local state
-    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$state" ] && [ "$state" != Z ]
-}
-# forget PID: drop a process that is gone from the clean-up list.
-forget() {
-    local kept=() p
-    for p in "${KMP_PIDS[@]}"; do [ "$p" = "$1" ] || kept+=("$p"); done
-    KMP_PIDS=("${kept[@]}")
-}
-# stop PID: SIGTERM, SIGKILL after 60 s; its exit code in STOPPED_RC.
-stop() {
-    local pid=$1
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 600); do alive "$pid" || break; sleep 0.1; done
-    if alive "$pid"; then
-        echo "process $pid did not stop in 60 s after SIGTERM: killed" >&2
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    STOPPED_RC=0
-    wait "$pid" 2>/dev/null || STOPPED_RC=$?
-    forget "$pid"
-}
-
 # The proxy's link names A's cluster id.
 A_ID=MkU3OEVBNTcwNTJENDM2Qk
 kmp_start_broker A "$A_ID"
@@ -187,8 +160,8 @@ if ! drill $((SETTLE_TIMEOUT + 60)) settle "$TOPIC" "$DRILL/truth" "$DRILL_GROUP
     exit 1
 fi
 tail -1 "$DRILL/settle.log" >&2
-alive "$REPLICATOR_PID" || { echo "the replicator exited early:" >&2; tail -20 "$KMP_WORK/replicator.log" >&2; exit 1; }
-alive "$MM2_PID" || { echo "MM2 exited early:" >&2; tail -20 "$KMP_WORK/mm2.log" >&2; exit 1; }
+kmp_alive "$REPLICATOR_PID" || { echo "the replicator exited early:" >&2; tail -20 "$KMP_WORK/replicator.log" >&2; exit 1; }
+kmp_alive "$MM2_PID" || { echo "MM2 exited early:" >&2; tail -20 "$KMP_WORK/mm2.log" >&2; exit 1; }
 # MM2's own account of its replication consumer's isolation level (its
 # connector logs every client's configuration).
 mm2_isolation=$(awk '/ConsumerConfig values/ { mine = 0 }
@@ -203,10 +176,10 @@ mm2_isolation=$(awk '/ConsumerConfig values/ { mine = 0 }
 echo "failover: kafka-mirror-proxy failover a; the replicator and MM2 stopped..." >&2
 MIRROR_PROXY_ADMIN_URL=http://127.0.0.1:$P_ADMIN "$KMP" failover a --wait 120 > "$KMP_WORK/failover.log" 2>&1 \
     || { cat "$KMP_WORK/failover.log" >&2; exit 1; }
-stop "$REPLICATOR_PID"
-case $STOPPED_RC in 0 | 3) ;; *) echo "warning: the replicator exited $STOPPED_RC" >&2 ;; esac
-stop "$MM2_PID"
-case $STOPPED_RC in 0 | 143) ;; *) echo "note: MM2 exited $STOPPED_RC when stopped" >&2 ;; esac
+kmp_stop "$REPLICATOR_PID"
+case $KMP_STOPPED_RC in 0 | 3) ;; *) echo "warning: the replicator exited $KMP_STOPPED_RC" >&2 ;; esac
+kmp_stop "$MM2_PID"
+case $KMP_STOPPED_RC in 0 | 143) ;; *) echo "note: MM2 exited $KMP_STOPPED_RC when stopped" >&2 ;; esac
 
 echo "each group consumes on each destination from its committed offset there..." >&2
 drill 600 failover "$MM2_DEST" "$TOPIC" "$DRILL_GROUPS" "$DRILL/out" mm2

@@ -104,35 +104,8 @@ bounded_java() { # SECONDS CLASS ARGS...
     timeout --kill-after=10 "$secs" bash -c 'kmp_java "$@"' kmp_java "$@"
 }
 
-# A process counts as alive until it exits; an exited child this shell has
-# not waited for yet is a zombie, which `kill -0` would still find.
-alive() {
-    local state
-    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$state" ] && [ "$state" != Z ]
-}
 cpu_seconds() { # PID: utime + stime so far, in seconds
     sed 's/^.*) //' "/proc/$1/stat" | awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($12 + $13) / hz }'
-}
-# stop PID: SIGTERM (a clean stop: the replicator commits, MM2 stops its
-# tasks), SIGKILL after 60 s.
-stop() {
-    local pid=$1
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 600); do alive "$pid" || break; sleep 0.1; done
-    if alive "$pid"; then
-        echo "process $pid did not stop in 60 s after SIGTERM: killed" >&2
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    wait "$pid" 2>/dev/null || true
-    forget "$pid"
-}
-# forget PID: drop a process that is gone from the clean-up list, so the
-# exit trap never signals a pid since reused by another process.
-forget() {
-    local kept=() p
-    for p in "${KMP_PIDS[@]}"; do [ "$p" = "$1" ] || kept+=("$p"); done
-    KMP_PIDS=("${kept[@]}")
 }
 
 # The proxy's link expects this source cluster id (kmp_start_perf_proxy).
@@ -236,12 +209,12 @@ run_path() {
     KMP_PIDS+=("$wpid")
     for _ in $(seq 1 600); do
         grep -q '^ready' "$watch.log" && break
-        alive "$wpid" || break
+        kmp_alive "$wpid" || break
         sleep 0.1
     done
     if ! grep -q '^ready' "$watch.log"; then
         echo "copy_watch did not get ready:" >&2; cat "$watch.log" >&2
-        stop "$wpid"; return 1
+        kmp_stop "$wpid"; return 1
     fi
     echo "round $round, $parts partitions, $path: copying..." >&2
     if [ "$path" = perf ]; then
@@ -255,8 +228,8 @@ run_path() {
         echo "$cpid" > "$watch.pid.tmp" && mv "$watch.pid.tmp" "$watch.pid"
         # The watcher ends by itself (done, or COPY_TIMEOUT); a copier that
         # dies meanwhile ends the wait at once.
-        while alive "$wpid"; do
-            if ! alive "$cpid"; then
+        while kmp_alive "$wpid"; do
+            if ! kmp_alive "$cpid"; then
                 echo "the $path copier exited before the copy was done; its log:" >&2
                 tail -30 "$KMP_WORK/$topic.copier.log" >&2
                 rc=1
@@ -267,13 +240,13 @@ run_path() {
     fi
     if [ "$rc" = 0 ]; then
         wait "$wpid" || rc=$?
-        forget "$wpid"
+        kmp_forget "$wpid"
     else
-        stop "$wpid"
+        kmp_stop "$wpid"
     fi
     if [ -n "$cpid" ]; then
-        alive "$cpid" && total=$(cpu_seconds "$cpid")
-        stop "$cpid"
+        kmp_alive "$cpid" && total=$(cpu_seconds "$cpid")
+        kmp_stop "$cpid"
     fi
     if [ "$rc" != 0 ]; then
         echo "round $round, $parts partitions, $path: FAILED" >&2; cat "$watch.log" >&2

@@ -6,7 +6,7 @@
 //! are read and parsed here too: a certificate that does not load is a
 //! configuration error, not a runtime surprise on the first connection.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt;
 use std::net::SocketAddr;
@@ -23,7 +23,7 @@ pub(crate) mod sni;
 mod table;
 mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
-use table::{link_var, process_vars, read_all, upstream_sasl, upstream_tls, Env, Var};
+use table::{from_env_and_vars, link_var, process_vars, upstream_sasl, upstream_tls, Env, Var};
 use variables as v;
 pub use variables::VARIABLES;
 
@@ -278,17 +278,7 @@ pub enum ReadOnlyError {
 pub const DEFAULT_STATE_TOPIC: &str = "__mirror_state";
 
 impl Config {
-    /// Read the process environment.
-    pub fn from_env() -> Result<Config, ConfigError> {
-        Self::from_vars(&process_vars(PREFIX))
-    }
-
-    /// Validate a map of variables (full names, with the prefix): each
-    /// variable of [`VARIABLES`] read by its entry, then the checks across
-    /// variables.
-    pub fn from_vars(vars: &HashMap<String, String>) -> Result<Config, ConfigError> {
-        read_all(PREFIX, vars, Self::read)
-    }
+    from_env_and_vars!(PREFIX);
 
     /// The configuration `env` holds; `None` beside a problem.
     fn read(env: &mut Env<'_>) -> Option<Config> {
@@ -689,6 +679,8 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::mirror::link::ControlBatchPolicy;
     use crate::mirror::link_state::LinkState;
@@ -697,10 +689,7 @@ mod tests {
     use table::docs::{documented, drift, render, Column};
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
-            .collect()
+        crate::config::table::prefixed(PREFIX, pairs)
     }
 
     fn problems(pairs: &[(&str, &str)]) -> Vec<ConfigProblem> {
@@ -708,6 +697,13 @@ mod tests {
             Ok(_) => Vec::new(),
             Err(e) => e.0,
         }
+    }
+
+    /// Each named field of `c` holds its variable's default.
+    macro_rules! assert_defaults {
+        ($c:expr, $($field:ident: $var:ident),+ $(,)?) => {
+            $(assert_eq!($c.$field, default(&v::$var), stringify!($field));)+
+        };
     }
 
     /// A variable's default, read from the table as `from_vars` reads it.
@@ -767,15 +763,11 @@ mod tests {
             assert!(shown.contains(setting), "{setting} missing: {shown}");
         }
         // Every field of the struct, read from its declaration here.
-        let fields =
-            crate::config::table::docs::declared_fields(include_str!("config.rs"), "Config");
-        assert!(fields.len() > 30, "{fields:?}");
-        for field in fields {
-            assert!(
-                shown.contains(&format!(" {field}: ")),
-                "{field} missing: {shown}"
-            );
-        }
+        crate::config::table::docs::assert_shows_every_field(
+            &shown,
+            include_str!("config.rs"),
+            "Config",
+        );
     }
 
     #[test]
@@ -883,43 +875,28 @@ mod tests {
         assert_eq!(c.advertised_host, "127.0.0.1");
         // Node 0 must not land on the bootstrap port.
         assert_eq!(c.broker_port_base, 19093);
-        assert_eq!(c.admin_listen, default(&v::ADMIN_LISTEN));
-        assert_eq!(c.max_frame_bytes, default(&v::MAX_FRAME_BYTES));
-        assert_eq!(c.max_buffered_bytes, default(&v::MAX_BUFFERED_BYTES));
-        assert_eq!(
-            c.max_buffered_response_bytes,
-            default(&v::MAX_BUFFERED_RESPONSE_BYTES)
+        assert_defaults!(
+            c,
+            admin_listen: ADMIN_LISTEN,
+            max_frame_bytes: MAX_FRAME_BYTES,
+            max_buffered_bytes: MAX_BUFFERED_BYTES,
+            max_buffered_response_bytes: MAX_BUFFERED_RESPONSE_BYTES,
+            buffer_wait_timeout_ms: BUFFER_WAIT_TIMEOUT_MS,
+            write_timeout_ms: WRITE_TIMEOUT_MS,
+            max_connections: MAX_CONNECTIONS,
+            connections_max_idle_ms: CONNECTIONS_MAX_IDLE_MS,
+            request_read_timeout_ms: REQUEST_READ_TIMEOUT_MS,
+            response_read_timeout_ms: RESPONSE_READ_TIMEOUT_MS,
+            tls_handshake_timeout_ms: TLS_HANDSHAKE_TIMEOUT_MS,
+            shutdown_timeout_ms: SHUTDOWN_TIMEOUT_MS,
+            log_format: LOG_FORMAT,
+            connect_timeout_ms: CONNECT_TIMEOUT_MS,
         );
-        assert_eq!(
-            c.buffer_wait_timeout_ms,
-            default(&v::BUFFER_WAIT_TIMEOUT_MS)
-        );
-        assert_eq!(c.write_timeout_ms, default(&v::WRITE_TIMEOUT_MS));
         assert!(
             c.buffer_wait_timeout_ms > c.write_timeout_ms,
             "stuck writers must be closed before the frames waiting for their memory"
         );
-        assert_eq!(c.max_connections, default(&v::MAX_CONNECTIONS));
-        assert_eq!(
-            c.connections_max_idle_ms,
-            default(&v::CONNECTIONS_MAX_IDLE_MS)
-        );
         assert_eq!(c.worker_threads, None);
-        assert_eq!(
-            c.request_read_timeout_ms,
-            default(&v::REQUEST_READ_TIMEOUT_MS)
-        );
-        assert_eq!(
-            c.response_read_timeout_ms,
-            default(&v::RESPONSE_READ_TIMEOUT_MS)
-        );
-        assert_eq!(
-            c.tls_handshake_timeout_ms,
-            default(&v::TLS_HANDSHAKE_TIMEOUT_MS)
-        );
-        assert_eq!(c.shutdown_timeout_ms, default(&v::SHUTDOWN_TIMEOUT_MS));
-        assert_eq!(c.log_format, default(&v::LOG_FORMAT));
-        assert_eq!(c.connect_timeout_ms, default(&v::CONNECT_TIMEOUT_MS));
         assert!(c.client_tls.is_none() && c.upstream_tls.is_none());
         assert!(c.links.is_empty());
     }
@@ -1248,14 +1225,11 @@ mod tests {
             ("LINK_EAST_TOPICS", "orders"),
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
-        assert_eq!(c.read_only_error, default(&v::READ_ONLY_ERROR));
-        assert_eq!(
-            c.failover_drain_timeout_ms,
-            default(&v::FAILOVER_DRAIN_TIMEOUT_MS)
-        );
-        assert_eq!(
-            c.unknown_outcome_wait_ms,
-            default(&v::UNKNOWN_OUTCOME_WAIT_MS)
+        assert_defaults!(
+            c,
+            read_only_error: READ_ONLY_ERROR,
+            failover_drain_timeout_ms: FAILOVER_DRAIN_TIMEOUT_MS,
+            unknown_outcome_wait_ms: UNKNOWN_OUTCOME_WAIT_MS,
         );
         let east = c.links.iter().next().expect("one link");
         assert_eq!(east.initial_state(), default(&v::LINK_INITIAL_STATE));
@@ -1299,17 +1273,11 @@ mod tests {
         ];
         let c = Config::from_vars(&vars(&base)).expect("valid");
         assert_eq!(c.state_topic, DEFAULT_STATE_TOPIC);
-        assert_eq!(
-            c.producer_expiration_ms,
-            default(&v::PRODUCER_EXPIRATION_MS)
-        );
-        assert_eq!(
-            c.producer_state_max_entries,
-            default(&v::PRODUCER_STATE_MAX_ENTRIES)
-        );
-        assert_eq!(
-            c.producer_state_rebuild_bytes,
-            default(&v::PRODUCER_STATE_REBUILD_BYTES)
+        assert_defaults!(
+            c,
+            producer_expiration_ms: PRODUCER_EXPIRATION_MS,
+            producer_state_max_entries: PRODUCER_STATE_MAX_ENTRIES,
+            producer_state_rebuild_bytes: PRODUCER_STATE_REBUILD_BYTES,
         );
         let mut set = base.to_vec();
         set.extend([

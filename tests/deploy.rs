@@ -211,6 +211,16 @@ fn text_of(v: &Value) -> String {
     }
 }
 
+/// The `containerPort`s a container declares.
+fn declared_ports(c: &Value) -> Result<BTreeSet<String>> {
+    Ok(c["ports"]
+        .as_array()
+        .context("no container ports")?
+        .iter()
+        .map(|p| text_of(&p["containerPort"]))
+        .collect())
+}
+
 #[test]
 fn the_yaml_reader_reads_what_helm_writes() -> Result<()> {
     let docs = yaml_documents(
@@ -247,25 +257,31 @@ fn helm() -> Result<PathBuf> {
     )
 }
 
-/// `helm template` of the chart with `values` (written as JSON, which is
-/// YAML): the rendered documents, or Helm's error text.
-fn render(helm: &Path, values: &Value) -> Result<std::result::Result<Vec<Value>, String>> {
-    let dir = tempfile::tempdir()?;
-    let file = dir.path().join("values.yaml");
-    std::fs::write(&file, serde_json::to_string_pretty(values)?)?;
-    let out = Command::new(helm)
+/// `helm template` of the chart as release `kmp` in namespace `mirror`
+/// with the values file `file`, Helm's own folders under `home`.
+fn helm_template(helm: &Path, file: &Path, home: &Path) -> Result<std::process::Output> {
+    Command::new(helm)
         .arg("template")
         .arg("kmp")
         .arg(chart())
         .arg("--namespace")
         .arg("mirror")
         .arg("-f")
-        .arg(&file)
-        .env("HELM_CACHE_HOME", dir.path().join("cache"))
-        .env("HELM_CONFIG_HOME", dir.path().join("config"))
-        .env("HELM_DATA_HOME", dir.path().join("data"))
+        .arg(file)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
         .output()
-        .context("running helm template")?;
+        .context("running helm template")
+}
+
+/// `helm template` of the chart with `values` (written as JSON, which is
+/// YAML): the rendered documents, or Helm's error text.
+fn render(helm: &Path, values: &Value) -> Result<std::result::Result<Vec<Value>, String>> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, serde_json::to_string_pretty(values)?)?;
+    let out = helm_template(helm, &file, dir.path())?;
     if !out.status.success() {
         return Ok(Err(String::from_utf8_lossy(&out.stderr).into_owned()));
     }
@@ -522,12 +538,7 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
     .map(|(a, b)| (a.to_string(), b.to_string()))
     .collect();
     ensure!(ports == want, "Service ports {ports:?}");
-    let container_ports: BTreeSet<String> = c["ports"]
-        .as_array()
-        .context("no container ports")?
-        .iter()
-        .map(|p| text_of(&p["containerPort"]))
-        .collect();
+    let container_ports = declared_ports(c)?;
     for port in want.values().chain(std::iter::once(&"19190".to_string())) {
         ensure!(
             container_ports.contains(port),
@@ -609,12 +620,7 @@ fn the_chart_sets_every_variable_in_the_container() -> Result<()> {
         ports == [("bootstrap".to_string(), "19092".to_string())],
         "SNI Service ports {ports:?}"
     );
-    let container_ports: BTreeSet<String> = c["ports"]
-        .as_array()
-        .context("no container ports")?
-        .iter()
-        .map(|p| text_of(&p["containerPort"]))
-        .collect();
+    let container_ports = declared_ports(c)?;
     ensure!(
         container_ports == BTreeSet::from(["19092".to_string(), "19190".to_string()]),
         "SNI container ports {container_ports:?}"
@@ -992,19 +998,7 @@ fn with_replicator(replicator: Value) -> Value {
 /// `helm template` with a values file of the chart (`ci/...`).
 fn rendered_with_file(helm: &Path, file: &Path) -> Result<Vec<Value>> {
     let dir = tempfile::tempdir()?;
-    let out = Command::new(helm)
-        .arg("template")
-        .arg("kmp")
-        .arg(chart())
-        .arg("--namespace")
-        .arg("mirror")
-        .arg("-f")
-        .arg(file)
-        .env("HELM_CACHE_HOME", dir.path().join("cache"))
-        .env("HELM_CONFIG_HOME", dir.path().join("config"))
-        .env("HELM_DATA_HOME", dir.path().join("data"))
-        .output()
-        .context("running helm template")?;
+    let out = helm_template(helm, file, dir.path())?;
     ensure!(
         out.status.success(),
         "helm template -f {}:\n{}",

@@ -53,6 +53,38 @@ kmp_cleanup() {
     if [ -n "${KMP_KEEP:-}" ]; then echo "work folder kept: $KMP_WORK" >&2; else rm -rf "$KMP_WORK"; fi
 }
 
+# kmp_alive PID: a process counts as alive until it exits; an exited child
+# this shell has not waited for yet is a zombie, which `kill -0` would
+# still find.
+kmp_alive() {
+    local state
+    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+
+# kmp_forget PID: drop a process that is gone from the clean-up list, so the
+# exit trap never signals a pid since reused by another process.
+kmp_forget() {
+    local kept=() p
+    for p in "${KMP_PIDS[@]}"; do [ "$p" = "$1" ] || kept+=("$p"); done
+    KMP_PIDS=("${kept[@]}")
+}
+
+# kmp_stop PID: SIGTERM (a clean stop: the replicator commits, MM2 stops
+# its tasks), SIGKILL after 60 s; its exit code in KMP_STOPPED_RC.
+kmp_stop() {
+    local pid=$1
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 600); do kmp_alive "$pid" || break; sleep 0.1; done
+    if kmp_alive "$pid"; then
+        echo "process $pid did not stop in 60 s after SIGTERM: killed" >&2
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    KMP_STOPPED_RC=0
+    wait "$pid" 2>/dev/null || KMP_STOPPED_RC=$?
+    kmp_forget "$pid"
+}
+
 # kmp_start_broker NAME CLUSTER_ID: starts a broker; sets NAME_PORT and
 # NAME_DIR (e.g. kmp_start_broker A MkU3OEVBNTcwNTJENDM2Qk -> $A_PORT).
 # With KMP_RELAY_PORTS set (space-separated ports), the broker also has a

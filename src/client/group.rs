@@ -88,6 +88,16 @@ pub(crate) mod codes {
     pub(crate) const MEMBER_ID_REQUIRED: i16 = 79;
 }
 
+/// Whether `e`, answering a SyncGroup or a Heartbeat, means the group has
+/// moved on (a rebalance, a new generation): join again now, without a
+/// backoff.
+pub(crate) fn group_moved_on(e: &ClientError) -> bool {
+    matches!(
+        e.code(),
+        Some(codes::REBALANCE_IN_PROGRESS | codes::ILLEGAL_GENERATION)
+    )
+}
+
 /// The client id of an instance's membership connection.
 pub(crate) fn member_client_id(instance_id: &str) -> String {
     format!("{MEMBER_CLIENT_ID_PREFIX}{instance_id}")

@@ -3,7 +3,7 @@
 //! (`SOURCE_BOOTSTRAP_SERVERS` is `--source-bootstrap-servers`), validated
 //! in one pass that reports every problem at once, as the proxy's are.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -11,12 +11,12 @@ use regex::Regex;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::table::{
-    boolean, host_ports, log_format, millis, one_of, patterns, pem_certs, pem_key, process_vars,
-    read_all, sasl_mechanism, socket_addr, text, upstream_sasl, upstream_tls, variables, whole,
-    Env, Invalid, SaslVars, TlsVars,
+    boolean, from_env_and_vars, host_ports, log_format, millis, one_of, patterns, pem_certs,
+    pem_key, prefixed, sasl_mechanism, socket_addr, text, upstream_sasl, upstream_tls, variables,
+    whole, Env, Invalid, SaslVars, TlsVars,
     Unset::{Described, Template, Value},
 };
-use super::{ConfigError, LogFormat, UpstreamTls};
+use super::{LogFormat, UpstreamTls};
 use crate::wire::sasl::{Credentials, Mechanism};
 
 pub const PREFIX: &str = "MIRROR_REPLICATOR_";
@@ -422,15 +422,15 @@ impl ReplicatorConfig {
     /// Settings for a program that builds them itself (tests, benchmarks):
     /// the defaults of [`VARIABLES`], no admin listener, no TLS or SASL.
     pub fn new(source: &str, destination: &str, link: &str, topics: &str) -> ReplicatorConfig {
-        let vars: HashMap<String, String> = [
-            ("SOURCE_BOOTSTRAP_SERVERS", source),
-            ("DESTINATION_BOOTSTRAP_SERVERS", destination),
-            ("LINK", link),
-            ("TOPICS", topics),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
-        .collect();
+        let vars = prefixed(
+            PREFIX,
+            &[
+                ("SOURCE_BOOTSTRAP_SERVERS", source),
+                ("DESTINATION_BOOTSTRAP_SERVERS", destination),
+                ("LINK", link),
+                ("TOPICS", topics),
+            ],
+        );
         let mut config = match ReplicatorConfig::from_vars(&vars) {
             Ok(config) => config,
             Err(e) => {
@@ -441,17 +441,7 @@ impl ReplicatorConfig {
         config
     }
 
-    /// Read the process environment.
-    pub fn from_env() -> Result<ReplicatorConfig, ConfigError> {
-        Self::from_vars(&process_vars(PREFIX))
-    }
-
-    /// Validate a map of variables (full names, with the prefix): each
-    /// variable of [`VARIABLES`] read by its entry, then the checks across
-    /// variables.
-    pub fn from_vars(vars: &HashMap<String, String>) -> Result<ReplicatorConfig, ConfigError> {
-        read_all(PREFIX, vars, Self::read)
-    }
+    from_env_and_vars!(PREFIX);
 
     /// The settings `env` holds; `None` beside a problem.
     fn read(env: &mut Env<'_>) -> Option<ReplicatorConfig> {
@@ -580,14 +570,13 @@ impl ReplicatorConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
     use crate::config::table::Var;
 
     fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
-            .collect()
+        crate::config::table::prefixed(PREFIX, pairs)
     }
 
     /// A variable's default, read from the table as `from_vars` reads it.
@@ -650,17 +639,11 @@ mod tests {
         for secret in ["source-password-secret", "destination-password-secret"] {
             assert!(!shown.contains(secret), "{shown}");
         }
-        let fields = crate::config::table::docs::declared_fields(
+        crate::config::table::docs::assert_shows_every_field(
+            &shown,
             include_str!("replicator.rs"),
             "ReplicatorConfig",
         );
-        assert!(fields.len() > 30, "{fields:?}");
-        for field in fields {
-            assert!(
-                shown.contains(&format!(" {field}: ")),
-                "{field} missing: {shown}"
-            );
-        }
     }
 
     #[test]

@@ -311,10 +311,40 @@ pub(crate) fn read_all<T>(
     }
 }
 
+/// A program's two entry points, `from_env` and `from_vars`, inside its
+/// settings' `impl`: both read `$prefix`'s variables with the type's
+/// `fn read(&mut Env<'_>) -> Option<Self>` through [`read_all`].
+macro_rules! from_env_and_vars {
+    ($prefix:expr) => {
+        /// Read the process environment.
+        pub fn from_env() -> Result<Self, $crate::config::ConfigError> {
+            Self::from_vars(&$crate::config::table::process_vars($prefix))
+        }
+
+        /// Validate a map of variables (full names, with the prefix): each
+        /// variable of [`VARIABLES`] read by its entry, then the checks across
+        /// variables.
+        pub fn from_vars(
+            vars: &std::collections::HashMap<String, String>,
+        ) -> Result<Self, $crate::config::ConfigError> {
+            $crate::config::table::read_all($prefix, vars, Self::read)
+        }
+    };
+}
+pub(crate) use from_env_and_vars;
+
 /// A per-link variable's name for one link: `<NAME>` is the link's name,
 /// upper-cased, with `-` as `_`.
 pub(crate) fn link_var(var_name: &str, link: &str) -> String {
     var_name.replace("<NAME>", &crate::mirror::link::link_env_name(link))
+}
+
+/// `pairs` as variables: each short name with `prefix` before it.
+pub(crate) fn prefixed(prefix: &str, pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (format!("{prefix}{k}"), v.to_string()))
+        .collect()
 }
 
 /// The process environment's variables named with `prefix`.
@@ -706,5 +736,18 @@ pub(crate) mod docs {
             .filter_map(|l| l.trim().strip_prefix("pub "))
             .filter_map(|l| l.split(':').next())
             .collect()
+    }
+
+    /// `shown` (a settings' `Debug`) names every field `pub struct {name}`
+    /// declares in `source`, and there are more than 30 of them.
+    pub(crate) fn assert_shows_every_field(shown: &str, source: &str, name: &str) {
+        let fields = declared_fields(source, name);
+        assert!(fields.len() > 30, "{fields:?}");
+        for field in fields {
+            assert!(
+                shown.contains(&format!(" {field}: ")),
+                "{field} missing: {shown}"
+            );
+        }
     }
 }

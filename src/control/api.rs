@@ -262,15 +262,22 @@ pub struct ResolvedPartition {
     pub topic: String,
 }
 
-/// A's records past the divergence point (B never got them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A's records past the divergence point (B never got them), read
+/// committed: aborted transactions and markers are not records anyone was
+/// acknowledged. `replicate::failback` counts them (its `Tail`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PastDivergence {
+    /// Batches of aborted transactions passed over.
     pub aborted_batches: u64,
     pub batches: u64,
+    /// A's offsets of the first and last record.
     pub first_offset: Option<i64>,
+    /// The batches' max timestamps: the first and last.
     pub first_time_ms: Option<i64>,
     pub last_offset: Option<i64>,
     pub last_time_ms: Option<i64>,
+    /// A transaction still open on A (its records are not counted until it
+    /// ends: A's `transaction.timeout.ms` aborts it).
     pub open_transaction: bool,
     pub records: u64,
 }
@@ -371,6 +378,24 @@ mod tests {
         }
     }
 
+    /// Partition 0 of `orders` as docs/operations.md shows it measured
+    /// (the dry run's row and the partitions' row differ only in these).
+    fn measured_row(duplicates_answered: u64, producers: Option<u64>) -> PartitionRow {
+        PartitionRow {
+            topic: "orders".into(),
+            partition: 0,
+            delay_seconds: Some(94.2),
+            last_offset: Some(41),
+            last_timestamp_ms: Some(1_700_000_000_000),
+            last_mirrored_ms: Some(1_700_000_094_200),
+            records: Some(42),
+            batches: Some(7),
+            bytes: Some(6020),
+            duplicates_answered: Some(duplicates_answered),
+            producers,
+        }
+    }
+
     /// The link of docs/operations.md.
     #[test]
     fn a_link_report_is_the_documented_json() {
@@ -435,19 +460,7 @@ mod tests {
     /// The dry run of docs/operations.md.
     #[test]
     fn a_dry_run_is_the_documented_json() {
-        let measured = PartitionRow {
-            topic: "orders".into(),
-            partition: 0,
-            delay_seconds: Some(94.2),
-            last_offset: Some(41),
-            last_timestamp_ms: Some(1_700_000_000_000),
-            last_mirrored_ms: Some(1_700_000_094_200),
-            records: Some(42),
-            batches: Some(7),
-            bytes: Some(6020),
-            duplicates_answered: Some(0),
-            producers: None,
-        };
+        let measured = measured_row(0, None);
         let unmeasured = PartitionRow {
             topic: "orders".into(),
             partition: 1,
@@ -507,19 +520,7 @@ mod tests {
     /// The partitions of docs/operations.md.
     #[test]
     fn link_partitions_are_the_documented_json() {
-        let row = PartitionRow {
-            topic: "orders".into(),
-            partition: 0,
-            delay_seconds: Some(94.2),
-            last_offset: Some(41),
-            last_timestamp_ms: Some(1_700_000_000_000),
-            last_mirrored_ms: Some(1_700_000_094_200),
-            records: Some(42),
-            batches: Some(7),
-            bytes: Some(6020),
-            duplicates_answered: Some(1),
-            producers: Some(2),
-        };
+        let row = measured_row(1, Some(2));
         pinned(
             &LinkPartitions {
                 link: "east".into(),

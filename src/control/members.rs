@@ -169,6 +169,52 @@ impl Drop for Members {
     }
 }
 
+/// A membership task's run of failed attempts: the wait before each next
+/// attempt (doubling), and which failures are worth a WARN (the first of a
+/// run, then one in ten). Shared with the replicator's instances group
+/// (`replicate::members`).
+pub(crate) struct FailureRun {
+    backoff: Backoff,
+    failures: u32,
+}
+
+/// One failure of a [`FailureRun`].
+pub(crate) struct Failure {
+    /// The failures of the run so far, this one included.
+    pub(crate) failures: u32,
+    /// How long to wait before the next attempt.
+    pub(crate) delay: Duration,
+    /// Whether to log this one at WARN.
+    pub(crate) warn: bool,
+}
+
+impl FailureRun {
+    pub(crate) fn new(backoff: Backoff) -> FailureRun {
+        FailureRun {
+            backoff,
+            failures: 0,
+        }
+    }
+
+    /// The run is over (a rebalance, not a failure): the next failure
+    /// starts a new one, with the shortest wait.
+    pub(crate) fn reset(&mut self) {
+        self.backoff.reset();
+        self.failures = 0;
+    }
+
+    /// One more failure.
+    pub(crate) fn failed(&mut self) -> Failure {
+        self.failures += 1;
+        let failures = self.failures;
+        Failure {
+            failures,
+            delay: self.backoff.next_delay(),
+            warn: failures == 1 || failures.is_multiple_of(10),
+        }
+    }
+}
+
 /// The background task's state.
 struct Membership {
     client: Client,
@@ -226,18 +272,17 @@ impl Membership {
         };
         let mut member_id = String::new();
         let mut coordinator: Option<String> = None;
-        let mut backoff = Backoff::new(self.options.retry_backoff, self.options.retry_backoff_max);
-        let mut failures = 0u32;
+        let mut retries = FailureRun::new(Backoff::new(
+            self.options.retry_backoff,
+            self.options.retry_backoff_max,
+        ));
         loop {
             let ended = self
                 .membership(&spec, &mut member_id, &mut coordinator)
                 .await;
             match ended {
                 Ended::Stop => break,
-                Ended::Rejoin => {
-                    backoff.reset();
-                    failures = 0;
-                }
+                Ended::Rejoin => retries.reset(),
                 Ended::Failed(e) => {
                     self.set_member(false);
                     if matches!(
@@ -250,13 +295,11 @@ impl Membership {
                     if e.code() == Some(codes::UNKNOWN_MEMBER_ID) {
                         member_id.clear();
                     }
-                    failures += 1;
-                    let delay = backoff.next_delay();
-                    // The first failure of a run at WARN, then one in ten.
-                    if failures == 1 || failures.is_multiple_of(10) {
-                        tracing::warn!(group = %self.group, instance = %self.instance_id, error = %error_chain(&e), failures, backoff_ms = delay.as_millis() as u64, "instance group membership failed; retrying");
+                    let failure = retries.failed();
+                    if failure.warn {
+                        tracing::warn!(group = %self.group, instance = %self.instance_id, error = %error_chain(&e), failures = failure.failures, backoff_ms = failure.delay.as_millis() as u64, "instance group membership failed; retrying");
                     }
-                    if self.pause(delay).await {
+                    if self.pause(failure.delay).await {
                         break;
                     }
                 }
@@ -330,14 +373,7 @@ impl Membership {
         };
         match synced {
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.code(),
-                    Some(codes::REBALANCE_IN_PROGRESS | codes::ILLEGAL_GENERATION)
-                ) =>
-            {
-                return Ended::Rejoin
-            }
+            Err(e) if group::group_moved_on(&e) => return Ended::Rejoin,
             Err(e) => return Ended::Failed(e),
         }
         if !self.member.load(Ordering::Relaxed) {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::client::protocol::{IsolationLevel, OffsetSpec};
 use crate::client::{Client, ClientError};
+use crate::control::api::PastDivergence;
 use crate::mirror::divergence::{self, Barrier, Point, Unresolved};
 use crate::mirror::link_state::{follows, LinkState, LinkStatus};
 use crate::mirror::state_records::StateRecord;
@@ -104,25 +105,10 @@ pub struct Failback<'a> {
     pub progress_group: &'a str,
 }
 
-/// A's records past the divergence point (read_committed: aborted
-/// transactions and markers are not records anyone was acknowledged).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tail {
-    pub records: u64,
-    pub batches: u64,
-    pub first_offset: Option<i64>,
-    pub last_offset: Option<i64>,
-    /// The batches' max timestamps: the first and last.
-    pub first_time_ms: Option<i64>,
-    pub last_time_ms: Option<i64>,
-    /// Batches of aborted transactions passed over.
-    pub aborted_batches: u64,
-    /// A transaction still open on A (its records are not counted until it
-    /// ends: A's `transaction.timeout.ms` aborts it).
-    pub open_transaction: bool,
-}
+/// A's records past the divergence point, as the failback report shows
+/// them (one type: the report's rows are these counts).
+pub type Tail = PastDivergence;
 
-/// One partition of the plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionPlan {
     pub topic: String,

@@ -39,6 +39,7 @@ use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::client::group::{self, codes, JoinOutcome, JoinSpec};
 use crate::client::{Client, ClientError};
+use crate::control::members::FailureRun;
 use crate::sync::error_chain;
 
 use super::metrics::ErrorKind;
@@ -198,8 +199,7 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, destination: Client
         rebalance_timeout_ms: ms(session + shared.config.request_timeout * 2),
         metadata,
     };
-    let mut backoff = shared.backoff();
-    let mut failures = 0u32;
+    let mut retries = FailureRun::new(shared.backoff());
     loop {
         let ended = membership(&shared, &client, &spec).await;
         if shared.stopping() {
@@ -208,10 +208,7 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, destination: Client
         give_back(&shared, &destination).await;
         match ended {
             Ended::Stop => return,
-            Ended::Rejoin => {
-                backoff.reset();
-                failures = 0;
-            }
+            Ended::Rejoin => retries.reset(),
             Ended::Refused(e) => {
                 shared.fail(super::ReplicateError::client(
                     format!("instances group {group} on the source"),
@@ -221,12 +218,11 @@ pub(super) async fn run(shared: Arc<Shared>, source: Client, destination: Client
             }
             Ended::Failed(e) => {
                 shared.metrics.error(ErrorKind::Membership);
-                failures += 1;
-                let delay = backoff.next_delay();
-                if failures == 1 || failures.is_multiple_of(10) {
-                    tracing::warn!(%group, error = %error_chain(&e), failures, retry_in_ms = delay.as_millis() as u64, "instances group membership failed; joining again");
+                let failure = retries.failed();
+                if failure.warn {
+                    tracing::warn!(%group, error = %error_chain(&e), failures = failure.failures, retry_in_ms = failure.delay.as_millis() as u64, "instances group membership failed; joining again");
                 }
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep(failure.delay).await;
             }
         }
     }
@@ -278,14 +274,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
         .await
     {
         Ok(bytes) => bytes,
-        Err(e)
-            if matches!(
-                e.code(),
-                Some(codes::REBALANCE_IN_PROGRESS | codes::ILLEGAL_GENERATION)
-            ) =>
-        {
-            return Ended::Rejoin
-        }
+        Err(e) if group::group_moved_on(&e) => return Ended::Rejoin,
         Err(e) => return failed(e),
     };
     let Some(slot) = slot_of(&mine) else {
@@ -306,12 +295,7 @@ async fn membership(shared: &Shared, client: &Client, spec: &JoinSpec) -> Ended 
         }
         match client.heartbeat(&addr, group, generation, &member_id).await {
             Ok(()) => last_ok = Instant::now(),
-            Err(e)
-                if matches!(
-                    e.code(),
-                    Some(codes::REBALANCE_IN_PROGRESS | codes::ILLEGAL_GENERATION)
-                ) =>
-            {
+            Err(e) if group::group_moved_on(&e) => {
                 tracing::info!(%group, generation, "the link's instances change; giving the partitions back");
                 return Ended::Rejoin;
             }

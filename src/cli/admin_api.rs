@@ -28,7 +28,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// What went wrong talking to the admin API. Each message quotes its
 /// cause, which is also its `source()`.
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub(crate) enum CliError {
     #[error("MIRROR_PROXY_ADMIN_URL {url:?}: not a URL: {source}")]
     NotAUrl {
         url: String,
@@ -72,7 +72,7 @@ pub enum CliError {
 
 /// What failed in one HTTP exchange with the admin API.
 #[derive(Debug, thiserror::Error)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     #[error(transparent)]
     Hyper(#[from] hyper::Error),
     #[error(transparent)]
@@ -88,7 +88,7 @@ pub enum HttpError {
 
 impl CliError {
     /// The process exit code for this error.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             CliError::Status {
                 status: 404 | 409 | 412,
@@ -101,7 +101,7 @@ impl CliError {
 
 /// Where the admin API is and how to authenticate.
 #[derive(Debug, Clone)]
-pub struct AdminClient {
+pub(crate) struct AdminClient {
     /// host:port to connect to.
     addr: String,
     /// Path prefix (without trailing slash), e.g. "" or "/proxy-a".
@@ -148,7 +148,7 @@ impl AdminClient {
     }
 
     /// From `MIRROR_PROXY_ADMIN_URL` and `MIRROR_PROXY_ADMIN_TOKEN`.
-    pub fn from_env() -> Result<AdminClient, CliError> {
+    pub(crate) fn from_env() -> Result<AdminClient, CliError> {
         let url = std::env::var("MIRROR_PROXY_ADMIN_URL")
             .ok()
             .filter(|u| !u.is_empty())

@@ -17,7 +17,7 @@ use super::{EXIT_INCOMPLETE, EXIT_OK, EXIT_REFUSED};
 
 /// The pre-check options of `failover NAME`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct FailoverChecks {
+pub(crate) struct FailoverChecks {
     /// Report what would happen; change nothing.
     pub dry_run: bool,
     /// Refuse to start while a partition's replication delay is above
@@ -142,7 +142,7 @@ pub(crate) fn render_dry_run(r: &FailoverDryRun) -> String {
 /// `failover NAME`: start it (POST with wait=0), then follow it with GET
 /// until it completes or `wait` runs out; a progress bar on a terminal.
 /// With `checks.dry_run`, only report what it would do.
-pub async fn failover(
+pub(crate) async fn failover(
     client: &AdminClient,
     name: &str,
     wait: Duration,

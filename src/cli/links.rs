@@ -13,7 +13,7 @@ use super::render::{table, text, time};
 use super::EXIT_OK;
 
 /// `links`: every link's state.
-pub async fn links(client: &AdminClient, json: bool) -> Result<u8, CliError> {
+pub(crate) async fn links(client: &AdminClient, json: bool) -> Result<u8, CliError> {
     let answer = client.read::<LinkList>(Method::GET, "/links", None).await?;
     if json {
         print_json(&answer.json);
@@ -24,7 +24,7 @@ pub async fn links(client: &AdminClient, json: bool) -> Result<u8, CliError> {
 }
 
 /// A link's state as the admin API names it (`MIRRORING`, ...).
-pub async fn link_state(client: &AdminClient, name: &str) -> Result<String, CliError> {
+pub(crate) async fn link_state(client: &AdminClient, name: &str) -> Result<String, CliError> {
     let answer = client
         .read::<LinkReport>(Method::GET, &format!("/links/{}", segment(name)), None)
         .await?;
@@ -32,7 +32,7 @@ pub async fn link_state(client: &AdminClient, name: &str) -> Result<String, CliE
 }
 
 /// `start NAME`: mirroring again, optionally from a new source cluster.
-pub async fn start(
+pub(crate) async fn start(
     client: &AdminClient,
     name: &str,
     source_cluster_id: Option<&str>,

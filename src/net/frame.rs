@@ -299,9 +299,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The next frame without its size prefix, or `None` on a clean close
-    /// between frames.
+    /// between frames. After [`next_size`](Self::next_size), the frame
+    /// whose size it returned: its size prefix is not looked for again.
     pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        if self.next_size().await?.is_none() {
+        // A frame whose size is known already: nothing of `next_size` is
+        // left to do (it gave the last frame's budget back when it began
+        // this one), so its future is not even made.
+        if self.body.is_none() && self.next_size().await?.is_none() {
             return Ok(None);
         }
         self.resume();

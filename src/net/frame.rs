@@ -299,9 +299,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The next frame without its size prefix, or `None` on a clean close
-    /// between frames.
+    /// between frames. After [`next_size`](Self::next_size), the frame
+    /// whose size it returned: its size prefix is not looked for again.
     pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        if self.next_size().await?.is_none() {
+        // A frame whose size is known already: nothing of `next_size` is
+        // left to do (it gave the last frame's budget back when it began
+        // this one), so its future is not even made.
+        if self.body.is_none() && self.next_size().await?.is_none() {
             return Ok(None);
         }
         self.resume();
@@ -361,13 +365,20 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// stream. Leaves `head_len == 0` on a clean close between frames.
     async fn read_head(&mut self) -> Result<(), FrameError> {
         let start = self.head_len;
+        // When the bytes read now arrived, if they were read now: the
+        // frame's first byte, read from the stream, arrived then.
+        let mut read_at = None;
         if self.buffered.is_empty() {
             // Idle between frames: no deadline.
             let deadline = if start == 0 { None } else { self.deadline };
             match timed(deadline, self.buffered.read_inline(&mut self.inner)).await {
                 Ok(0) if start == 0 => return Ok(()),
                 Ok(0) => return Err(FrameError::Truncated { buffered: start }),
-                Ok(_) => self.last_read = Instant::now(),
+                Ok(_) => {
+                    let now = Instant::now();
+                    self.last_read = now;
+                    read_at = Some(now);
+                }
                 Err(e) => return Err(self.read_error(e)),
             }
         }
@@ -376,7 +387,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.buffered.consume(n);
         self.head_len += n;
         if start == 0 {
-            self.deadline = self.frame_timeout.map(|t| Instant::now() + t);
+            // One clock read a frame, not two: the instant of the read
+            // above is this one (a frame taken from bytes read earlier
+            // starts now).
+            if let Some(t) = self.frame_timeout {
+                self.deadline = Some(read_at.unwrap_or_else(Instant::now) + t);
+            }
         }
         Ok(())
     }

@@ -72,17 +72,34 @@ impl<T> Queue<T> {
                 return Poll::Pending;
             }
             if let Some(item) = item.take() {
-                q.items.push_back(item);
-                q.at_broker += usize::from(at_broker);
-            }
-            let popper = q.popper.take();
-            drop(q);
-            if let Some(w) = popper {
-                w.wake();
+                self.append(q, item, at_broker);
             }
             Poll::Ready(())
         })
         .await
+    }
+
+    /// [`push`](Self::push) without waiting: `item` is appended if there is
+    /// room, else given back. The request loop's usual case (a queue with
+    /// room) then costs one lock, with no future and no wait set up.
+    pub(crate) fn try_push(&self, item: T, at_broker: bool) -> Result<(), T> {
+        let q = self.lock();
+        if q.items.len() >= self.max {
+            return Err(item);
+        }
+        self.append(q, item, at_broker);
+        Ok(())
+    }
+
+    /// Append `item` under the lock `q`, then wake the popper.
+    fn append(&self, mut q: MutexGuard<'_, Inner<T>>, item: T, at_broker: bool) {
+        q.items.push_back(item);
+        q.at_broker += usize::from(at_broker);
+        let popper = q.popper.take();
+        drop(q);
+        if let Some(w) = popper {
+            w.wake();
+        }
     }
 
     /// The oldest entry; `None` once the queue is closed and empty.
@@ -230,6 +247,19 @@ mod tests {
     async fn a_new_queue_holds_no_memory() {
         let q: Queue<[u8; 128]> = Queue::new(512);
         assert_eq!(q.lock().items.capacity(), 0);
+    }
+
+    #[tokio::test]
+    async fn try_push_appends_while_there_is_room_and_gives_the_item_back_when_full() {
+        let q = Queue::new(2);
+        assert_eq!(q.try_push(1, true), Ok(()));
+        assert_eq!(q.try_push(2, false), Ok(()));
+        assert_eq!(q.try_push(3, true), Err(3), "full: the item comes back");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.at_broker(), 1, "only what was appended counts");
+        assert_eq!(q.pop().await, Some(1));
+        assert_eq!(q.try_push(3, true), Ok(()));
+        assert_eq!(q.at_broker(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -28,6 +28,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -616,18 +617,14 @@ async fn requests<S: Service>(
         // Written on: its memory must not wait for room in the queue.
         client.release();
         match outcome {
-            Outcome::Owed(pending) => {
-                let at_broker = pending.awaits_broker().is_some();
-                unless_reset(reset, owed.push(pending, at_broker)).await?;
-            }
+            Outcome::Owed(pending) => queue(owed, pending, reset).await?,
             Outcome::NotOwed => {}
             Outcome::Fenced {
                 owed: fenced_owed,
                 link,
             } => {
                 if let Some(pending) = fenced_owed {
-                    let at_broker = pending.awaits_broker().is_some();
-                    unless_reset(reset, owed.push(pending, at_broker)).await?;
+                    queue(owed, pending, reset).await?;
                 }
                 return Ok(End::Fenced(link));
             }
@@ -663,17 +660,44 @@ async fn next_frame<P>(
     client.read_frame().await
 }
 
+/// Queue `pending` for the response loop: at once where the queue has
+/// room (the usual case: no future, no wait), else once it has, unless the
+/// client resets first.
+async fn queue<P: Pending>(
+    owed: &Queue<P>,
+    pending: P,
+    reset: &ResetWatch,
+) -> Result<(), SessionError> {
+    let at_broker = pending.awaits_broker().is_some();
+    match owed.try_push(pending, at_broker) {
+        Ok(()) => Ok(()),
+        // Boxed: rare, and its future would size the request loop's.
+        Err(pending) => unless_reset(reset, Box::pin(owed.push(pending, at_broker))).await,
+    }
+}
+
 /// `wait`, unless the client resets its connection first. A session that
 /// waits on its broker reads nothing from its client and would not see it
 /// go; what it holds (a frame's memory, the broker connection and the
 /// request the broker holds there) would then wait for no one.
 async fn unless_reset<F: Future>(reset: &ResetWatch, wait: F) -> Result<F::Output, SessionError> {
-    // Biased: a wait that is over at once never starts the watch.
-    tokio::select! {
-        biased;
-        out = wait => Ok(out),
-        () = reset.reset() => Err(SessionError::ClientFrame(FrameError::Io(reset_error()))),
-    }
+    // Pinned where it is (not moved into a tuple of branches, as
+    // `select!` would), and polled first: a wait that is over at once
+    // never starts the watch.
+    let mut wait = std::pin::pin!(wait);
+    let mut watch = std::pin::pin!(reset.reset());
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(out) = wait.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        match watch.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(SessionError::ClientFrame(FrameError::Io(
+                reset_error(),
+            )))),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 fn reset_error() -> std::io::Error {

@@ -154,17 +154,26 @@ pub(crate) fn names_unknown_id(frame: &[u8], index: &Index, names: &impl TopicNa
     produce::any_topic(frame, index, |t| topic_name(names, t).is_none())
 }
 
-/// What becomes of a local (not a link's) Produce.
+/// What becomes of a local (not a link's) Produce. The rare outcomes are
+/// boxed: every local write with links configured returns one of these,
+/// and moves it, and almost all of them are forwarded.
 pub(crate) enum LocalDecision {
     /// Forwarded as it came.
     Forward,
     /// It names topic ids the proxy has not seen, which may be read-only
     /// topics: learn every id from the broker, then decide again with the
     /// request's index.
-    LearnIds(Index),
+    LearnIds(Box<Index>),
     /// Some partitions answered here (all of them when the plan forwards
     /// none), the rest forwarded.
-    Refuse { plan: ProducePlan, index: Index },
+    Refuse(Box<Refused>),
+}
+
+/// A local Produce some of whose partitions are answered here.
+pub(crate) struct Refused {
+    pub(crate) plan: ProducePlan,
+    /// The request's index, for what is left to forward.
+    pub(crate) index: Index,
 }
 
 /// A local Produce: the state topic and read-only mirrored topics refused
@@ -177,18 +186,18 @@ pub(crate) enum LocalDecision {
 pub(crate) fn decide_local(
     head: &Head,
     frame: &Bytes,
-    learnt: Option<Index>,
+    learnt: Option<Box<Index>>,
     known: &impl Known,
 ) -> Result<LocalDecision, FilterError> {
     let Some(state_topic) = known.state_topic() else {
         return Ok(LocalDecision::Forward);
     };
     let index = match learnt {
-        Some(index) => index,
+        Some(index) => *index,
         None => {
             let index = head.index(frame)?;
             if names_unknown_id(frame, &index, known) {
-                return Ok(LocalDecision::LearnIds(index));
+                return Ok(LocalDecision::LearnIds(Box::new(index)));
             }
             index
         }
@@ -219,7 +228,7 @@ pub(crate) fn decide_local(
     });
     Ok(match plan.local.is_empty() {
         true => LocalDecision::Forward,
-        false => LocalDecision::Refuse { plan, index },
+        false => LocalDecision::Refuse(Box::new(Refused { plan, index })),
     })
 }
 

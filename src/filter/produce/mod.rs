@@ -285,7 +285,7 @@ impl<'a> ProduceFilter<'a> {
         h: &RequestHeaderPeek,
         head: &Head,
         frame: Bytes,
-        learnt: Option<Index>,
+        learnt: Option<Box<Index>>,
     ) -> Result<LocalStep, FilterError> {
         let ctx = self.ctx;
         if addresses::carries_addresses(ApiKey::Produce, head.version) {
@@ -304,7 +304,10 @@ impl<'a> ProduceFilter<'a> {
                 )));
             }
             LocalDecision::LearnIds(index) => return Ok(LocalStep::LearnIds(frame, index)),
-            LocalDecision::Refuse { plan, index } => (plan, index),
+            LocalDecision::Refuse(refused) => {
+                let decide::Refused { plan, index } = *refused;
+                (plan, index)
+            }
         };
         let state_topic = |l: &LocalPartition| {
             matches!(
@@ -449,7 +452,7 @@ pub(crate) enum LocalStep {
     Done(ProduceAction),
     /// The request names topic ids the proxy has not seen: learn them
     /// from the broker, then decide (the frame, untouched, and its index).
-    LearnIds(Bytes, Index),
+    LearnIds(Bytes, Box<Index>),
 }
 
 /// `frame` to the broker. With acks=0 nothing is recorded without an
@@ -576,7 +579,7 @@ impl<'a, S: Service> Produce<'a, S> {
         api: Option<ApiKey>,
         head: Head,
         frame: Bytes,
-        index: Index,
+        index: Box<Index>,
     ) -> Result<Outcome<Then<S::Pending, ProduceHalf<'a>>>, FilterError> {
         learn_topic_ids(self.filter.ctx).await;
         let action = match self.filter.local_now(&header, &head, frame, Some(index))? {

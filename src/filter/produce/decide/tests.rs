@@ -174,7 +174,7 @@ const UNKNOWN_TOPIC_ID: i16 = 100;
 
 fn refused(decision: LocalDecision) -> (ProducePlan, Index) {
     match decision {
-        LocalDecision::Refuse { plan, index } => (plan, index),
+        LocalDecision::Refuse(refused) => (refused.plan, refused.index),
         LocalDecision::Forward => panic!("forwarded, not refused"),
         LocalDecision::LearnIds(_) => panic!("asked to learn ids, not refused"),
     }

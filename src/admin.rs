@@ -72,7 +72,7 @@ pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serve the admin API on `listener` until the process ends.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     failback: Option<Arc<dyn FailbackApi>>,
@@ -84,7 +84,7 @@ pub async fn serve(
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a failback found.
-pub enum FailbackAnswer {
+pub(crate) enum FailbackAnswer {
     /// The divergence report and how many of its partitions are
     /// unresolved (nothing is written while any is).
     Report {
@@ -99,7 +99,7 @@ pub enum FailbackAnswer {
 /// The failback of a link (`GET`/`POST /links/{name}/failback`). Its work
 /// reads both clusters with the replicator's code, a layer above this one,
 /// so the binary supplies it (as `kafka-mirror-proxy failback` runs it).
-pub trait FailbackApi: Send + Sync {
+pub(crate) trait FailbackApi: Send + Sync {
     /// The divergence report; with `apply`, and when every partition is
     /// resolved, also writes the link's translation history and its
     /// replicator's starting points (the caller has checked that the link

@@ -28,7 +28,7 @@ use variables as v;
 pub use variables::VARIABLES;
 
 /// The prefix shared by every variable the proxy reads.
-pub const PREFIX: &str = "MIRROR_PROXY_";
+pub(crate) const PREFIX: &str = "MIRROR_PROXY_";
 
 /// One problem with one variable: what it should hold, and the error that
 /// refused its value when there was one.
@@ -138,7 +138,7 @@ impl StateKey {
     /// Shortest key accepted: as long as the HMAC-SHA256 output.
     pub(crate) const MIN_LEN: usize = 32;
 
-    pub fn expose(&self) -> &[u8] {
+    pub(crate) fn expose(&self) -> &[u8] {
         &self.0
     }
 }
@@ -275,7 +275,7 @@ pub enum ReadOnlyError {
 }
 
 /// `STATE_TOPIC`'s default.
-pub const DEFAULT_STATE_TOPIC: &str = "__mirror_state";
+pub(crate) const DEFAULT_STATE_TOPIC: &str = "__mirror_state";
 
 impl Config {
     from_env_and_vars!(PREFIX);
@@ -469,7 +469,7 @@ impl Config {
 
     /// Only the mirror links (for the `unmap` subcommand, which needs no
     /// listener or TLS settings).
-    pub fn links_from_env() -> Result<Links, ConfigError> {
+    pub(crate) fn links_from_env() -> Result<Links, ConfigError> {
         let vars = process_vars(PREFIX);
         let mut env = Env::new(PREFIX, &vars);
         let links = Self::links(&mut env, None, false);

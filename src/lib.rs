@@ -27,7 +27,7 @@
 //! - `server`: the proxy as a program, [`run`]: every layer composed from
 //!   one [`Config`]; `main.rs` adds signals and logging.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod cli;
 pub mod client;
 pub mod config;
@@ -36,7 +36,7 @@ pub mod filter;
 pub mod metrics;
 pub mod mirror;
 pub mod net;
-pub mod proxy;
+pub(crate) mod proxy;
 pub mod replicate;
 pub mod server;
 pub mod state;

@@ -58,10 +58,6 @@ impl Connection {
         Ok(conn)
     }
 
-    pub fn broker(&self) -> &str {
-        &self.broker
-    }
-
     /// The SASL session is over or about to be: open a new connection.
     pub(crate) fn expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|t| now >= t)

@@ -103,7 +103,7 @@ impl ClientConfig {
 
     /// Plain TCP to `bootstrap` (`host:port,...`), for the operator's
     /// commands and a failback's other cluster.
-    pub fn plain(bootstrap: &str) -> ClientConfig {
+    pub(crate) fn plain(bootstrap: &str) -> ClientConfig {
         let bootstrap = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
         ClientConfig::new(
             bootstrap,

@@ -61,7 +61,8 @@ fn kafka_error(context: String, code: i16) -> ClientError {
 pub(crate) type Marked = BTreeMap<(String, i32), (i64, String)>;
 
 /// A standalone commit of `offsets` to `group`.
-pub fn offset_commit_request(group: &str, offsets: &Offsets) -> OffsetCommitRequest {
+#[cfg(test)]
+pub(crate) fn offset_commit_request(group: &str, offsets: &Offsets) -> OffsetCommitRequest {
     offset_commit_request_marked(group, offsets, "")
 }
 
@@ -154,7 +155,8 @@ pub(crate) fn offset_fetch_request(
 
 /// The committed offset of each partition asked that has one (Kafka
 /// answers -1 for none; such partitions are left out).
-pub fn offset_fetch_result(
+#[cfg(test)]
+pub(crate) fn offset_fetch_result(
     r: &OffsetFetchResponse,
     group: &str,
     partitions: &[(String, i32)],

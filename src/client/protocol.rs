@@ -552,7 +552,8 @@ impl IsolationLevel {
 /// `max_bytes` bounds the answer (the broker still returns a first batch
 /// larger than it, so that a consumer can make progress; the frame size
 /// limit bounds that).
-pub fn fetch_request(
+#[cfg(test)]
+pub(crate) fn fetch_request(
     version: i16,
     from: &PartitionRef<'_>,
     offset: i64,

@@ -19,10 +19,10 @@ use super::table::{
 use super::{LogFormat, UpstreamTls};
 use crate::wire::sasl::{Credentials, Mechanism};
 
-pub const PREFIX: &str = "MIRROR_REPLICATOR_";
+pub(crate) const PREFIX: &str = "MIRROR_REPLICATOR_";
 
 /// `OFFSETS_TOPIC`'s default.
-pub const DEFAULT_OFFSETS_TOPIC: &str = "__mirror_offsets";
+pub(crate) const DEFAULT_OFFSETS_TOPIC: &str = "__mirror_offsets";
 
 variables! {
     /// Every variable: (name without the prefix, default, meaning). The
@@ -337,7 +337,7 @@ fn fetch_bytes(s: &str) -> Result<i32, Invalid> {
 }
 
 /// The flag of a variable: `SOURCE_TLS_CA` is `source-tls-ca`.
-pub fn flag_name(variable: &str) -> String {
+pub(crate) fn flag_name(variable: &str) -> String {
     variable.to_ascii_lowercase().replace('_', "-")
 }
 
@@ -413,7 +413,7 @@ pub struct ReplicatorConfig {
 
 /// The replicator's default GROUP_ID for `link` (`replicator.mirror-<link>`),
 /// for the commands that find a replicator's progress without its settings.
-pub fn default_group_id(link: &str) -> String {
+pub(crate) fn default_group_id(link: &str) -> String {
     let client_id = CLIENT_ID.default.fill(&[("<link>", link)]);
     GROUP_ID.default.fill(&[("<client id>", &client_id)])
 }

@@ -231,7 +231,7 @@ pub(crate) struct StartRequest {
 /// `failback --json` prints them directly, and has always listed the keys
 /// sorted (the API's answers are sorted by `admin::json_response`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailbackReport {
+pub(crate) struct FailbackReport {
     /// The failover the failback undoes.
     pub failover_id: i64,
     pub partitions: Vec<FailbackPartition>,
@@ -243,14 +243,14 @@ pub struct FailbackReport {
 /// One partition of a failback report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum FailbackPartition {
+pub(crate) enum FailbackPartition {
     Resolved(ResolvedPartition),
     Unresolved(UnresolvedPartition),
 }
 
 /// A partition whose divergence point is known.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResolvedPartition {
+pub(crate) struct ResolvedPartition {
     pub a_log_end: i64,
     pub b_log_end: i64,
     /// The first offset of B's own records: the failback copies from here.
@@ -266,7 +266,7 @@ pub struct ResolvedPartition {
 /// committed: aborted transactions and markers are not records anyone was
 /// acknowledged. `replicate::failback` counts them (its `Tail`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PastDivergence {
+pub(crate) struct PastDivergence {
     /// Batches of aborted transactions passed over.
     pub aborted_batches: u64,
     pub batches: u64,
@@ -284,7 +284,7 @@ pub struct PastDivergence {
 
 /// A partition whose divergence cannot be told, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnresolvedPartition {
+pub(crate) struct UnresolvedPartition {
     pub partition: i32,
     pub topic: String,
     /// Why, for the operator.

@@ -26,7 +26,7 @@ use crate::state::{AppliedBarrier, ResolveError, StateStore};
 
 /// The state topic as the link control reads and writes it. Reads answer
 /// from what this instance has applied; writes return once applied here.
-pub trait Store: Send + Sync + 'static {
+pub(crate) trait Store: Send + Sync + 'static {
     /// Whether the first full load is done.
     fn is_loaded(&self) -> bool;
 
@@ -76,7 +76,7 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// The live proxy instances.
-pub trait Group: Send + Sync + 'static {
+pub(crate) trait Group: Send + Sync + 'static {
     /// This instance's id.
     fn instance_id(&self) -> &str;
 
@@ -85,7 +85,7 @@ pub trait Group: Send + Sync + 'static {
 }
 
 /// Where a failover places barriers, and the placing of one.
-pub trait BarrierPlacer: Send + Sync + 'static {
+pub(crate) trait BarrierPlacer: Send + Sync + 'static {
     /// Every partition of `link`'s topics on the destination cluster, in
     /// any order.
     fn partitions(

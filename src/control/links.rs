@@ -125,7 +125,7 @@ struct Counters {
 
 /// The link control of this instance: in production over the state store
 /// (which also places the barriers) and the instances' group [`Members`].
-pub struct Control<S = StateStore, G = Members, B = StateStore> {
+pub(crate) struct Control<S = StateStore, G = Members, B = StateStore> {
     links: Links,
     state: Option<Arc<S>>,
     /// This instance's membership of the instances' group; `None`
@@ -329,15 +329,6 @@ impl<S: Store, G: Group, B: BarrierPlacer> Control<S, G, B> {
             ),
         };
         Some((refusal, message))
-    }
-
-    /// Whether any link makes some topic read-only now, or may (state not
-    /// loaded): the local Produce path only looks at topics then.
-    pub fn any_read_only(&self) -> bool {
-        let unknown = self.state.as_ref().is_some_and(|s| !s.is_loaded());
-        self.links
-            .iter()
-            .any(|l| unknown || self.status(l).state.read_only())
     }
 
     /// Count `partitions` refused local partition writes to `topic`.

@@ -87,16 +87,6 @@ pub struct Members {
 }
 
 impl Members {
-    /// Join the group (background task: join, sync, heartbeat, rejoin on
-    /// rebalance/errors with backoff, leave on shutdown/drop).
-    pub fn start(client: Client, group: String, instance_id: String) -> Arc<Members> {
-        let topic = group
-            .strip_suffix(".instances")
-            .unwrap_or(&group)
-            .to_string();
-        Self::start_with(client, group, instance_id, MembersOptions::new(topic))
-    }
-
     /// [`start`](Self::start) with options (session timeout, metric).
     pub fn start_with(
         client: Client,
@@ -133,10 +123,6 @@ impl Members {
 
     pub fn instance_id(&self) -> &str {
         &self.instance_id
-    }
-
-    pub fn group(&self) -> &str {
-        &self.group
     }
 
     /// Whether this instance is a member now (joined and synced, and not

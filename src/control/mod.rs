@@ -12,7 +12,7 @@
 pub(crate) mod api;
 pub mod barriers;
 pub(crate) mod io;
-pub mod links;
+pub(crate) mod links;
 pub mod members;
 
 pub(crate) use links::Control;

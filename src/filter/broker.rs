@@ -14,7 +14,7 @@ use super::{FilterError, Outcome, Pending, Request, Service, Step};
 use crate::net::frame::write_frame;
 
 /// The write half of a broker connection.
-pub struct Broker<W> {
+pub(crate) struct Broker<W> {
     upstream: W,
     /// The frame the last call forwarded, until it is flushed.
     forwarded: Option<BytesMut>,

@@ -283,7 +283,7 @@ where
 }
 
 /// What the filters of every connection share.
-pub struct Context {
+pub(crate) struct Context {
     pub links: Links,
     pub metrics: Arc<Metrics>,
     /// Link states, fencing and failovers.
@@ -314,7 +314,7 @@ impl Context {
 /// shared: looked up for every link Produce v13, where a copy would be an
 /// allocation per request.
 #[derive(Default)]
-pub struct TopicTable {
+pub(crate) struct TopicTable {
     names: RwLock<foldhash::HashMap<Uuid, Arc<str>>>,
     ids: RwLock<foldhash::HashMap<String, Uuid>>,
     /// When the broker was last asked for every topic's id.

@@ -34,7 +34,7 @@ pub(crate) enum TailError {
 
 /// What was read of a partition's log.
 #[derive(Debug)]
-pub struct Tail {
+pub(crate) struct Tail {
     /// The log start offset (raised to the floor).
     pub start: i64,
     /// The log end offset.

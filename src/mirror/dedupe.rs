@@ -70,7 +70,7 @@ use crate::mirror::producer_state::{BatchId, Check, ProducerStates, Replayed};
 /// partition and the origin the mapped PID stands for. An origin that
 /// expires frees its mapped PID for another (SPEC §5); keyed by origin, the
 /// newcomer never inherits the expired one's batches.
-pub type StateKey = (PartitionId, OriginId);
+pub(crate) type StateKey = (PartitionId, OriginId);
 
 /// One connection's identity for the partitions it may write without a
 /// rebuild (see the module doc); unique for the life of the process.
@@ -395,7 +395,8 @@ impl Dedupe {
     }
 
     /// Whether `partition`'s state is rebuilt and usable now.
-    pub fn is_ready(&self, partition: &PartitionId) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_ready(&self, partition: &PartitionId) -> bool {
         self.lock().ready.contains(partition)
     }
 
@@ -457,11 +458,13 @@ impl Dedupe {
     }
 
     /// Producers held now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.lock().states.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 

@@ -37,7 +37,7 @@ pub(crate) struct Barrier {
 
 /// Where A and B diverge in one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Point {
+pub(crate) struct Point {
     /// The first offset of A that B never got.
     pub a_next: i64,
     /// The first offset of B's own records: the failback copies from here.
@@ -46,7 +46,7 @@ pub struct Point {
 
 /// Why a partition's divergence cannot be told.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Unresolved {
+pub(crate) enum Unresolved {
     #[error("B holds {missing} offset(s) of the link before its barrier at {barrier} that the translation does not cover (it ends at {translated}): the replicator stopped without saving them, so which of A's records they are is unknown")]
     Untranslated {
         barrier: i64,

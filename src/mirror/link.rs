@@ -58,7 +58,7 @@ pub struct Link {
 /// Where a failback link finds the cluster it mirrors from and the link
 /// there that it fails back (`GET`/`POST /links/<name>/failback`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failback {
+pub(crate) struct Failback {
     /// The link of the source cluster's proxy that mirrored into this
     /// proxy's cluster and failed over.
     pub reverse_of: String,
@@ -141,7 +141,7 @@ impl Link {
 
     /// The source cluster id as configured
     /// (`MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID`).
-    pub fn configured_source_cluster_id(&self) -> &str {
+    pub(crate) fn configured_source_cluster_id(&self) -> &str {
         &self.source_cluster_spelling
     }
 
@@ -349,11 +349,11 @@ impl Links {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.ordered.is_empty()
     }
 
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         self.ordered.iter().map(|l| l.name()).collect()
     }
 
@@ -361,12 +361,13 @@ impl Links {
         self.ordered.iter()
     }
 
-    pub fn by_client_id(&self, client_id: &str) -> Option<&Arc<Link>> {
+    #[cfg(test)]
+    pub(crate) fn by_client_id(&self, client_id: &str) -> Option<&Arc<Link>> {
         self.by_client_id.get(client_id)
     }
 
     /// The link whose region `region` is, if any (for `unmap`).
-    pub fn by_region(&self, region: u32) -> Option<&Arc<Link>> {
+    pub(crate) fn by_region(&self, region: u32) -> Option<&Arc<Link>> {
         self.ordered.iter().find(|l| l.region == region)
     }
 

@@ -147,7 +147,7 @@ pub struct NoSlot {
 
 /// One origin's claim.
 #[derive(Debug)]
-pub struct Claim {
+pub(crate) struct Claim {
     pub mapped: i64,
     pub salt: i64,
     /// Effective claim offset (never -1).
@@ -334,7 +334,8 @@ impl Origins {
     }
 
     /// Tombstone offsets remembered (bounded by `MAX_TOMBSTONES`).
-    pub fn tombstones_remembered(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tombstones_remembered(&self) -> usize {
         self.tombstones.len()
     }
 
@@ -375,13 +376,9 @@ impl Origins {
     }
 
     /// The claim of an origin, owner or not.
-    pub fn claim_of(&self, p: PartitionId, o: OriginId) -> Option<&Claim> {
+    #[cfg(test)]
+    pub(crate) fn claim_of(&self, p: PartitionId, o: OriginId) -> Option<&Claim> {
         self.claims.get(&(p, o))
-    }
-
-    /// The known salt of an origin.
-    pub fn salt(&self, p: PartitionId, o: OriginId) -> Option<&CollisionValue> {
-        self.salts.get(&(p, o))
     }
 
     fn free_for(
@@ -520,7 +517,7 @@ impl Origins {
     }
 
     /// Every origin of a mapped PID, in any partition (for `unmap`).
-    pub fn origins_of(&self, mapped: i64) -> Vec<(PartitionId, OriginId, i64)> {
+    pub(crate) fn origins_of(&self, mapped: i64) -> Vec<(PartitionId, OriginId, i64)> {
         let mut out: Vec<_> = self
             .claims
             .iter()

@@ -54,7 +54,8 @@ impl ClusterId {
         Self(bytes)
     }
 
-    pub const fn as_bytes(&self) -> &[u8; 16] {
+    #[cfg(test)]
+    pub(crate) const fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
 
@@ -124,7 +125,7 @@ pub fn cluster_hash(id: &ClusterId) -> u32 {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mapping {
+pub(crate) enum Mapping {
     /// `-1`, or already mapped (negative): forward as is, so chained mirrors
     /// and replays are safe.
     Unchanged,
@@ -133,7 +134,7 @@ pub enum Mapping {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
-pub enum Unplaceable {
+pub(crate) enum Unplaceable {
     #[error(
         "producer id {pid} is 2^31 or larger and does not fit the 31-bit identity field of a \
          mirrored producer id; it would share a slot with producer id {}",
@@ -148,7 +149,7 @@ pub enum Unplaceable {
 }
 
 /// Maps a source-cluster pid into `region`'s slice of the negative space.
-pub fn map_pid(region: u32, pid: i64) -> Mapping {
+pub(crate) fn map_pid(region: u32, pid: i64) -> Mapping {
     if pid < 0 {
         return Mapping::Unchanged;
     }

@@ -423,7 +423,8 @@ impl ProducePlan {
 /// The Produce versions of Kafka's own definition (v3 to v13 for Kafka
 /// 4.4; v0 to v2 are refused by 4.x brokers): the hand walk's
 /// (`produce_walk::VERSIONS`) must be these.
-pub fn supported_versions() -> (i16, i16) {
+#[cfg(test)]
+pub(crate) fn supported_versions() -> (i16, i16) {
     match schema::message("ProduceRequest") {
         Ok(m) => (m.valid.min, m.valid.max),
         Err(_) => (1, 0),

@@ -65,11 +65,14 @@ pub(crate) const NO_EPOCH: i16 = -1;
 pub(crate) const NO_SEQUENCE: i32 = -1;
 
 /// Kafka error codes of the refusals.
-pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
-pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+#[cfg(test)]
+pub(crate) const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+#[cfg(test)]
+pub(crate) const INVALID_PRODUCER_EPOCH: i16 = 47;
 /// Retriable for every Kafka client: the answer when the state is full of
 /// producers with batches in flight.
-pub const NOT_ENOUGH_REPLICAS: i16 = 19;
+#[cfg(test)]
+pub(crate) const NOT_ENOUGH_REPLICAS: i16 = 19;
 
 /// Half of the 2^31 sequence space: how far ahead still counts as "after".
 const HALF_SEQUENCE_SPACE: i64 = 1 << 30;
@@ -130,20 +133,12 @@ pub enum RefusalKind {
 
 impl RefusalKind {
     /// The Kafka error code to answer with.
-    pub fn error_code(self) -> i16 {
+    #[cfg(test)]
+    pub(crate) fn error_code(self) -> i16 {
         match self {
             RefusalKind::InvalidProducerEpoch => INVALID_PRODUCER_EPOCH,
             RefusalKind::OutOfOrderSequence => OUT_OF_ORDER_SEQUENCE_NUMBER,
             RefusalKind::StateFull => NOT_ENOUGH_REPLICAS,
-        }
-    }
-
-    /// A fixed word for metrics and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefusalKind::InvalidProducerEpoch => "invalid_producer_epoch",
-            RefusalKind::OutOfOrderSequence => "out_of_order_sequence",
-            RefusalKind::StateFull => "producer_state_full",
         }
     }
 }
@@ -374,7 +369,7 @@ impl ProducerStateEntry {
 
 /// What [`ProducerStates::replay_records`] walked.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     /// Whole batches read.
     pub batches: usize,
     /// Of those, batches of mapped producers taken into the state.
@@ -463,7 +458,8 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     }
 
     /// Producers held with at least one batch in flight.
-    pub fn busy(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> usize {
         self.busy
     }
 
@@ -659,7 +655,8 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// Only data batches of mapped producers count (negative PIDs other
     /// than -1, with a sequence); others are ignored. Returns whether the
     /// batch was taken.
-    pub fn replay(&mut self, partition: &P, header: &BatchHeader<'_>) -> bool {
+    #[cfg(test)]
+    pub(crate) fn replay(&mut self, partition: &P, header: &BatchHeader<'_>) -> bool {
         self.replay_keyed(header, |_| Some(*partition)) == Replay::Taken
     }
 
@@ -684,7 +681,8 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// `records` (as the broker returned them, baseOffsets set) replayed in
     /// order. A trailing partial batch (the Fetch size bound cuts one) or a
     /// malformed one ends the walk.
-    pub fn replay_records(&mut self, partition: &P, records: &[u8]) -> Replayed {
+    #[cfg(test)]
+    pub(crate) fn replay_records(&mut self, partition: &P, records: &[u8]) -> Replayed {
         self.replay_records_keyed(records, |_| Some(*partition))
     }
 
@@ -721,7 +719,8 @@ impl<P: Hash + Eq + Copy> ProducerStates<P> {
     /// barrier, or when its leader moved and the state is rebuilt).
     /// Returns how many were dropped. (A scan over every producer: this
     /// happens once per partition at a failover or a leader change.)
-    pub fn clear_partition(&mut self, partition: &P) -> usize {
+    #[cfg(test)]
+    pub(crate) fn clear_partition(&mut self, partition: &P) -> usize {
         self.clear_where(|p| p == partition)
     }
 

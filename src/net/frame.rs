@@ -102,7 +102,7 @@ pub enum FrameError {
 /// memory come back is that every holder is bounded in time too: reading a
 /// frame by its read timeout (a request's or a response's), handing it on
 /// by the write timeout.
-pub struct Budget {
+pub(crate) struct Budget {
     total: usize,
     free: Semaphore,
     overdraft: Arc<Mutex<()>>,
@@ -138,7 +138,8 @@ impl Budget {
     }
 
     /// Bytes charged now (frames on the overdraft not included).
-    pub fn in_use(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_use(&self) -> usize {
         self.total.saturating_sub(self.free.available_permits())
     }
 

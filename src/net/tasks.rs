@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 #[derive(Clone, Default)]
@@ -32,11 +32,6 @@ impl Tasks {
         });
     }
 
-    /// Resolves once shutdown has stopped the tasks.
-    pub fn stopping(&self) -> WaitForCancellationFuture<'_> {
-        self.stop.cancelled()
-    }
-
     /// Stop every task and wait at most `timeout` for them to end; how
     /// many were still running then.
     pub(crate) async fn shutdown(&self, timeout: Duration) -> usize {
@@ -49,11 +44,13 @@ impl Tasks {
     }
 
     /// Tasks running now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.tracker.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.tracker.is_empty()
     }
 }

@@ -186,7 +186,7 @@ fn parse_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, ReloadEr
 
 /// The acceptor for client listeners, replaced when its files change.
 #[derive(Clone)]
-pub struct ServerTls(Arc<Reloading<TlsAcceptor>>);
+pub(crate) struct ServerTls(Arc<Reloading<TlsAcceptor>>);
 
 impl ServerTls {
     /// From the configuration (files already read once); reloaded by

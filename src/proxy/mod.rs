@@ -152,6 +152,7 @@ pub struct Shared {
     bootstrap_health: Arc<Health>,
     /// This instance's membership of the instances' group
     /// (`control::members`); `None` without mirror links (no state topic).
+    #[allow(dead_code)] // held, not read: the membership lasts as long as the proxy
     pub members: Option<Arc<crate::control::members::Members>>,
     /// Background tasks (broker probes, listeners), stopped and joined at
     /// shutdown after the connections.

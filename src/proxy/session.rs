@@ -289,7 +289,7 @@ pub(crate) async fn serve_sni(shared: Arc<Shared>, tcp: TcpStream, peer: SocketA
 }
 
 /// Serve one accepted client connection until either side closes.
-pub async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
+pub(crate) async fn serve(shared: Arc<Shared>, tcp: TcpStream, peer: SocketAddr, target: Target) {
     serve_io(shared, ClientIo::Tcp(tcp), peer, target).await
 }
 

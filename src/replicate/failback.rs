@@ -37,7 +37,7 @@ const MAX_BATCH_BYTES: usize = 64 << 20;
 
 /// Why a failback could not be planned or applied.
 #[derive(Debug, thiserror::Error)]
-pub enum FailbackError {
+pub(crate) enum FailbackError {
     #[error("{what}")]
     Client {
         what: String,
@@ -70,7 +70,7 @@ pub enum FailbackError {
 impl FailbackError {
     /// A refusal before any plan: the failed-over link's state on B says
     /// there is nothing to fail back (yet); not a failure to read.
-    pub fn is_refusal(&self) -> bool {
+    pub(crate) fn is_refusal(&self) -> bool {
         matches!(
             self,
             FailbackError::NoState { .. }
@@ -86,7 +86,7 @@ fn client_err(what: impl Into<String>) -> impl FnOnce(ClientError) -> FailbackEr
 }
 
 /// Where to read and write.
-pub struct Failback<'a> {
+pub(crate) struct Failback<'a> {
     /// The failback link (of A's proxy).
     pub link: &'a str,
     /// The link (of B's proxy) that mirrored A into B and failed over.
@@ -107,10 +107,10 @@ pub struct Failback<'a> {
 
 /// A's records past the divergence point, as the failback report shows
 /// them (one type: the report's rows are these counts).
-pub type Tail = PastDivergence;
+pub(crate) type Tail = PastDivergence;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionPlan {
+pub(crate) struct PartitionPlan {
     pub topic: String,
     pub partition: i32,
     pub point: Result<Point, Unresolved>,
@@ -126,20 +126,20 @@ pub struct PartitionPlan {
 
 /// What a failback finds and would do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The failover of `reverse_of` that the failback undoes.
     pub failover_id: i64,
     pub partitions: Vec<PartitionPlan>,
 }
 
 impl Plan {
-    pub fn unresolved(&self) -> usize {
+    pub(crate) fn unresolved(&self) -> usize {
         self.partitions.iter().filter(|p| p.point.is_err()).count()
     }
 }
 
 /// Reads both clusters and works out every partition's divergence.
-pub async fn plan(f: &Failback<'_>) -> Result<Plan, FailbackError> {
+pub(crate) async fn plan(f: &Failback<'_>) -> Result<Plan, FailbackError> {
     // The failed-over link's state and barriers, in the state topic's
     // order (the rules every proxy instance applies).
     let mut status: Option<LinkStatus> = None;

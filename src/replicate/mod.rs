@@ -35,12 +35,12 @@
 
 mod admin;
 mod batches;
-pub mod failback;
+pub(crate) mod failback;
 mod fetcher;
 mod groups;
-pub mod members;
+pub(crate) mod members;
 pub(crate) mod metrics;
-pub mod partitions;
+pub(crate) mod partitions;
 mod progress;
 mod sender;
 mod topics;

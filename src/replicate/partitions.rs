@@ -100,7 +100,7 @@ struct Queued {
 
 /// Where a cluster serves a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// -1 while unknown.
     pub leader: i32,
     pub leader_epoch: i32,
@@ -148,7 +148,7 @@ pub struct PartitionReport {
 
 /// One partition's state.
 #[derive(Debug, Clone)]
-pub struct Partition {
+pub(crate) struct Partition {
     pub source: Placement,
     pub destination: Placement,
     /// The next source offset to fetch.

@@ -212,7 +212,7 @@ pub async fn translate(
 
 /// Translates the committed offsets of `group` on the source: every
 /// partition the link's translation knows.
-pub async fn translate_group(
+pub(crate) async fn translate_group(
     destination: &Client,
     source: &Client,
     offsets_topic: &str,

@@ -182,7 +182,7 @@ pub struct StateStore {
 
 /// A barrier record as this instance applied it.
 #[derive(Debug, Clone)]
-pub struct AppliedBarrier {
+pub(crate) struct AppliedBarrier {
     pub value: BarrierValue,
     /// Mirrored producers of the partition this instance forgot on reading
     /// it (SPEC §7: the barrier expires the proxy's own state, on every
@@ -191,7 +191,7 @@ pub struct AppliedBarrier {
 }
 
 /// Wall-clock milliseconds.
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -962,7 +962,7 @@ impl resolve::Log for StateStore {
 /// Read a state topic whole into a view (for `kafka-mirror-proxy unmap`):
 /// corrupt or unknown records, and with `auth` unsigned ones, are skipped,
 /// as when the proxy loads it.
-pub async fn read_view(
+pub(crate) async fn read_view(
     client: &Client,
     topic: &str,
     auth: Option<&StateAuth>,

@@ -94,7 +94,7 @@ struct Waiting {
 /// other (their proposals are made together, and never take one slot
 /// twice), only with other instances'.
 #[derive(Default)]
-pub struct Group {
+pub(crate) struct Group {
     queue: Mutex<Vec<Waiting>>,
     writing: tokio::sync::Mutex<()>,
 }

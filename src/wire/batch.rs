@@ -23,14 +23,16 @@ pub(crate) const BASE_OFFSET_OFFSET: usize = 0;
 pub(crate) const BATCH_LENGTH_OFFSET: usize = 8;
 /// baseOffset + batchLength: bytes not counted by batchLength.
 pub(crate) const LOG_OVERHEAD: usize = 12;
-pub const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
+#[allow(dead_code)] // named so the layout reads whole
+pub(crate) const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
 pub(crate) const MAGIC_OFFSET: usize = 16;
 pub const CRC_OFFSET: usize = 17;
 /// First byte covered by the CRC.
 pub const CRC_START: usize = 21;
 pub const ATTRIBUTES_OFFSET: usize = 21;
 pub(crate) const LAST_OFFSET_DELTA_OFFSET: usize = 23;
-pub const BASE_TIMESTAMP_OFFSET: usize = 27;
+#[allow(dead_code)] // named so the layout reads whole
+pub(crate) const BASE_TIMESTAMP_OFFSET: usize = 27;
 pub(crate) const MAX_TIMESTAMP_OFFSET: usize = 35;
 pub(crate) const PRODUCER_ID_OFFSET: usize = 43;
 pub(crate) const PRODUCER_EPOCH_OFFSET: usize = 51;
@@ -246,7 +248,8 @@ pub struct PidPatch {
 }
 
 impl PidPatch {
-    pub fn is_noop(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_noop(&self) -> bool {
         self.old_pid == self.new_pid
     }
 
@@ -290,7 +293,8 @@ pub fn plan_producer_id_patch(batch: &[u8], new_pid: i64) -> Result<PidPatch, Ba
 }
 
 /// Rewrites the producer id in place; bytes are untouched if it is unchanged.
-pub fn patch_producer_id(batch: &mut [u8], new_pid: i64) -> Result<PidPatch, BatchError> {
+#[cfg(test)]
+pub(crate) fn patch_producer_id(batch: &mut [u8], new_pid: i64) -> Result<PidPatch, BatchError> {
     let patch = plan_producer_id_patch(batch, new_pid)?;
     if !patch.is_noop() {
         patch.apply(batch)?;

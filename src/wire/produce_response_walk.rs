@@ -159,7 +159,7 @@ fn current_leader(r: &mut Reader<'_>) -> Result<i32, WalkError> {
 }
 
 /// What a walk reported, recorded: to hold this walk to the schema walk.
-pub type Event = produce_walk::Event<Partition>;
+pub(crate) type Event = produce_walk::Event<Partition>;
 
 /// This walk's events and result.
 pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<Walked, WalkError>) {

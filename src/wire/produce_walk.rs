@@ -544,7 +544,7 @@ impl<P> From<Topic<'_>> for Event<P> {
 
 /// A request's partition entry as recorded: its index, and where its
 /// records are (`None`: null).
-pub type RequestPartition = (i32, Option<Range<usize>>);
+pub(crate) type RequestPartition = (i32, Option<Range<usize>>);
 
 /// `version` of `message` cannot be walked; `versions` can. Also what a
 /// recorder reports when the compiled-in schema cannot be had, naming the

@@ -2,7 +2,8 @@
 //! failback link's history, starting points and start (SPEC §12).
 
 use crate::client::{Client, ClientConfig};
-use crate::config::replicator::default_group_id;
+use crate::config::replicator::{default_group_id, DEFAULT_OFFSETS_TOPIC};
+use crate::config::DEFAULT_STATE_TOPIC;
 use crate::control::api::{
     FailbackPartition, FailbackReport, PastDivergence, ResolvedPartition, UnresolvedPartition,
 };
@@ -14,27 +15,39 @@ use super::links::{link_state, start};
 use super::render::{table, utc};
 use super::{EXIT_ERROR, EXIT_OK, EXIT_REFUSED};
 
-/// What `failback` reads, writes and starts.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct FailbackArgs {
+/// What `failback` reads, writes and starts: the command's flags.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct FailbackArgs {
     /// The failback link on A's proxy.
+    #[arg(long)]
     pub(crate) link: String,
     /// The link on B's proxy that mirrored A into B and failed over.
+    #[arg(long)]
     pub(crate) reverse_of: String,
     /// Cluster A: its brokers (or A's proxy), host:port,...
+    #[arg(long)]
     pub(crate) bootstrap_server: String,
     /// Cluster B, host:port,...
+    #[arg(long)]
     pub(crate) source_bootstrap_server: String,
     /// B's proxy's state topic.
+    #[arg(long, default_value = DEFAULT_STATE_TOPIC)]
     pub(crate) state_topic: String,
     /// The replicators' OFFSETS_TOPIC (on both clusters).
+    #[arg(long, default_value = DEFAULT_OFFSETS_TOPIC)]
     pub(crate) offsets_topic: String,
-    /// REVERSE_OF's replicator's GROUP_ID on B (`None`: its default).
+    /// REVERSE_OF's replicator's GROUP_ID (default
+    /// replicator.mirror-<REVERSE_OF>), on B.
+    #[arg(long)]
     pub(crate) forward_group: Option<String>,
-    /// LINK's replicator's GROUP_ID on A (`None`: its default).
+    /// LINK's replicator's GROUP_ID (default replicator.mirror-<LINK>),
+    /// on A.
+    #[arg(long)]
     pub(crate) progress_group: Option<String>,
     /// Report and change nothing (no admin API needed).
+    #[arg(long)]
     pub(crate) dry_run: bool,
+    #[arg(long)]
     pub(crate) json: bool,
 }
 

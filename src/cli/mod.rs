@@ -45,7 +45,7 @@ pub(crate) use failback::failback_json;
 pub use replicate::{replicate, replicator_config};
 
 use admin_api::{AdminClient, CliError, HttpError};
-use failback::FailbackArgs;
+pub use failback::FailbackArgs;
 use failover::FailoverChecks;
 use offsets::OffsetsArgs;
 
@@ -158,39 +158,7 @@ pub enum Command {
     /// through A's admin API (MIRROR_PROXY_ADMIN_URL). Exit code 0 done (or
     /// would proceed), 3 refused (a partition's divergence cannot be told,
     /// or LINK is not PREPARING or STOPPED), 1 other errors. Plain TCP.
-    Failback {
-        /// The failback link on A's proxy.
-        #[arg(long)]
-        link: String,
-        /// The link on B's proxy that mirrored A into B and failed over.
-        #[arg(long)]
-        reverse_of: String,
-        /// Cluster A: its brokers (or A's proxy), host:port,...
-        #[arg(long)]
-        bootstrap_server: String,
-        /// Cluster B, host:port,...
-        #[arg(long)]
-        source_bootstrap_server: String,
-        /// B's proxy's state topic.
-        #[arg(long, default_value = DEFAULT_STATE_TOPIC)]
-        state_topic: String,
-        /// The replicators' OFFSETS_TOPIC (on both clusters).
-        #[arg(long, default_value = DEFAULT_OFFSETS_TOPIC)]
-        offsets_topic: String,
-        /// REVERSE_OF's replicator's GROUP_ID (default
-        /// replicator.mirror-<REVERSE_OF>), on B.
-        #[arg(long)]
-        forward_group: Option<String>,
-        /// LINK's replicator's GROUP_ID (default replicator.mirror-<LINK>),
-        /// on A.
-        #[arg(long)]
-        progress_group: Option<String>,
-        /// Report and change nothing (no admin API needed).
-        #[arg(long)]
-        dry_run: bool,
-        #[arg(long)]
-        json: bool,
-    },
+    Failback(FailbackArgs),
     /// Start mirroring a stopped link again.
     Start {
         name: String,
@@ -278,32 +246,7 @@ impl Command {
                 };
                 finish(offsets::offsets(&args).map(|()| EXIT_OK), |e| e.exit_code())
             }
-            Command::Failback {
-                link,
-                reverse_of,
-                bootstrap_server,
-                source_bootstrap_server,
-                state_topic,
-                offsets_topic,
-                forward_group,
-                progress_group,
-                dry_run,
-                json,
-            } => {
-                let args = FailbackArgs {
-                    link,
-                    reverse_of,
-                    bootstrap_server,
-                    source_bootstrap_server,
-                    state_topic,
-                    offsets_topic,
-                    forward_group,
-                    progress_group,
-                    dry_run,
-                    json,
-                };
-                finish(failback::failback(&args), |e| e.exit_code())
-            }
+            Command::Failback(args) => finish(failback::failback(&args), |e| e.exit_code()),
         }
     }
 }

@@ -46,7 +46,7 @@ pub(crate) fn describe_topic_request(topic: &str) -> DescribeConfigsRequest {
 
 /// The topic's own overrides: the values whose source is the topic
 /// itself (sensitive values, which come without one, are left out).
-pub fn topic_overrides(
+pub(crate) fn topic_overrides(
     r: &DescribeConfigsResponse,
     topic: &str,
 ) -> Result<BTreeMap<String, String>, ClientError> {

@@ -40,7 +40,7 @@ pub(crate) mod broker;
 pub(crate) mod fence;
 pub(crate) mod guard;
 pub(crate) mod metrics;
-pub mod produce;
+pub(crate) mod produce;
 pub(crate) mod rebuild;
 
 use std::future::Future;

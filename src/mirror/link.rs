@@ -156,7 +156,7 @@ impl Link {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
     /// The configured source cluster (`MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID`).

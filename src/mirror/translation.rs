@@ -178,7 +178,7 @@ impl Segments {
 
 /// The key of a segment in the offsets topic: version 0 (int16), link,
 /// topic (int16 length, UTF-8), partition (int32), source start (int64).
-pub fn encode_key(link: &str, topic: &str, partition: i32, source_start: i64) -> Vec<u8> {
+pub(crate) fn encode_key(link: &str, topic: &str, partition: i32, source_start: i64) -> Vec<u8> {
     let mut k = Vec::with_capacity(2 + 2 + link.len() + 2 + topic.len() + 4 + 8);
     k.extend_from_slice(&0i16.to_be_bytes());
     for s in [link, topic] {
@@ -193,7 +193,7 @@ pub fn encode_key(link: &str, topic: &str, partition: i32, source_start: i64) ->
 
 /// The value of a segment: version 0 (int16), source end, destination
 /// start (int64 each).
-pub fn encode_value(segment: &Segment) -> Vec<u8> {
+pub(crate) fn encode_value(segment: &Segment) -> Vec<u8> {
     let mut v = Vec::with_capacity(18);
     v.extend_from_slice(&0i16.to_be_bytes());
     v.extend_from_slice(&segment.source_end.to_be_bytes());

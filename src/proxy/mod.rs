@@ -135,7 +135,7 @@ struct NodeEntry {
 }
 
 /// State shared by every listener and connection.
-pub struct Shared {
+pub(crate) struct Shared {
     pub config: Config,
     /// What the filters of every connection see.
     pub ctx: Context,

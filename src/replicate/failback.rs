@@ -326,7 +326,7 @@ async fn scan(
 /// Writes the failback link's history (offsets topic on A) and its
 /// replicator's starting points (progress group on A). Refuses a plan with
 /// an unresolved partition, before writing anything.
-pub async fn apply(f: &Failback<'_>, plan: &Plan, now_ms: i64) -> Result<(), FailbackError> {
+pub(crate) async fn apply(f: &Failback<'_>, plan: &Plan, now_ms: i64) -> Result<(), FailbackError> {
     let count = plan.unresolved();
     if count > 0 {
         return Err(FailbackError::Unresolved { count });

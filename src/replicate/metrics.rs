@@ -87,7 +87,7 @@ impl ErrorKind {
 }
 
 /// The replicator's metrics.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     link: String,
     records: Family<TopicLabels, Counter>,

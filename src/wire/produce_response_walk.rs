@@ -57,7 +57,7 @@ pub struct Partition {
 }
 
 /// Receives what the walk reads, in response order.
-pub trait Visitor<'a> {
+pub(crate) trait Visitor<'a> {
     /// A topic entry starts; its partitions follow.
     fn topic(&mut self, topic: Topic<'a>);
     /// A partition entry of the last topic, once all of it has been read.
@@ -77,7 +77,7 @@ pub enum Walked {
 /// Walk `input[start..]`, a Produce response body at `version`. Where it
 /// returns `Whole` or an error, `wire::walk::walk` returns `Ok` or the same
 /// error on the same bytes; the visitor sees the same values either way.
-pub fn walk<'a, V: Visitor<'a>>(
+pub(crate) fn walk<'a, V: Visitor<'a>>(
     version: i16,
     input: &'a [u8],
     start: usize,

@@ -49,7 +49,7 @@ pub(super) const TAGGED: &str = "(tagged fields)";
 
 /// A topic as the request names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Topic<'a> {
+pub(crate) enum Topic<'a> {
     /// Before v13: the name's bytes (UTF-8 is the visitor's to check).
     Name(&'a [u8]),
     /// From v13.
@@ -58,7 +58,7 @@ pub enum Topic<'a> {
 
 /// Receives what the walk reads, in request order, with where it lies in
 /// the input (for a visitor that re-emits the request in part).
-pub trait Visitor<'a> {
+pub(crate) trait Visitor<'a> {
     /// The topic array's count is `count`; the topics follow.
     fn topics(&mut self, _count: Range<usize>) {}
     /// A topic entry starts; `key` is where its name (with its length) or
@@ -74,7 +74,7 @@ pub trait Visitor<'a> {
 /// Walk `input[start..]`, which must be exactly one Produce request body at
 /// `version`. Spans are offsets into `input`. Fails as `wire::walk::walk`
 /// fails on the same bytes, with the same error.
-pub fn walk<'a, V: Visitor<'a>>(
+pub(crate) fn walk<'a, V: Visitor<'a>>(
     version: i16,
     input: &'a [u8],
     start: usize,

@@ -109,7 +109,7 @@ pub fn validate(msg: &Message, version: i16, input: &[u8], start: usize) -> Resu
 
 /// Walk `input[start..]`, which must be exactly one `msg` body at `version`.
 /// Reported spans are offsets into `input`.
-pub fn walk<V: Visitor>(
+pub(crate) fn walk<V: Visitor>(
     msg: &Message,
     version: i16,
     input: &[u8],

@@ -62,7 +62,7 @@ pub(crate) trait Recovery: Sync {
 /// it. A retry of a batch still in flight waits for that attempt's outcome
 /// (bounded by [`IN_FLIGHT_WAIT`]: then it is answered retriable), never a
 /// second append.
-pub async fn begin(
+pub(crate) async fn begin(
     dedupe: &Arc<Dedupe>,
     recovery: &impl Recovery,
     link: &str,

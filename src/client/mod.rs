@@ -349,7 +349,7 @@ impl Client {
     }
 
     /// Read record batches of one partition from `offset`, at most about
-    /// `max_bytes` (see [`protocol::fetch_request`]), waiting up to
+    /// `max_bytes` (see `protocol::fetch_request`), waiting up to
     /// `max_wait` for data to arrive. The records come back untouched.
     pub async fn fetch(
         &self,

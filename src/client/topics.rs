@@ -137,7 +137,7 @@ pub(crate) fn alter_topic_configs_result(
 }
 
 impl Client {
-    /// A topic's own configuration overrides ([`topic_overrides`]).
+    /// A topic's own configuration overrides (`topic_overrides`).
     pub async fn topic_overrides(
         &self,
         topic: &str,

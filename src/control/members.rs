@@ -87,7 +87,9 @@ pub struct Members {
 }
 
 impl Members {
-    /// [`start`](Self::start) with options (session timeout, metric).
+    /// Join the group (background task: join, sync, heartbeat, rejoin on
+    /// rebalance/errors with backoff, leave on shutdown/drop), with the
+    /// session timeout and the metric of `options`.
     pub fn start_with(
         client: Client,
         group: String,

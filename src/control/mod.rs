@@ -6,7 +6,7 @@
 //! - `members`: the live proxy instances on the state topic.
 //! - `io`: what the control needs of the state store, the instances' group
 //!   and barrier placing, as traits (so its decisions are unit-tested).
-//! - `links`: the [`Control`] object the admin API calls, the fencing
+//! - `links`: the `Control` object the admin API calls, the fencing
 //!   and draining every instance does, and the failover runner.
 
 pub(crate) mod api;

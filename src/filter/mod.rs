@@ -28,7 +28,7 @@
 //! a plain function of the broker's frame, so no future, channel or task
 //! wake-up is spent per response either.
 //!
-//! A filter sees a [`Context`]: what a request may read or change of the
+//! A filter sees a `Context`: what a request may read or change of the
 //! process, and nothing of its listeners or connections. What a response
 //! teaches the proxy (brokers, topic ids) is collected in a
 //! [`addresses::Learnt`] for the session, so opening a listener for a new

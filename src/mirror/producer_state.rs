@@ -29,7 +29,7 @@
 //!
 //! The state is updated only from what the broker really appended
 //! ([`ProducerStates::appended`]), or rebuilt from a partition's log tail
-//! ([`ProducerStates::replay`]). The number of producers kept is bounded; the
+//! (`ProducerStates::replay`). The number of producers kept is bounded; the
 //! least recently used producer *with no batch in flight* is evicted first,
 //! and evictions are counted. A producer with a batch in flight is never
 //! evicted: forgotten, the retry of that batch would be appended again. When

@@ -17,7 +17,7 @@
 //! freed as soon as it is empty. Idle connections are the common case, and
 //! they cost only their sockets.
 //!
-//! Readers also draw on a [`Budget`] shared by every connection (one for
+//! Readers also draw on a `Budget` shared by every connection (one for
 //! client requests, one for broker responses): a frame's memory is charged
 //! before it is allocated, and when the budget is used up reading pauses
 //! (backpressure) until forwarded frames give theirs back. That pause is
@@ -300,7 +300,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The next frame without its size prefix, or `None` on a clean close
-    /// between frames. After [`next_size`](Self::next_size), the frame
+    /// between frames. After `next_size`, the frame
     /// whose size it returned: its size prefix is not looked for again.
     pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
         // A frame whose size is known already: nothing of `next_size` is

@@ -525,7 +525,7 @@ pub(super) fn check_version(
 /// What a walk reported, recorded: to hold a hand walk to the schema walk
 /// in tests and in the `produce_plan` and `responses` fuzz targets. `P` is
 /// what a partition carries: its index and records in a request
-/// ([`RequestPartition`]), its answer in a response.
+/// (`RequestPartition`), its answer in a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event<P> {
     Name(Vec<u8>),

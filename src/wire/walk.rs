@@ -121,7 +121,7 @@ pub(crate) fn walk<V: Visitor>(
     Ok(())
 }
 
-/// Walk like [`walk`] and return `input[..start]` followed by the body
+/// Walk like `walk` and return `input[..start]` followed by the body
 /// re-emitted with the visitor's edits and drops.
 pub fn rewrite<V: Visitor>(
     msg: &Message,

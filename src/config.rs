@@ -23,6 +23,7 @@ pub(crate) mod sni;
 mod table;
 mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
+pub(crate) use table::unicode_process_vars;
 use table::{from_env_and_vars, link_var, process_vars, upstream_sasl, upstream_tls, Env, Var};
 use variables as v;
 pub use variables::VARIABLES;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::client::{Client, ClientConfig, ClientError};
-use crate::config::{Config, ConfigError};
+use crate::config::{unicode_process_vars, Config, ConfigError, PREFIX};
 use crate::mirror::pid::{
     cluster_hash, map_pid, unmap_pid, ClusterId, ClusterIdError, Mapping, Unplaceable,
 };
@@ -104,10 +104,7 @@ pub(crate) fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> Result
     let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
     // The upstream settings when the MIRROR_PROXY_* variables describe them.
     let config = {
-        // Variables that are not Unicode are none of the proxy's.
-        let mut vars: HashMap<String, String> = std::env::vars_os()
-            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-            .collect();
+        let mut vars = unicode_process_vars(PREFIX);
         vars.insert("MIRROR_PROXY_BOOTSTRAP_SERVERS".into(), bootstrap.join(","));
         Config::from_vars(&vars).ok()
     };

@@ -3,11 +3,10 @@
 //! configuration, and the end of a run reported. The binary adds the
 //! logging, the signals and the runtime between the two.
 
-use std::collections::HashMap;
-
 use tokio::sync::watch;
 
 use crate::config::replicator::{flag_name, ReplicatorConfig, PREFIX, VARIABLES};
+use crate::config::unicode_process_vars;
 use crate::sync::error_chain;
 
 use super::{EXIT_FAILED, EXIT_OK};
@@ -48,11 +47,7 @@ pub fn replicator_config(args: Vec<String>) -> Result<ReplicatorConfig, u8> {
             return Err(code);
         }
     };
-    // Variables that are not Unicode are none of the replicator's.
-    let mut vars: HashMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| k.starts_with(PREFIX))
-        .collect();
+    let mut vars = unicode_process_vars(PREFIX);
     for (name, _, _) in VARIABLES {
         if let Some(v) = matches.get_one::<String>(name) {
             vars.insert(format!("{PREFIX}{name}"), v.clone());

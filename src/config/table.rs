@@ -354,6 +354,15 @@ pub(crate) fn process_vars(prefix: &str) -> HashMap<String, String> {
         .collect()
 }
 
+/// [`process_vars`] for the commands, which leave out a variable that is
+/// not Unicode (none of theirs) where `process_vars` panics.
+pub(crate) fn unicode_process_vars(prefix: &str) -> HashMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with(prefix))
+        .collect()
+}
+
 /// A whole number `ok` accepts.
 pub(crate) fn whole<T>(
     s: &str,
@@ -656,6 +665,27 @@ mod tests {
         assert_eq!(env.problems.len(), 1);
         assert_eq!(env.problems[0].value, None);
         assert!(!env.problems[0].to_string().contains("hunter2"));
+    }
+
+    /// The commands read the environment past a variable that is not
+    /// Unicode, and only their own prefix's variables.
+    #[test]
+    fn unicode_process_vars_leaves_out_what_is_not_unicode_or_not_ours() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+
+        let prefix = "KMP_TABLE_TEST_UNICODE_";
+        std::env::set_var(format!("{prefix}GOOD"), "yes");
+        std::env::set_var(format!("{prefix}BAD"), OsStr::from_bytes(b"\xff"));
+        std::env::set_var("KMP_TABLE_TEST_OTHER", "no");
+        let vars = unicode_process_vars(prefix);
+        std::env::remove_var(format!("{prefix}GOOD"));
+        std::env::remove_var(format!("{prefix}BAD"));
+        std::env::remove_var("KMP_TABLE_TEST_OTHER");
+        assert_eq!(
+            vars,
+            HashMap::from([(format!("{prefix}GOOD"), "yes".to_string())])
+        );
     }
 }
 

@@ -23,8 +23,8 @@ pub(crate) mod sni;
 mod table;
 mod variables;
 pub(crate) use sni::{SniNames, SniRoute};
-pub(crate) use table::unicode_process_vars;
-use table::{from_env_and_vars, link_var, process_vars, upstream_sasl, upstream_tls, Env, Var};
+pub(crate) use table::process_vars;
+use table::{from_env_and_vars, link_var, upstream_sasl, upstream_tls, Env, Var};
 use variables as v;
 pub use variables::VARIABLES;
 
@@ -471,7 +471,7 @@ impl Config {
     /// Only the mirror links (for the `unmap` subcommand, which needs no
     /// listener or TLS settings).
     pub(crate) fn links_from_env() -> Result<Links, ConfigError> {
-        let vars = process_vars(PREFIX);
+        let vars = process_vars(PREFIX)?;
         let mut env = Env::new(PREFIX, &vars);
         let links = Self::links(&mut env, None, false);
         if env.problems.is_empty() {

@@ -23,8 +23,8 @@ const MAPPED_5: &str = "-5136071999516311547";
 fn bin(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MIRROR_PROXY_") {
+    for (k, _) in std::env::vars_os() {
+        if k.as_encoded_bytes().starts_with(b"MIRROR_PROXY_") {
             cmd.env_remove(k);
         }
     }
@@ -173,6 +173,53 @@ fn run_reports_every_bad_variable_at_once() {
         !stderr.contains("proxy ready"),
         "nothing may start:\n{stderr}"
     );
+}
+
+/// A variable whose value is not Unicode: one of the proxy's is refused by
+/// name (exit 2, nothing starts); anyone else's is none of its business
+/// (before, either made the proxy panic while reading its environment).
+#[test]
+fn run_refuses_its_own_variable_that_is_not_unicode_and_passes_over_others() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    let not_unicode = OsStr::from_bytes(b"127.0.0.1:\xff");
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .env_remove("MIRROR_PROXY_BOOTSTRAP_SERVERS")
+        .env("KMP_SOMEONE_ELSES", not_unicode)
+        .env("MIRROR_PROXY_LISTEN", not_unicode);
+    let out = cmd.output().expect("the binary runs");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("MIRROR_PROXY_LISTEN") && stderr.contains("Unicode"),
+        "stderr must name the variable and say why:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+
+    // Someone else's variable alone: the usual report of what is missing.
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run")
+        .env_remove("MIRROR_PROXY_BOOTSTRAP_SERVERS")
+        .env_remove("MIRROR_PROXY_LISTEN")
+        .env("KMP_SOMEONE_ELSES", not_unicode);
+    let out = cmd.output().expect("the binary runs");
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stderr.contains("MIRROR_PROXY_BOOTSTRAP_SERVERS") && !stderr.contains("Unicode"),
+        "stderr must report the missing setting only:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[test]

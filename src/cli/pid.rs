@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::client::{Client, ClientConfig, ClientError};
-use crate::config::{unicode_process_vars, Config, ConfigError, PREFIX};
+use crate::config::{process_vars, Config, ConfigError, PREFIX};
 use crate::mirror::pid::{
     cluster_hash, map_pid, unmap_pid, ClusterId, ClusterIdError, Mapping, Unplaceable,
 };
@@ -103,11 +103,10 @@ pub(crate) fn unmap(pid: i64) -> Result<(), PidError> {
 pub(crate) fn unmap_from_state(pid: i64, bootstrap: &str, topic: &str) -> Result<(), PidError> {
     let bootstrap: Vec<String> = bootstrap.split(',').map(|s| s.trim().to_string()).collect();
     // The upstream settings when the MIRROR_PROXY_* variables describe them.
-    let config = {
-        let mut vars = unicode_process_vars(PREFIX);
+    let config = process_vars(PREFIX).ok().and_then(|mut vars| {
         vars.insert("MIRROR_PROXY_BOOTSTRAP_SERVERS".into(), bootstrap.join(","));
         Config::from_vars(&vars).ok()
-    };
+    });
     // With the state key, only records signed with it are read, as the
     // proxy reads them.
     let auth = config.as_ref().and_then(|c| {

@@ -5,8 +5,8 @@
 
 use tokio::sync::watch;
 
+use crate::config::process_vars;
 use crate::config::replicator::{flag_name, ReplicatorConfig, PREFIX, VARIABLES};
-use crate::config::unicode_process_vars;
 use crate::sync::error_chain;
 
 use super::{EXIT_FAILED, EXIT_OK};
@@ -47,7 +47,10 @@ pub fn replicator_config(args: Vec<String>) -> Result<ReplicatorConfig, u8> {
             return Err(code);
         }
     };
-    let mut vars = unicode_process_vars(PREFIX);
+    let mut vars = process_vars(PREFIX).map_err(|e| {
+        eprintln!("kafka-mirror-proxy replicate: {e}");
+        EXIT_FAILED
+    })?;
     for (name, _, _) in VARIABLES {
         if let Some(v) = matches.get_one::<String>(name) {
             vars.insert(format!("{PREFIX}{name}"), v.clone());

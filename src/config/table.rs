@@ -318,7 +318,7 @@ macro_rules! from_env_and_vars {
     ($prefix:expr) => {
         /// Read the process environment.
         pub fn from_env() -> Result<Self, $crate::config::ConfigError> {
-            Self::from_vars(&$crate::config::table::process_vars($prefix))
+            Self::from_vars(&$crate::config::table::process_vars($prefix)?)
         }
 
         /// Validate a map of variables (full names, with the prefix): each
@@ -347,20 +347,33 @@ pub(crate) fn prefixed(prefix: &str, pairs: &[(&str, &str)]) -> HashMap<String, 
         .collect()
 }
 
-/// The process environment's variables named with `prefix`.
-pub(crate) fn process_vars(prefix: &str) -> HashMap<String, String> {
-    std::env::vars()
-        .filter(|(k, _)| k.starts_with(prefix))
-        .collect()
-}
-
-/// [`process_vars`] for the commands, which leave out a variable that is
-/// not Unicode (none of theirs) where `process_vars` panics.
-pub(crate) fn unicode_process_vars(prefix: &str) -> HashMap<String, String> {
-    std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| k.starts_with(prefix))
-        .collect()
+/// The process environment's variables named with `prefix`. Any other
+/// variable is left alone, whatever its bytes (`std::env::vars` would
+/// panic on one that is not Unicode); one of ours that is not Unicode is a
+/// problem to report, not a setting to drop silently.
+pub(crate) fn process_vars(prefix: &str) -> Result<HashMap<String, String>, ConfigError> {
+    let mut vars = HashMap::new();
+    let mut problems = Vec::new();
+    for (name, value) in std::env::vars_os() {
+        if !name.as_encoded_bytes().starts_with(prefix.as_bytes()) {
+            continue;
+        }
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => {
+                vars.insert(name, value);
+            }
+            (name, _) => problems.push(ConfigProblem {
+                variable: name.unwrap_or_else(|n| n.to_string_lossy().into_owned()),
+                value: None,
+                expected: "a name and value in Unicode (UTF-8)".to_string(),
+                source: None,
+            }),
+        }
+    }
+    match problems.is_empty() {
+        true => Ok(vars),
+        false => Err(ConfigError(problems)),
+    }
 }
 
 /// A whole number `ok` accepts.
@@ -667,25 +680,31 @@ mod tests {
         assert!(!env.problems[0].to_string().contains("hunter2"));
     }
 
-    /// The commands read the environment past a variable that is not
-    /// Unicode, and only their own prefix's variables.
+    /// A variable that is not Unicode: outside the prefix it is passed
+    /// over (`std::env::vars` would panic on it); inside, it is a problem
+    /// that names the variable, and the variables beside it still read.
     #[test]
-    fn unicode_process_vars_leaves_out_what_is_not_unicode_or_not_ours() {
+    fn process_vars_passes_over_what_is_not_ours_and_reports_what_is() {
         use std::ffi::OsStr;
         use std::os::unix::ffi::OsStrExt;
 
         let prefix = "KMP_TABLE_TEST_UNICODE_";
         std::env::set_var(format!("{prefix}GOOD"), "yes");
+        std::env::set_var("KMP_TABLE_TEST_OTHER", OsStr::from_bytes(b"\xff"));
+        let clean = process_vars(prefix);
         std::env::set_var(format!("{prefix}BAD"), OsStr::from_bytes(b"\xff"));
-        std::env::set_var("KMP_TABLE_TEST_OTHER", "no");
-        let vars = unicode_process_vars(prefix);
+        let bad = process_vars(prefix);
         std::env::remove_var(format!("{prefix}GOOD"));
         std::env::remove_var(format!("{prefix}BAD"));
         std::env::remove_var("KMP_TABLE_TEST_OTHER");
         assert_eq!(
-            vars,
+            clean.expect("only ours are read"),
             HashMap::from([(format!("{prefix}GOOD"), "yes".to_string())])
         );
+        let problems = bad.expect_err("ours is not Unicode").0;
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].variable, format!("{prefix}BAD"));
+        assert!(problems[0].to_string().contains("Unicode"));
     }
 }
 

@@ -6,7 +6,7 @@
 //! `tests/layers.rs` reads `src/` and fails on any `crate::` path that
 //! points up or sideways:
 //!
-//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli > server
+//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli > server > fuzzing
 //!
 //! - `wire`: Kafka bytes, pure (headers, walks, record batches, CRC).
 //! - `metrics`: the Prometheus registry and its bounded label types.
@@ -26,6 +26,8 @@
 //! - `cli`: the operator's commands.
 //! - `server`: the proxy as a program, [`run`]: every layer composed from
 //!   one [`Config`]; `main.rs` adds signals and logging.
+//! - `fuzzing`: the fuzz targets' bodies, so `fuzz/` reaches the parsers
+//!   without their being public (hidden from the docs).
 
 pub(crate) mod admin;
 pub mod cli;
@@ -42,6 +44,8 @@ pub mod server;
 pub mod state;
 mod sync;
 pub use sync::error_chain;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod wire;
 
 pub use config::Config;

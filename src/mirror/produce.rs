@@ -65,16 +65,6 @@ pub struct TopicRef {
     pub topic_id: Uuid,
 }
 
-impl TopicRef {
-    /// The topic as a request at `version` names it.
-    pub fn key(&self, version: i16) -> TopicKey<'_> {
-        match version >= 13 {
-            true => TopicKey::Id(self.topic_id),
-            false => TopicKey::Name(self.name.as_str()),
-        }
-    }
-}
-
 /// Why the proxy answered a partition itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -880,7 +870,12 @@ fn plan_partition(
 }
 
 /// Plan that answers every partition of the request with `refusal`.
-pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str) -> ProducePlan {
+pub(crate) fn refuse_all(
+    frame: &Bytes,
+    index: &Index,
+    refusal: Refusal,
+    message: &str,
+) -> ProducePlan {
     let message: Arc<str> = message.into();
     refuse_where(frame, index, |_, _| Some((refusal, message.clone())))
 }
@@ -931,7 +926,11 @@ pub fn any_topic(frame: &[u8], index: &Index, mut pred: impl FnMut(TopicKey<'_>)
 /// without the partitions the proxy answers itself, and without topics
 /// left empty. The header and every kept partition entry are copied as
 /// they are; only array counts change.
-pub fn without_local_partitions(frame: &[u8], index: &Index, local: &[LocalPartition]) -> BytesMut {
+pub(crate) fn without_local_partitions(
+    frame: &[u8],
+    index: &Index,
+    local: &[LocalPartition],
+) -> BytesMut {
     let mut answered = vec![false; index.partitions().len()];
     for l in local {
         if let Some(a) = answered.get_mut(l.entry as usize) {
@@ -998,7 +997,7 @@ pub fn encode_response(
 /// The whole response when the proxy answers every partition, written
 /// directly: a few dozen bytes an answer and a list of places, never a
 /// decoded response (whose structures cost several times the bytes).
-pub fn local_response(
+pub(crate) fn local_response(
     correlation_id: i32,
     version: i16,
     local: &[LocalPartition],

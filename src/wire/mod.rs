@@ -14,7 +14,7 @@ pub mod crc32c;
 pub(crate) mod cursor;
 pub mod header;
 pub mod produce_response_walk;
-pub mod produce_walk;
+pub(crate) mod produce_walk;
 pub(crate) mod records;
 pub mod sasl;
 pub mod schema;

@@ -120,7 +120,7 @@ impl ApiVersionTable {
 }
 
 /// One request frame (header and body, without the size prefix).
-pub fn encode_request<R: Rpc>(
+pub(crate) fn encode_request<R: Rpc>(
     body: &R,
     version: i16,
     correlation_id: i32,
@@ -398,7 +398,7 @@ pub(crate) fn describe_topic_config_result(
 
 /// Where a request for one partition goes, as metadata knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionRef<'a> {
+pub(crate) struct PartitionRef<'a> {
     pub topic: &'a str,
     /// Nil when the broker did not say (Metadata below v10).
     pub topic_id: Uuid,
@@ -435,7 +435,7 @@ impl PartitionRef<'_> {
 
 /// Produce `records` (one or more whole record batches, sent as they are)
 /// to one partition with `acks=all`.
-pub fn produce_request(
+pub(crate) fn produce_request(
     version: i16,
     to: &PartitionRef<'_>,
     records: Bytes,

@@ -26,9 +26,11 @@ pub use state_batches::state_batches;
 mod tests {
     use std::path::Path;
 
+    type Target = fn(&[u8]);
+
     /// Every target, by the name of its folders under `fuzz/seeds` and
     /// `fuzz/seeds-manual`.
-    const TARGETS: [(&str, fn(&[u8])); 8] = [
+    const TARGETS: [(&str, Target); 8] = [
         ("client_responses", super::client_responses),
         ("frame", super::frame),
         ("produce_plan", super::produce_plan),

@@ -26,10 +26,10 @@ pub(crate) const LOG_OVERHEAD: usize = 12;
 #[allow(dead_code)] // named so the layout reads whole
 pub(crate) const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
 pub(crate) const MAGIC_OFFSET: usize = 16;
-pub const CRC_OFFSET: usize = 17;
+pub(crate) const CRC_OFFSET: usize = 17;
 /// First byte covered by the CRC.
-pub const CRC_START: usize = 21;
-pub const ATTRIBUTES_OFFSET: usize = 21;
+pub(crate) const CRC_START: usize = 21;
+pub(crate) const ATTRIBUTES_OFFSET: usize = 21;
 pub(crate) const LAST_OFFSET_DELTA_OFFSET: usize = 23;
 #[allow(dead_code)] // named so the layout reads whole
 pub(crate) const BASE_TIMESTAMP_OFFSET: usize = 27;

@@ -13,7 +13,7 @@ pub(crate) mod compression;
 pub mod crc32c;
 pub(crate) mod cursor;
 pub mod header;
-pub mod produce_response_walk;
+pub(crate) mod produce_response_walk;
 pub(crate) mod produce_walk;
 pub(crate) mod records;
 pub mod sasl;

@@ -66,7 +66,7 @@ pub(crate) trait Visitor<'a> {
 
 /// How far the walk got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Walked {
+pub(crate) enum Walked {
     /// The whole response, which names no broker.
     Whole,
     /// Every partition, then leader endpoints: the response must be walked

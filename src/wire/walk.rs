@@ -7,7 +7,7 @@
 //! process), and a generated decoder only knows the versions it was generated
 //! for. The walk reserves nothing from the wire: every count and length is
 //! checked against the bytes that remain before it is used, values are
-//! reported to a [`Visitor`] as they are read, and records are reported as a
+//! reported to a `Visitor` as they are read, and records are reported as a
 //! span of the input, never copied. Re-emitting copies the input field by
 //! field, so only the values a visitor replaces are encoded anew; sizes of
 //! tagged fields and array counts around them are recomputed.

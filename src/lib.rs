@@ -6,7 +6,7 @@
 //! `tests/layers.rs` reads `src/` and fails on any `crate::` path that
 //! points up or sideways:
 //!
-//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli > server
+//! layers: sync > wire > metrics > mirror > config > net > client > state > control > filter > proxy > admin > replicate > cli > server > benching > fuzzing
 //!
 //! - `wire`: Kafka bytes, pure (headers, walks, record batches, CRC).
 //! - `metrics`: the Prometheus registry and its bounded label types.
@@ -26,13 +26,21 @@
 //! - `cli`: the operator's commands.
 //! - `server`: the proxy as a program, [`run`]: every layer composed from
 //!   one [`Config`]; `main.rs` adds signals and logging.
+//! - `benching`, `fuzzing`: the benchmarks' workloads and the fuzz
+//!   targets' bodies, so `benches/`, `examples/cold_cost.rs` and `fuzz/`
+//!   reach the parts they time or feed without their being public (both
+//!   hidden from the docs).
 
 pub(crate) mod admin;
+#[doc(hidden)]
+pub mod benching;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod control;
 pub mod filter;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod mirror;
 pub mod net;

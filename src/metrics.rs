@@ -253,7 +253,7 @@ impl Drop for ActiveConnection {
 impl Metrics {
     /// The registry, with the per-link series of `links` (the configured
     /// link names) resolved up front.
-    pub fn new<'a>(links: impl IntoIterator<Item = &'a str>) -> Metrics {
+    pub(crate) fn new<'a>(links: impl IntoIterator<Item = &'a str>) -> Metrics {
         // Names without `_total`: prometheus-client appends it to counters.
         let mut registry = Registry::with_prefix("kafka_mirror_proxy");
         let client_connections = Family::default();

@@ -59,7 +59,11 @@ fn sample(proxy: &ProxyProcess, name: &str) -> Result<Option<f64>> {
 /// `record_batch` with the LogAppendTime bit set in its attributes (and the
 /// CRC made right again): a batch whose timestamps are not the producer's.
 fn log_append_time_batch(values: &[&str]) -> Bytes {
-    use kafka_mirror_proxy::wire::batch::{ATTRIBUTES_OFFSET, CRC_OFFSET, CRC_START};
+    // The v2 batch layout (KIP-98), written here rather than taken from
+    // the crate: attributes at 21, the CRC at 17, covering from 21 on.
+    const ATTRIBUTES_OFFSET: usize = 21;
+    const CRC_OFFSET: usize = 17;
+    const CRC_START: usize = 21;
     let mut b = record_batch(-1, values).to_vec();
     b[ATTRIBUTES_OFFSET + 1] |= 0x08;
     let crc = kafka_mirror_proxy::wire::crc32c::checksum(&b[CRC_START..]);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 
-use kafka_mirror_proxy::mirror::origins::{compose, fold32};
+use kafka_mirror_proxy::mirror::origins::compose;
 use kafka_mirror_proxy::mirror::pid::{cluster_hash, ClusterId};
 use kafka_mirror_proxy::mirror::state_records::StateRecord;
 use support::crate_client::{client, create_topic, runtime, state_records};
@@ -29,6 +29,13 @@ use support::tools::{self, DumpedBatch};
 use support::wire::{partition_result, record_batch, record_batch_at, RawClient};
 
 const STATE: &str = "__mirror_state";
+
+/// SPEC §4's salt fold, written here rather than taken from the crate:
+/// `(s low 32 bits) XOR (s high 32 bits)`.
+fn fold32(salt: i64) -> u32 {
+    let s = salt as u64;
+    (s as u32) ^ ((s >> 32) as u32)
+}
 
 /// Two cluster ids with one 32-bit hash: the second flips bit 32 of both
 /// 64-bit halves, which the XOR cancels.

@@ -1,20 +1,5 @@
-//! Request header peek and the Produce acks peek: bounded reads only.
+//! The `request_header` target: `kafka_mirror_proxy::fuzzing::request_header` says what it
+//! feeds and what it asserts.
 #![no_main]
 
-use kafka_mirror_proxy::wire::header::{produce_acks, RequestHeaderPeek};
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(h) = RequestHeaderPeek::parse(data) else {
-        return;
-    };
-    if let Some(id) = h.client_id(data) {
-        assert!(id.len() <= data.len());
-    }
-    for header_version in [1, 2] {
-        if let Ok(offset) = h.body_offset(data, header_version) {
-            assert!(offset <= data.len());
-            let _ = produce_acks(data, offset, h.api_version);
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kafka_mirror_proxy::fuzzing::request_header(data));

@@ -1,20 +1,5 @@
-//! The state-topic reader: batches as a fetch returns them, compressed with
-//! any codec or not, signed or not. Input: a records slice. Invariants: no
-//! panic; the next offset never goes back; every record reported is at or
-//! past the offset asked for; memory stays within libFuzzer's RSS limit
-//! (a batch decompresses into at most 8 MiB).
+//! The `state_batches` target: `kafka_mirror_proxy::fuzzing::state_batches` says what it
+//! feeds and what it asserts.
 #![no_main]
 
-use kafka_mirror_proxy::state::mac::StateAuth;
-use kafka_mirror_proxy::state::topic::read_batches;
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let auth = StateAuth::new(b"0123456789abcdef0123456789abcdef", "__mirror_state", 0);
-    for (from, auth) in [(0, None), (3, Some(&auth))] {
-        let next = read_batches(data, from, auth, |offset, _| {
-            assert!(offset >= from, "record {offset} before {from}");
-        });
-        assert!(next >= from);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kafka_mirror_proxy::fuzzing::state_batches(data));

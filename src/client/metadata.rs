@@ -67,7 +67,7 @@ pub struct ClusterInfo {
 }
 
 impl ClusterInfo {
-    pub fn from_response(r: &MetadataResponse) -> ClusterInfo {
+    pub(crate) fn from_response(r: &MetadataResponse) -> ClusterInfo {
         let mut topics = Vec::new();
         let mut topic_errors = Vec::new();
         for t in &r.topics {

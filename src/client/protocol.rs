@@ -88,7 +88,7 @@ pub fn our_versions<R: Rpc>() -> Result<(i16, i16), ClientError> {
 
 /// A broker's ApiVersions answer: api key → (min, max).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ApiVersionTable(HashMap<i16, (i16, i16)>);
+pub(crate) struct ApiVersionTable(HashMap<i16, (i16, i16)>);
 
 impl ApiVersionTable {
     pub(crate) fn from_response(r: &ApiVersionsResponse) -> Self {
@@ -101,7 +101,7 @@ impl ApiVersionTable {
     }
 
     /// The highest version both sides know.
-    pub fn pick<R: Rpc>(&self, broker: &str) -> Result<i16, ClientError> {
+    pub(crate) fn pick<R: Rpc>(&self, broker: &str) -> Result<i16, ClientError> {
         let (ours_min, ours_max) = our_versions::<R>()?;
         let (broker_min, broker_max) = self.0.get(&R::KEY).copied().unwrap_or((0, -1));
         let version = ours_max.min(broker_max);
@@ -120,7 +120,7 @@ impl ApiVersionTable {
 }
 
 /// One request frame (header and body, without the size prefix).
-pub fn encode_request<R: Rpc>(
+pub(crate) fn encode_request<R: Rpc>(
     body: &R,
     version: i16,
     correlation_id: i32,
@@ -214,7 +214,7 @@ fn decode_walked<R: Rpc>(
 
 /// What an ApiVersions exchange yielded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ApiVersionsAnswer {
+pub(crate) enum ApiVersionsAnswer {
     Table(ApiVersionTable),
     /// The broker does not know the version asked for and answered in the
     /// v0 layout (as Kafka does); ask again at this version.
@@ -222,7 +222,7 @@ pub enum ApiVersionsAnswer {
 }
 
 /// Interpret an ApiVersions response to a request at `version`.
-pub fn api_versions_answer(
+pub(crate) fn api_versions_answer(
     frame: &Bytes,
     version: i16,
     correlation_id: i32,
@@ -316,7 +316,10 @@ pub enum Created {
     AlreadyExists,
 }
 
-pub fn create_topics_result(r: &CreateTopicsResponse, name: &str) -> Result<Created, ClientError> {
+pub(crate) fn create_topics_result(
+    r: &CreateTopicsResponse,
+    name: &str,
+) -> Result<Created, ClientError> {
     let t = r
         .topics
         .iter()
@@ -382,7 +385,7 @@ pub(super) fn topic_configs<'a>(
 }
 
 /// The topic's configuration values by name (`None`: no value, e.g. sensitive).
-pub fn describe_topic_config_result(
+pub(crate) fn describe_topic_config_result(
     r: &DescribeConfigsResponse,
     topic: &str,
 ) -> Result<BTreeMap<String, Option<String>>, ClientError> {
@@ -395,7 +398,7 @@ pub fn describe_topic_config_result(
 
 /// Where a request for one partition goes, as metadata knows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionRef<'a> {
+pub(crate) struct PartitionRef<'a> {
     pub topic: &'a str,
     /// Nil when the broker did not say (Metadata below v10).
     pub topic_id: Uuid,
@@ -432,7 +435,7 @@ impl PartitionRef<'_> {
 
 /// Produce `records` (one or more whole record batches, sent as they are)
 /// to one partition with `acks=all`.
-pub fn produce_request(
+pub(crate) fn produce_request(
     version: i16,
     to: &PartitionRef<'_>,
     records: Bytes,
@@ -485,7 +488,7 @@ pub enum Produced {
 
 /// Retriable partition errors come back as `Err` (the caller retries);
 /// other errors as [`Produced::Refused`].
-pub fn produce_result(
+pub(crate) fn produce_result(
     r: &ProduceResponse,
     version: i16,
     to: &PartitionRef<'_>,
@@ -616,7 +619,7 @@ pub struct Fetched {
     pub aborted_transactions: Vec<AbortedTransaction>,
 }
 
-pub fn fetch_result(
+pub(crate) fn fetch_result(
     r: &FetchResponse,
     version: i16,
     from: &PartitionRef<'_>,
@@ -731,7 +734,7 @@ pub struct ListedOffset {
     pub timestamp: i64,
 }
 
-pub fn list_offsets_result(
+pub(crate) fn list_offsets_result(
     r: &ListOffsetsResponse,
     of: &PartitionRef<'_>,
 ) -> Result<ListedOffset, ClientError> {

@@ -75,7 +75,7 @@ pub(crate) type StateKey = (PartitionId, OriginId);
 /// One connection's identity for the partitions it may write without a
 /// rebuild (see the module doc); unique for the life of the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Writer(u64);
+pub(crate) struct Writer(u64);
 
 /// Writers remembered per partition: more connections writing one
 /// partition at once are not expected of a replicator; past it, the
@@ -84,7 +84,7 @@ pub struct Writer(u64);
 const WRITERS_PER_PARTITION: usize = 16;
 
 /// The producer state of every mirrored partition, shared by all sessions.
-pub struct Dedupe {
+pub(crate) struct Dedupe {
     inner: Mutex<Inner>,
     metrics: Arc<Metrics>,
     /// Notified when batches leave flight or a rebuild ends.
@@ -170,7 +170,7 @@ pub(crate) struct Rebuilt {
 /// The batches of one request that were begun (marked in flight), for the
 /// response half. Dropped unsettled, their outcome is unknown: they are
 /// failed and their partitions marked for a rebuild.
-pub struct Tracked {
+pub(crate) struct Tracked {
     dedupe: Option<Arc<Dedupe>>,
     partitions: Vec<BegunPartition>,
     /// The partitions answered as duplicates, for a check that the log
@@ -200,7 +200,7 @@ pub(crate) struct DuplicateAnswer {
 }
 
 /// What [`Dedupe::begin`] decided for a request.
-pub enum Begin {
+pub(crate) enum Begin {
     /// Every tracked partition was checked: the begun ones are in
     /// [`Tracked`], the rest became local answers in the plan.
     Begun(Tracked),
@@ -220,7 +220,7 @@ pub enum Begin {
 /// One request's right and duty to rebuild one partition's state. Dropped
 /// without `apply`, the partition stays unrebuilt and
 /// the next request claims it.
-pub struct RebuildClaim {
+pub(crate) struct RebuildClaim {
     dedupe: Arc<Dedupe>,
     partition: PartitionId,
     topic: Arc<TopicRef>,
@@ -362,7 +362,7 @@ impl Dedupe {
     /// reads at most about `rebuild_bytes` of a partition's tail.
     /// A batch whose answer never came is waited out for at most
     /// `unknown_wait` before a tail without it is trusted.
-    pub fn new(
+    pub(crate) fn new(
         max_entries: usize,
         rebuild_bytes: i32,
         unknown_wait: Duration,
@@ -387,7 +387,7 @@ impl Dedupe {
     }
 
     /// A new writer, for a new connection.
-    pub fn writer(&self) -> Writer {
+    pub(crate) fn writer(&self) -> Writer {
         Writer(
             self.next_writer
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -402,7 +402,7 @@ impl Dedupe {
 
     /// Take `partition` as rebuilt by `writer` without reading its log
     /// (the unit tests and `examples/cold_cost.rs`).
-    pub fn assume_rebuilt(&self, partition: PartitionId, writer: Writer) {
+    pub(crate) fn assume_rebuilt(&self, partition: PartitionId, writer: Writer) {
         let mut inner = self.lock();
         inner.ready.insert(partition);
         add_writer(&mut inner.writers, partition, writer);
@@ -511,7 +511,7 @@ impl Dedupe {
     /// A partition is begun only by a `writer` that claimed one of its
     /// rebuilds: for another, the request catches up first (see the module
     /// doc).
-    pub fn begin(
+    pub(crate) fn begin(
         self: &Arc<Self>,
         plan: &mut ProducePlan,
         link: &str,
@@ -779,7 +779,7 @@ impl Tracked {
     }
 
     /// Nothing was begun.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.partitions.is_empty()
     }
 
@@ -793,7 +793,7 @@ impl Tracked {
 
     /// A visitor of the Produce response that finds the answers to the
     /// begun partitions, for [`settle`](Self::settle).
-    pub fn answers(&self) -> Answers<'_> {
+    pub(crate) fn answers(&self) -> Answers<'_> {
         Answers::new(
             self.partitions
                 .iter()
@@ -812,7 +812,7 @@ impl Tracked {
     /// given) marks the partition for a rebuild from its log.
     /// `answers` are the broker's, one per begun partition in the order of
     /// [`answers`](Self::answers).
-    pub fn settle(mut self, answers: &[Option<PartitionAnswer>], now_ms: i64) {
+    pub(crate) fn settle(mut self, answers: &[Option<PartitionAnswer>], now_ms: i64) {
         let Some(dedupe) = self.dedupe.take() else {
             return;
         };

@@ -160,7 +160,7 @@ impl Link {
         &self.name
     }
     /// The configured source cluster (`MIRROR_PROXY_LINK_<NAME>_SOURCE_CLUSTER_ID`).
-    pub fn source_cluster_id(&self) -> &ClusterId {
+    pub(crate) fn source_cluster_id(&self) -> &ClusterId {
         &self.source_cluster_id
     }
     /// The source cluster whose producers the link maps now: origins are
@@ -174,7 +174,7 @@ impl Link {
         *crate::sync::write(&self.current_source) = source;
     }
     /// The 32-bit region of the bit-field mapping (the source cluster hash).
-    pub fn region(&self) -> u32 {
+    pub(crate) fn region(&self) -> u32 {
         self.region
     }
     pub(crate) fn client_id(&self) -> &str {

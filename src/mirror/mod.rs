@@ -12,7 +12,7 @@
 
 pub mod barrier;
 pub(crate) mod control_records;
-pub mod dedupe;
+pub(crate) mod dedupe;
 pub(crate) mod divergence;
 pub(crate) mod doubt;
 pub mod link;
@@ -20,7 +20,7 @@ pub mod link_state;
 pub mod origins;
 pub mod pid;
 pub mod produce;
-pub mod produce_response;
+pub(crate) mod produce_response;
 pub mod producer_state;
 pub mod state_records;
 pub mod translation;

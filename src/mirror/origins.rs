@@ -68,7 +68,7 @@ impl OriginId {
 }
 
 /// `(s low 32 bits) XOR (s high 32 bits)`.
-pub fn fold32(salt: i64) -> u32 {
+pub(crate) fn fold32(salt: i64) -> u32 {
     let s = salt as u64;
     (s as u32) ^ ((s >> 32) as u32)
 }

@@ -65,16 +65,6 @@ pub struct TopicRef {
     pub topic_id: Uuid,
 }
 
-impl TopicRef {
-    /// The topic as a request at `version` names it.
-    pub fn key(&self, version: i16) -> TopicKey<'_> {
-        match version >= 13 {
-            true => TopicKey::Id(self.topic_id),
-            false => TopicKey::Name(self.name.as_str()),
-        }
-    }
-}
-
 /// Why the proxy answered a partition itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -252,7 +242,7 @@ pub struct LocalPartition {
     /// costs a few words an entry here, not a copy of the name.
     pub topic: Arc<TopicRef>,
     pub partition: i32,
-    /// Its entry's place in the request's [`Index`].
+    /// Its entry's place in the request's `Index`.
     pub entry: u32,
     pub outcome: LocalOutcome,
 }
@@ -329,7 +319,7 @@ pub(crate) type TrackedBatches = SmallVec<[TrackedBatch; 1]>;
 pub struct TrackedPartition {
     pub topic: Arc<TopicRef>,
     pub partition: PartitionId,
-    /// Its entry's place in the request's [`Index`].
+    /// Its entry's place in the request's `Index`.
     pub entry: u32,
     /// Every batch of the partition entry (tracked or not).
     pub batch_count: usize,
@@ -361,7 +351,7 @@ pub struct Unresolved {
 }
 
 /// Where the Produce filter gets mapped PIDs from.
-pub trait OriginLookup {
+pub(crate) trait OriginLookup {
     /// The mapped PID of `origin` in `partition`, or `None` when it must
     /// first be resolved (and persisted).
     fn mapped(&self, partition: PartitionId, origin: OriginId) -> Option<i64>;
@@ -385,7 +375,7 @@ impl OriginLookup for Natural {
 
 /// The state topic's view at a time (ms), which a lookup records as the
 /// origin's last-seen time.
-pub struct AtTime<'a>(pub &'a Origins, pub i64);
+pub(crate) struct AtTime<'a>(pub &'a Origins, pub i64);
 
 impl OriginLookup for AtTime<'_> {
     fn mapped(&self, p: PartitionId, o: OriginId) -> Option<i64> {
@@ -409,7 +399,7 @@ impl ProducePlan {
     /// Patch every planned batch in the frame the plan was made from. Each
     /// patch re-checks the batch it lands on, so a plan applied to the wrong
     /// frame fails instead of corrupting it.
-    pub fn apply(&self, frame: &mut [u8]) -> Result<(), ProduceError> {
+    pub(crate) fn apply(&self, frame: &mut [u8]) -> Result<(), ProduceError> {
         for (range, patch) in &self.patches {
             let batch = frame
                 .get_mut(range.clone())
@@ -526,7 +516,7 @@ pub fn plan(
 /// producer have had the cores and their caches: it resolves each topic
 /// entry once and allocates only what the plan keeps (the patches, the
 /// tracked partitions; a partition's first tracked batch is kept inline).
-pub fn plan_with(
+pub(crate) fn plan_with(
     frame: &Bytes,
     index: &Index,
     link: &Link,
@@ -880,7 +870,12 @@ fn plan_partition(
 }
 
 /// Plan that answers every partition of the request with `refusal`.
-pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str) -> ProducePlan {
+pub(crate) fn refuse_all(
+    frame: &Bytes,
+    index: &Index,
+    refusal: Refusal,
+    message: &str,
+) -> ProducePlan {
     let message: Arc<str> = message.into();
     refuse_where(frame, index, |_, _| Some((refusal, message.clone())))
 }
@@ -889,7 +884,7 @@ pub fn refuse_all(frame: &Bytes, index: &Index, refusal: Refusal, message: &str)
 /// and forwards the rest (`forwarded_partitions` counts those). `decide`
 /// is asked once per topic entry, with its number of partitions; its
 /// message is shared by the entry's partitions.
-pub fn refuse_where(
+pub(crate) fn refuse_where(
     frame: &Bytes,
     index: &Index,
     mut decide: impl FnMut(TopicKey<'_>, usize) -> Option<(Refusal, Arc<str>)>,
@@ -910,7 +905,7 @@ pub fn refuse_where(
 
 /// A topic of a Produce request as the frame names it, borrowed from it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum TopicKey<'a> {
+pub(crate) enum TopicKey<'a> {
     /// Before v13.
     Name(&'a str),
     /// From v13.
@@ -920,7 +915,11 @@ pub enum TopicKey<'a> {
 /// Whether `pred` holds for some topic entry of the indexed request.
 /// Allocates nothing: the local path asks this of every Produce while some
 /// topic is read-only, and plans refusals (`refuse_where`) only on a yes.
-pub fn any_topic(frame: &[u8], index: &Index, mut pred: impl FnMut(TopicKey<'_>) -> bool) -> bool {
+pub(crate) fn any_topic(
+    frame: &[u8],
+    index: &Index,
+    mut pred: impl FnMut(TopicKey<'_>) -> bool,
+) -> bool {
     index
         .topics()
         .iter()
@@ -931,7 +930,11 @@ pub fn any_topic(frame: &[u8], index: &Index, mut pred: impl FnMut(TopicKey<'_>)
 /// without the partitions the proxy answers itself, and without topics
 /// left empty. The header and every kept partition entry are copied as
 /// they are; only array counts change.
-pub fn without_local_partitions(frame: &[u8], index: &Index, local: &[LocalPartition]) -> BytesMut {
+pub(crate) fn without_local_partitions(
+    frame: &[u8],
+    index: &Index,
+    local: &[LocalPartition],
+) -> BytesMut {
     let mut answered = vec![false; index.partitions().len()];
     for l in local {
         if let Some(a) = answered.get_mut(l.entry as usize) {
@@ -976,7 +979,7 @@ fn add_local<'l>(
 }
 
 /// Encode a response frame (header + body, no size prefix).
-pub fn encode_response(
+pub(crate) fn encode_response(
     correlation_id: i32,
     version: i16,
     response: &ProduceResponse,
@@ -998,7 +1001,7 @@ pub fn encode_response(
 /// The whole response when the proxy answers every partition, written
 /// directly: a few dozen bytes an answer and a list of places, never a
 /// decoded response (whose structures cost several times the bytes).
-pub fn local_response(
+pub(crate) fn local_response(
     correlation_id: i32,
     version: i16,
     local: &[LocalPartition],
@@ -1172,7 +1175,7 @@ fn put_local_topics(
 /// Decode a broker's Produce response frame (header + body), after a
 /// bounded walk has checked every count in it: the decoder reserves memory
 /// from the counts it reads.
-pub fn decode_response(
+pub(crate) fn decode_response(
     frame: &Bytes,
     version: i16,
 ) -> Result<(i32, ProduceResponse), ProduceError> {

@@ -18,7 +18,7 @@ use crate::wire::{header, ReadError};
 
 /// What the broker answered for one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionAnswer {
+pub(crate) struct PartitionAnswer {
     pub error_code: i16,
     pub base_offset: i64,
     /// `-1` unless the topic uses log append time.
@@ -30,7 +30,7 @@ pub struct PartitionAnswer {
 /// A walk visitor that finds the answers to the partitions `asked`, in
 /// their order. Topics are matched as the request named them: by name
 /// before v13, by id from v13. The first answer for a partition counts.
-pub struct Answers<'q> {
+pub(crate) struct Answers<'q> {
     /// Inline for the usual request of a partition or two: no allocation.
     asked: SmallVec<[Asked<'q>; 2]>,
 }
@@ -47,7 +47,7 @@ struct Asked<'q> {
 impl<'q> Answers<'q> {
     /// A visitor for the answers to the partitions `asked` (none: the walk
     /// only checks the response).
-    pub fn new(asked: impl IntoIterator<Item = (&'q TopicRef, i32)>) -> Answers<'q> {
+    pub(crate) fn new(asked: impl IntoIterator<Item = (&'q TopicRef, i32)>) -> Answers<'q> {
         Answers {
             asked: asked
                 .into_iter()
@@ -63,7 +63,7 @@ impl<'q> Answers<'q> {
 
     /// The answer to each asked partition, in the order asked (`None`: the
     /// response does not mention it). Inline, like `asked`.
-    pub fn into_found(self) -> SmallVec<[Option<PartitionAnswer>; 2]> {
+    pub(crate) fn into_found(self) -> SmallVec<[Option<PartitionAnswer>; 2]> {
         self.asked.iter().map(|a| a.found).collect()
     }
 
@@ -71,7 +71,7 @@ impl<'q> Answers<'q> {
     /// of `version`. `NamesBrokers`: it names leader endpoints, and must be
     /// walked by its schema too (`filter::addresses::rewrite`), which checks
     /// what this walk left and rewrites them; every answer was read before.
-    pub fn walk(&mut self, frame: &[u8], version: i16) -> Result<Walked, ProduceError> {
+    pub(crate) fn walk(&mut self, frame: &[u8], version: i16) -> Result<Walked, ProduceError> {
         let malformed = |cause: ReadError| ProduceError::Malformed { version, cause };
         let start =
             header::response_body_offset(frame, ApiKey::Produce.response_header_version(version))

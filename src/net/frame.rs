@@ -156,7 +156,7 @@ impl Budget {
 }
 
 /// Reads whole frames from one half of a connection.
-pub struct FrameReader<R> {
+pub(crate) struct FrameReader<R> {
     inner: R,
     max: usize,
     budget: Option<Arc<Budget>>,
@@ -196,7 +196,7 @@ pub struct FrameReader<R> {
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
-    pub fn new(inner: R, max: usize) -> Self {
+    pub(crate) fn new(inner: R, max: usize) -> Self {
         FrameReader {
             inner,
             max,
@@ -302,7 +302,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// The next frame without its size prefix, or `None` on a clean close
     /// between frames. After `next_size`, the frame
     /// whose size it returned: its size prefix is not looked for again.
-    pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
+    pub(crate) async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
         // A frame whose size is known already: nothing of `next_size` is
         // left to do (it gave the last frame's budget back when it began
         // this one), so its future is not even made.

@@ -26,10 +26,10 @@ pub(crate) const LOG_OVERHEAD: usize = 12;
 #[allow(dead_code)] // named so the layout reads whole
 pub(crate) const PARTITION_LEADER_EPOCH_OFFSET: usize = 12;
 pub(crate) const MAGIC_OFFSET: usize = 16;
-pub const CRC_OFFSET: usize = 17;
+pub(crate) const CRC_OFFSET: usize = 17;
 /// First byte covered by the CRC.
-pub const CRC_START: usize = 21;
-pub const ATTRIBUTES_OFFSET: usize = 21;
+pub(crate) const CRC_START: usize = 21;
+pub(crate) const ATTRIBUTES_OFFSET: usize = 21;
 pub(crate) const LAST_OFFSET_DELTA_OFFSET: usize = 23;
 #[allow(dead_code)] // named so the layout reads whole
 pub(crate) const BASE_TIMESTAMP_OFFSET: usize = 27;
@@ -85,7 +85,7 @@ pub struct BatchRef {
 }
 
 impl BatchRef {
-    pub fn range(&self) -> Range<usize> {
+    pub(crate) fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.len
     }
 }
@@ -167,14 +167,14 @@ fn field<const N: usize>(header: &[u8; HEADER_LEN], at: usize) -> [u8; N] {
 
 /// Validated header of exactly one batch.
 #[derive(Debug, Clone, Copy)]
-pub struct BatchHeader<'a> {
+pub(crate) struct BatchHeader<'a> {
     header: &'a [u8; HEADER_LEN],
     len: usize,
 }
 
 impl<'a> BatchHeader<'a> {
     /// `batch` must be exactly one batch, e.g. `&records[batch_ref.range()]`.
-    pub fn parse(batch: &'a [u8]) -> Result<Self, BatchError> {
+    pub(crate) fn parse(batch: &'a [u8]) -> Result<Self, BatchError> {
         let total = check(batch, 0)?;
         match batch.first_chunk() {
             Some(header) if total == batch.len() => Ok(Self { header, len: total }),
@@ -214,7 +214,7 @@ impl<'a> BatchHeader<'a> {
     pub(crate) fn last_offset_delta(&self) -> i32 {
         i32::from_be_bytes(field(self.header, LAST_OFFSET_DELTA_OFFSET))
     }
-    pub fn producer_id(&self) -> i64 {
+    pub(crate) fn producer_id(&self) -> i64 {
         i64::from_be_bytes(field(self.header, PRODUCER_ID_OFFSET))
     }
     pub(crate) fn producer_epoch(&self) -> i16 {
@@ -230,7 +230,7 @@ impl<'a> BatchHeader<'a> {
 
 /// Full CRC recompute over 21..end. O(batch size): for tests and
 /// verification, not for the forwarding path.
-pub fn crc_is_valid(batch: &[u8]) -> bool {
+pub(crate) fn crc_is_valid(batch: &[u8]) -> bool {
     BatchHeader::parse(batch).is_ok_and(|h| {
         batch
             .get(CRC_START..)
@@ -240,7 +240,7 @@ pub fn crc_is_valid(batch: &[u8]) -> bool {
 
 /// A producer id rewrite of one batch, computed from the header alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PidPatch {
+pub(crate) struct PidPatch {
     pub old_pid: i64,
     pub new_pid: i64,
     pub old_crc: u32,
@@ -256,7 +256,7 @@ impl PidPatch {
     /// Writes the new pid and crc. The batch must still carry the planned
     /// old pid and crc (or already the new ones: applying twice is harmless),
     /// so a patch cannot land on the wrong batch.
-    pub fn apply(&self, batch: &mut [u8]) -> Result<(), BatchError> {
+    pub(crate) fn apply(&self, batch: &mut [u8]) -> Result<(), BatchError> {
         let h = BatchHeader::parse(batch)?;
         let found = (h.producer_id(), h.crc());
         if found == (self.new_pid, self.new_crc) {
@@ -279,7 +279,7 @@ impl PidPatch {
 
 /// Computes the producer id rewrite without touching `batch`. The CRC is
 /// updated by delta, so a batch with a bad CRC keeps a bad CRC.
-pub fn plan_producer_id_patch(batch: &[u8], new_pid: i64) -> Result<PidPatch, BatchError> {
+pub(crate) fn plan_producer_id_patch(batch: &[u8], new_pid: i64) -> Result<PidPatch, BatchError> {
     let h = BatchHeader::parse(batch)?;
     let (old_pid, old_crc) = (h.producer_id(), h.crc());
     let after = (h.total_len() - PRODUCER_ID_OFFSET - 8) as u64;

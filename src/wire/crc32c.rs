@@ -29,7 +29,12 @@ pub fn checksum(data: &[u8]) -> u32 {
 /// Cost is O(N) plus one multiplication per non-zero hex digit of
 /// `bytes_after` (four for a 16 KiB batch); the message itself is never
 /// read.
-pub fn patch<const N: usize>(old_crc: u32, old: [u8; N], new: [u8; N], bytes_after: u64) -> u32 {
+pub(crate) fn patch<const N: usize>(
+    old_crc: u32,
+    old: [u8; N],
+    new: [u8; N],
+    bytes_after: u64,
+) -> u32 {
     let mut reg = 0u32;
     for (o, n) in old.iter().zip(new.iter()) {
         reg = (reg >> 8) ^ BYTE_TABLE[((reg ^ u32::from(o ^ n)) & 0xFF) as usize];

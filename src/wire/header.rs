@@ -68,7 +68,7 @@ impl RequestHeaderPeek {
     }
 
     /// The client id, if the request carries one.
-    pub fn client_id<'a>(&self, frame: &'a [u8]) -> Option<&'a str> {
+    pub(crate) fn client_id<'a>(&self, frame: &'a [u8]) -> Option<&'a str> {
         let range = self.client_id.clone()?;
         std::str::from_utf8(frame.get(range)?).ok()
     }
@@ -108,7 +108,11 @@ fn skip_tagged_fields(buf: &[u8], pos: usize) -> Option<usize> {
 /// The `acks` of a Produce request (v3+), read from the body without
 /// decoding it: a fire-and-forget (`acks=0`) request gets no response, so
 /// the proxy must not wait for one.
-pub fn produce_acks(frame: &[u8], body_offset: usize, version: i16) -> Result<i16, HeaderError> {
+pub(crate) fn produce_acks(
+    frame: &[u8],
+    body_offset: usize,
+    version: i16,
+) -> Result<i16, HeaderError> {
     let mut c = after_transactional_id(frame, body_offset, version, "acks")?;
     c.i16().map_err(|_| HeaderError::Body("acks"))
 }

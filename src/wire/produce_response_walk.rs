@@ -47,7 +47,7 @@ const THROTTLE: &str = "ThrottleTimeMs";
 
 /// What the broker answered for one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Partition {
+pub(crate) struct Partition {
     pub index: i32,
     pub error_code: i16,
     pub base_offset: i64,
@@ -66,7 +66,7 @@ pub(crate) trait Visitor<'a> {
 
 /// How far the walk got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Walked {
+pub(crate) enum Walked {
     /// The whole response, which names no broker.
     Whole,
     /// Every partition, then leader endpoints: the response must be walked
@@ -162,7 +162,11 @@ fn current_leader(r: &mut Reader<'_>) -> Result<i32, WalkError> {
 pub(crate) type Event = produce_walk::Event<Partition>;
 
 /// This walk's events and result.
-pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<Walked, WalkError>) {
+pub(crate) fn events(
+    version: i16,
+    input: &[u8],
+    start: usize,
+) -> (Vec<Event>, Result<Walked, WalkError>) {
     struct Record(Vec<Event>);
     impl Visitor<'_> for Record {
         fn topic(&mut self, topic: Topic<'_>) {
@@ -178,7 +182,7 @@ pub fn events(version: i16, input: &[u8], start: usize) -> (Vec<Event>, Result<W
 }
 
 /// The schema walk's events and result on the same input.
-pub fn schema_events(
+pub(crate) fn schema_events(
     version: i16,
     input: &[u8],
     start: usize,

@@ -173,7 +173,7 @@ impl IndexedTopic {
 
 /// A partition entry of an indexed request.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct IndexedPartition {
+pub(crate) struct IndexedPartition {
     /// Its topic entry's place in `Index::topics`.
     pub topic: u32,
     pub index: i32,
@@ -217,7 +217,7 @@ impl Index {
         &self.topics
     }
 
-    pub fn partitions(&self) -> &[IndexedPartition] {
+    pub(crate) fn partitions(&self) -> &[IndexedPartition] {
         &self.partitions
     }
 
@@ -527,7 +527,7 @@ pub(super) fn check_version(
 /// what a partition carries: its index and records in a request
 /// (`RequestPartition`), its answer in a response.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event<P> {
+pub(crate) enum Event<P> {
     Name(Vec<u8>),
     Id([u8; 16]),
     Partition(P),
@@ -560,7 +560,7 @@ pub(super) fn version_error(message: &str, version: i16, versions: (i16, i16)) -
 }
 
 /// This walk's events and result.
-pub fn events(
+pub(crate) fn events(
     version: i16,
     input: &[u8],
     start: usize,
@@ -580,7 +580,7 @@ pub fn events(
 }
 
 /// The schema walk's events and result on the same input.
-pub fn schema_events(
+pub(crate) fn schema_events(
     version: i16,
     input: &[u8],
     start: usize,

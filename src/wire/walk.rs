@@ -7,7 +7,7 @@
 //! process), and a generated decoder only knows the versions it was generated
 //! for. The walk reserves nothing from the wire: every count and length is
 //! checked against the bytes that remain before it is used, values are
-//! reported to a [`Visitor`] as they are read, and records are reported as a
+//! reported to a `Visitor` as they are read, and records are reported as a
 //! span of the input, never copied. Re-emitting copies the input field by
 //! field, so only the values a visitor replaces are encoded anew; sizes of
 //! tagged fields and array counts around them are recomputed.
@@ -66,7 +66,7 @@ pub enum WalkError {
 /// A value as read from the wire. Strings are raw bytes (UTF-8 is checked
 /// by whoever needs the text); bytes and records are a span of the input.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value<'a> {
+pub(crate) enum Value<'a> {
     Bool(bool),
     Int(i64),
     Float(f64),
@@ -77,14 +77,14 @@ pub enum Value<'a> {
 
 /// What to do with a value when re-emitting.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Edit {
+pub(crate) enum Edit {
     Keep,
     Int(i64),
     Str(String),
 }
 
 /// Receives what the walk reads. Every method has a default that ignores it.
-pub trait Visitor {
+pub(crate) trait Visitor {
     /// A value of `field` was read (for arrays of primitives: one element).
     fn value(&mut self, _field: &Field, _value: Value<'_>) -> Edit {
         Edit::Keep
@@ -99,7 +99,7 @@ pub trait Visitor {
 }
 
 /// A visitor that looks at nothing: the walk only validates.
-pub struct Validate;
+pub(crate) struct Validate;
 impl Visitor for Validate {}
 
 /// Check that `input[start..]` is exactly one `msg` body at `version`.
@@ -123,7 +123,7 @@ pub(crate) fn walk<V: Visitor>(
 
 /// Walk like `walk` and return `input[..start]` followed by the body
 /// re-emitted with the visitor's edits and drops.
-pub fn rewrite<V: Visitor>(
+pub(crate) fn rewrite<V: Visitor>(
     msg: &Message,
     version: i16,
     input: &[u8],

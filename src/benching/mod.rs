@@ -1,0 +1,42 @@
+//! The benchmarks' workloads: `benches/rewrite.rs` (criterion) and
+//! `examples/cold_cost.rs` time what is built here, so the Produce path's
+//! parts they reach stay crate-private. Each case is set up once and
+//! handed over as a closure; the timing, the allocation counting and the
+//! printing stay with the benchmark. Not part of the interface.
+
+mod cold_cost;
+mod rewrite;
+
+pub use cold_cost::ColdCost;
+pub use rewrite::cases;
+
+use bytes::{Bytes, BytesMut};
+
+/// One measured case: criterion's group and id, and the work.
+pub struct Case {
+    pub group: &'static str,
+    pub id: String,
+    /// What one run counts for, when the group reports a throughput.
+    pub per: Option<Per>,
+    pub work: Work,
+    /// Printed after the case ran (what the work's state ended as).
+    pub report: Option<Box<dyn Fn() -> String>>,
+}
+
+/// What one run counts for.
+pub enum Per {
+    Bytes(u64),
+    Element,
+}
+
+/// What one run does.
+pub enum Work {
+    /// The same work, again and again.
+    Repeat(Box<dyn FnMut()>),
+    /// Work on a fresh copy of `input` each run, the copy made (and the
+    /// output dropped) outside the timing.
+    Fresh {
+        input: Bytes,
+        run: Box<dyn FnMut(Bytes) -> BytesMut>,
+    },
+}

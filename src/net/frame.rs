@@ -246,52 +246,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.last_read
     }
 
-    /// The size of the next frame, once its size prefix has arrived, or
-    /// `None` on a clean close between frames. Nothing of the budget is
-    /// charged yet: the caller may hold the frame back (see
-    /// [`pause`](Self::pause)) before [`read_frame`](Self::read_frame)
-    /// takes it.
-    pub(crate) async fn next_size(&mut self) -> Result<Option<usize>, FrameError> {
-        self.release_returned();
-        while self.body.is_none() {
-            if self.head_len < 4 {
-                self.read_head().await?;
-                if self.head_len == 0 {
-                    return Ok(None);
-                }
-                continue;
-            }
-            let size = i32::from_be_bytes(self.head);
-            let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
-            if size > self.max {
-                return Err(FrameError::TooLarge {
-                    size,
-                    max: self.max,
-                });
-            }
-            if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
-                return Err(FrameError::OverBudget {
-                    size,
-                    budget: budget.total,
-                    setting: budget.setting,
-                });
-            }
-            self.size = size;
-            self.body = Some(Vec::new());
-        }
-        Ok(Some(self.size))
-    }
-
     /// The caller holds the next frame back, waiting on something of its
-    /// own: until [`resume`](Self::resume) (or the next `read_frame`) that
-    /// time does not count against the frame timeout. Repeated calls keep
-    /// the first instant, so a wait cancelled and begun again counts whole.
-    pub(crate) fn pause(&mut self) {
+    /// own: until [`resume`](Self::resume) that time does not count against
+    /// the frame timeout. Repeated calls keep the first instant, so a wait
+    /// cancelled and begun again counts whole.
+    fn pause(&mut self) {
         self.paused_since.get_or_insert_with(Instant::now);
     }
 
     /// The hold of [`pause`](Self::pause) is over.
-    pub(crate) fn resume(&mut self) {
+    fn resume(&mut self) {
         if let Some(since) = self.paused_since.take() {
             if let Some(deadline) = self.deadline.as_mut() {
                 *deadline += since.elapsed();
@@ -300,17 +264,70 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The next frame without its size prefix, or `None` on a clean close
-    /// between frames. After `next_size`, the frame
-    /// whose size it returned: its size prefix is not looked for again.
-    pub async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        // A frame whose size is known already: nothing of `next_size` is
-        // left to do (it gave the last frame's budget back when it began
-        // this one), so its future is not even made.
-        if self.body.is_none() && self.next_size().await?.is_none() {
-            return Ok(None);
-        }
-        self.resume();
+    /// between frames.
+    pub fn read_frame(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<Option<BytesMut>, FrameError>> + '_ {
+        self.read_frame_held(|_| None::<std::future::Pending<Result<(), FrameError>>>)
+    }
+
+    /// [`read_frame`](Self::read_frame), with a say for the caller once the
+    /// frame's size is known: `hold(size)` may return a wait to finish
+    /// before anything of the frame is charged to the budget or read past
+    /// what came with its size prefix. The time held does not count against
+    /// the frame timeout, and an error from the wait is the call's.
+    /// `hold` is asked once a call, so a wait cancelled (the whole call
+    /// dropped) is asked for again by the next call, and its time counts
+    /// from the first start.
+    ///
+    /// One future from the size prefix to the frame's last byte: each poll
+    /// goes through one state machine, not one for the size and another
+    /// for the body.
+    pub(crate) async fn read_frame_held<H, W>(
+        &mut self,
+        mut hold: H,
+    ) -> Result<Option<BytesMut>, FrameError>
+    where
+        H: FnMut(usize) -> Option<W>,
+        W: std::future::Future<Output = Result<(), FrameError>>,
+    {
+        self.release_returned();
+        let mut asked = false;
         loop {
+            if self.body.is_none() {
+                if self.head_len < 4 {
+                    self.read_head().await?;
+                    if self.head_len == 0 {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                let size = i32::from_be_bytes(self.head);
+                let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
+                if size > self.max {
+                    return Err(FrameError::TooLarge {
+                        size,
+                        max: self.max,
+                    });
+                }
+                if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
+                    return Err(FrameError::OverBudget {
+                        size,
+                        budget: budget.total,
+                        setting: budget.setting,
+                    });
+                }
+                self.size = size;
+                self.body = Some(Vec::new());
+            }
+            if !asked {
+                asked = true;
+                if let Some(wait) = hold(self.size) {
+                    self.pause();
+                    wait.await?;
+                }
+                self.resume();
+            }
             let len = self.body.as_ref().map_or(0, Vec::len);
             let remaining = self.size - len;
             if remaining == 0 {
@@ -1073,27 +1090,88 @@ mod tests {
         tx.write_all(&100_000u32.to_be_bytes())
             .await
             .expect("write");
-        assert_eq!(r.next_size().await.expect("size"), Some(100_000));
+        // The hold never ends; the call is dropped after 5 s, as a
+        // `select!` would drop it.
+        let mut asked = Vec::new();
+        let held = tokio::time::timeout(
+            Duration::from_secs(5),
+            r.read_frame_held(|size| {
+                asked.push(size);
+                Some(std::future::pending())
+            }),
+        )
+        .await;
+        assert!(held.is_err(), "held until dropped");
+        assert_eq!(asked, [100_000]);
         assert_eq!(budget.in_use(), 0, "only the size prefix was read");
         assert!(r.mid_frame());
-        r.pause();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        // A cancelled wait that begins again keeps its first instant.
-        r.pause();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        // The body comes 100 ms after the hold: within the frame timeout
-        // only if the hold did not count.
+        // The body comes 100 ms after the second hold: within the frame
+        // timeout only if neither hold counted (a cancelled wait that
+        // begins again keeps its first instant).
         let body = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(5_100)).await;
             tx.write_all(&[7; 100_000]).await.expect("write");
             tx
         });
-        let got = r.read_frame().await.expect("not timed out").expect("frame");
+        let got = r
+            .read_frame_held(|size| {
+                asked.push(size);
+                Some(async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Ok(())
+                })
+            })
+            .await
+            .expect("not timed out")
+            .expect("frame");
+        assert_eq!(asked, [100_000, 100_000], "asked once a call");
         drop(body.await.expect("writer"));
         assert_eq!(got.len(), 100_000);
         assert_eq!(budget.in_use(), 100_000);
         r.release();
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_hold_is_asked_once_the_size_is_known_and_its_error_is_the_reads() {
+        let budget = budget_of(1 << 20);
+        let mut input = frame(&[1; 300]);
+        input.extend(frame(&[2; 20_000]));
+        input.extend(frame(&[3; 10]));
+        let mut r = FrameReader::new(&input[..], 1 << 20).with_budget(Arc::clone(&budget));
+        let mut asked = Vec::new();
+        // Declined: the frame is read as by `read_frame`.
+        let f = r
+            .read_frame_held(|size| {
+                asked.push(size);
+                None::<std::future::Ready<Result<(), FrameError>>>
+            })
+            .await
+            .expect("read")
+            .expect("frame");
+        assert_eq!(&f[..], &[1; 300][..]);
+        // A wait that fails fails the read, before the frame is charged.
+        let err = r
+            .read_frame_held(|size| {
+                asked.push(size);
+                Some(std::future::ready(Err(FrameError::Io(
+                    std::io::Error::other("reset"),
+                ))))
+            })
+            .await;
+        assert!(matches!(err, Err(FrameError::Io(_))), "{err:?}");
+        assert_eq!(asked, [300, 20_000]);
+        assert_eq!(
+            budget.in_use(),
+            0,
+            "the first frame given back, the second not charged"
+        );
+        // The frame whose wait failed is still the next one.
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&f[..], &[2; 20_000][..]);
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&f[..], &[3; 10][..]);
+        assert!(r.read_frame().await.expect("read").is_none());
     }
 
     #[tokio::test]

@@ -639,25 +639,26 @@ async fn requests<S: Service>(
 /// waiting for acks), so the frame could not be written and would hold
 /// shared memory for as long as the broker holds the request. Cancel-safe:
 /// what was read stays in the reader, and a wait begun again counts from
-/// its first start.
-async fn next_frame<P>(
-    client: &mut FrameReader<ReadHalf<BoxStream>>,
-    owed: &Queue<P>,
+/// its first start. The reader's own future, not one wrapped around it:
+/// the request loop polls it on every wake-up.
+fn next_frame<'a, P>(
+    client: &'a mut FrameReader<ReadHalf<BoxStream>>,
+    owed: &'a Queue<P>,
     share: usize,
-    reset: &ResetWatch,
-) -> Result<Option<BytesMut>, FrameError> {
-    let Some(size) = client.next_size().await? else {
-        return Ok(None);
-    };
-    if size > share && owed.at_broker() > 0 {
-        client.pause();
-        tokio::select! {
-            biased;
-            () = owed.broker_quiet() => {}
-            () = reset.reset() => return Err(FrameError::Io(reset_error())),
-        }
-    }
-    client.read_frame().await
+    reset: &'a ResetWatch,
+) -> impl Future<Output = Result<Option<BytesMut>, FrameError>> + 'a {
+    client.read_frame_held(move |size| {
+        (size > share && owed.at_broker() > 0).then(|| {
+            // Boxed: rare, and its future would size the reader's.
+            Box::pin(async move {
+                tokio::select! {
+                    biased;
+                    () = owed.broker_quiet() => Ok(()),
+                    () = reset.reset() => Err(FrameError::Io(reset_error())),
+                }
+            })
+        })
+    })
 }
 
 /// Queue `pending` for the response loop: at once where the queue has

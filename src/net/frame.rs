@@ -25,12 +25,14 @@
 //! connection, so no request waits for memory forever.
 
 use std::io::IoSlice;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 use tokio::time::Instant;
 
@@ -296,9 +298,48 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             if self.body.is_none() {
                 if self.head_len < 4 {
-                    self.read_head().await?;
-                    if self.head_len == 0 {
-                        return Ok(None);
+                    // Inline rather than an async fn of its own: this is
+                    // where a connection waits between frames, polled on
+                    // every wake-up of its task, so it goes through no
+                    // state machine but this one.
+                    let start = self.head_len;
+                    // When the bytes read now arrived, if they were read
+                    // now: the frame's first byte, read from the stream,
+                    // arrived then.
+                    let mut read_at = None;
+                    if self.buffered.is_empty() {
+                        let n = if start == 0 {
+                            // Idle between frames: no deadline, so the
+                            // stream is polled straight.
+                            let (buffered, inner) = (&mut self.buffered, &mut self.inner);
+                            std::future::poll_fn(|cx| buffered.poll_read_inline(inner, cx))
+                                .await
+                                .map_err(ReadError::Io)
+                        } else {
+                            timed(self.deadline, self.buffered.read_inline(&mut self.inner)).await
+                        };
+                        match n {
+                            Ok(0) if start == 0 => return Ok(None),
+                            Ok(0) => return Err(FrameError::Truncated { buffered: start }),
+                            Ok(_) => {
+                                let now = Instant::now();
+                                self.last_read = now;
+                                read_at = Some(now);
+                            }
+                            Err(e) => return Err(self.read_error(e)),
+                        }
+                    }
+                    let n = (4 - start).min(self.buffered.len());
+                    self.head[start..start + n].copy_from_slice(&self.buffered.bytes()[..n]);
+                    self.buffered.consume(n);
+                    self.head_len += n;
+                    if start == 0 {
+                        // One clock read a frame, not two: the instant of
+                        // the read above is this one (a frame taken from
+                        // bytes read earlier starts now).
+                        if let Some(t) = self.frame_timeout {
+                            self.deadline = Some(read_at.unwrap_or_else(Instant::now) + t);
+                        }
                     }
                     continue;
                 }
@@ -377,42 +418,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Err(e) => return Err(self.read_error(e)),
             }
         }
-    }
-
-    /// Read (part of) the size prefix, from the bytes read already or the
-    /// stream. Leaves `head_len == 0` on a clean close between frames.
-    async fn read_head(&mut self) -> Result<(), FrameError> {
-        let start = self.head_len;
-        // When the bytes read now arrived, if they were read now: the
-        // frame's first byte, read from the stream, arrived then.
-        let mut read_at = None;
-        if self.buffered.is_empty() {
-            // Idle between frames: no deadline.
-            let deadline = if start == 0 { None } else { self.deadline };
-            match timed(deadline, self.buffered.read_inline(&mut self.inner)).await {
-                Ok(0) if start == 0 => return Ok(()),
-                Ok(0) => return Err(FrameError::Truncated { buffered: start }),
-                Ok(_) => {
-                    let now = Instant::now();
-                    self.last_read = now;
-                    read_at = Some(now);
-                }
-                Err(e) => return Err(self.read_error(e)),
-            }
-        }
-        let n = (4 - start).min(self.buffered.len());
-        self.head[start..start + n].copy_from_slice(&self.buffered.bytes()[..n]);
-        self.buffered.consume(n);
-        self.head_len += n;
-        if start == 0 {
-            // One clock read a frame, not two: the instant of the read
-            // above is this one (a frame taken from bytes read earlier
-            // starts now).
-            if let Some(t) = self.frame_timeout {
-                self.deadline = Some(read_at.unwrap_or_else(Instant::now) + t);
-            }
-        }
-        Ok(())
     }
 
     fn read_error(&self, e: ReadError) -> FrameError {
@@ -612,11 +617,23 @@ impl Buffered {
 
     /// One read into the inline array; only when nothing is buffered.
     async fn read_inline<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_read_inline(r, cx)).await
+    }
+
+    /// [`read_inline`](Self::read_inline) as a poll, for a caller that
+    /// waits on it without a future of its own.
+    fn poll_read_inline<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut R,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<usize>> {
         debug_assert!(self.is_empty());
-        let n = r.read(&mut self.inline).await?;
+        let mut buf = ReadBuf::new(&mut self.inline);
+        ready!(Pin::new(r).poll_read(cx, &mut buf))?;
+        let n = buf.filled().len();
         self.inline_at = 0;
         self.inline_len = n;
-        Ok(n)
+        Poll::Ready(Ok(n))
     }
 
     /// The read-ahead buffer to read into, allocated if it is not; only

@@ -617,13 +617,17 @@ async fn requests<S: Service>(
         // Written on: its memory must not wait for room in the queue.
         client.release();
         match outcome {
-            Outcome::Owed(pending) => queue(owed, pending, reset).await?,
+            Outcome::Owed(pending) => {
+                if let Err(pending) = try_queue(owed, pending) {
+                    queue(owed, pending, reset).await?;
+                }
+            }
             Outcome::NotOwed => {}
             Outcome::Fenced {
                 owed: fenced_owed,
                 link,
             } => {
-                if let Some(pending) = fenced_owed {
+                if let Some(pending) = fenced_owed.and_then(|p| try_queue(owed, p).err()) {
                     queue(owed, pending, reset).await?;
                 }
                 return Ok(End::Fenced(link));
@@ -661,20 +665,24 @@ fn next_frame<'a, P>(
     })
 }
 
-/// Queue `pending` for the response loop: at once where the queue has
-/// room (the usual case: no future, no wait), else once it has, unless the
-/// client resets first.
+/// Queue `pending` for the response loop if the queue has room (the usual
+/// case), else give it back for [`queue`]. Not async: the usual case makes
+/// no future (one would move `pending` into it and out again).
+fn try_queue<P: Pending>(owed: &Queue<P>, pending: P) -> Result<(), P> {
+    let at_broker = pending.awaits_broker().is_some();
+    owed.try_push(pending, at_broker)
+}
+
+/// Queue `pending` for the response loop once the queue has room, unless
+/// the client resets first.
 async fn queue<P: Pending>(
     owed: &Queue<P>,
     pending: P,
     reset: &ResetWatch,
 ) -> Result<(), SessionError> {
     let at_broker = pending.awaits_broker().is_some();
-    match owed.try_push(pending, at_broker) {
-        Ok(()) => Ok(()),
-        // Boxed: rare, and its future would size the request loop's.
-        Err(pending) => unless_reset(reset, Box::pin(owed.push(pending, at_broker))).await,
-    }
+    // Boxed: rare, and its future would size the request loop's.
+    unless_reset(reset, Box::pin(owed.push(pending, at_broker))).await
 }
 
 /// `wait`, unless the client resets its connection first. A session that

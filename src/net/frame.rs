@@ -652,16 +652,27 @@ enum ReadError {
     Timeout,
 }
 
+/// `read`, or [`ReadError::Timeout`] if it is still waiting at `deadline`.
+/// The read is polled once before the timer is made: one that is ready at
+/// once (a frame's body, usually: it came with its first bytes) then
+/// makes no timer, which would look up the runtime's handle and clone
+/// it. One that waits goes on under `timeout_at`, which polls it before
+/// the deadline, so data that is there is taken even past the deadline,
+/// as before.
 async fn timed(
     deadline: Option<Instant>,
     read: impl std::future::Future<Output = std::io::Result<usize>>,
 ) -> Result<usize, ReadError> {
-    match deadline {
-        None => read.await.map_err(ReadError::Io),
-        Some(at) => match tokio::time::timeout_at(at, read).await {
-            Ok(r) => r.map_err(ReadError::Io),
-            Err(_) => Err(ReadError::Timeout),
-        },
+    let mut read = std::pin::pin!(read);
+    let Some(at) = deadline else {
+        return read.await.map_err(ReadError::Io);
+    };
+    if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+        return r.map_err(ReadError::Io);
+    }
+    match tokio::time::timeout_at(at, read).await {
+        Ok(r) => r.map_err(ReadError::Io),
+        Err(_) => Err(ReadError::Timeout),
     }
 }
 
@@ -795,6 +806,28 @@ mod tests {
         ) -> std::task::Poll<std::io::Result<()>> {
             std::task::Poll::Ready(Ok(()))
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_read_takes_what_is_there_even_past_its_deadline_and_times_out_waiting() {
+        let past = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let mut ready: &[u8] = &[1, 2, 3];
+        let mut buf = [0u8; 8];
+        let n = timed(Some(past), ready.read(&mut buf)).await;
+        assert!(matches!(n, Ok(3)), "the bytes there are taken");
+        let (_tx, mut rx) = tokio::io::duplex(64);
+        let waited = timed(
+            Some(Instant::now() + Duration::from_millis(100)),
+            rx.read(&mut buf),
+        )
+        .await;
+        assert!(
+            matches!(waited, Err(ReadError::Timeout)),
+            "a read that waits times out"
+        );
+        let mut closed: &[u8] = &[];
+        assert!(matches!(timed(None, closed.read(&mut buf)).await, Ok(0)));
     }
 
     #[tokio::test]

@@ -612,8 +612,13 @@ async fn requests<S: Service>(
             Step::Wait(decided) => unless_reset(reset, decided).await??,
         };
         // A broker holding an earlier request of this connection takes no
-        // more of it: the write may wait as long as that.
-        unless_reset(reset, stack.flush()).await??;
+        // more of it: the write may wait as long as that. Pinned here and
+        // lent to `unless_reset`, not moved into its future: a copy of the
+        // whole write on every request otherwise.
+        {
+            let flush = std::pin::pin!(stack.flush());
+            unless_reset(reset, flush).await??;
+        }
         // Written on: its memory must not wait for room in the queue.
         client.release();
         match outcome {

@@ -25,12 +25,14 @@
 //! connection, so no request waits for memory forever.
 
 use std::io::IoSlice;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{Mutex, OwnedMutexGuard, Semaphore};
 use tokio::time::Instant;
 
@@ -246,52 +248,16 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.last_read
     }
 
-    /// The size of the next frame, once its size prefix has arrived, or
-    /// `None` on a clean close between frames. Nothing of the budget is
-    /// charged yet: the caller may hold the frame back (see
-    /// [`pause`](Self::pause)) before [`read_frame`](Self::read_frame)
-    /// takes it.
-    pub(crate) async fn next_size(&mut self) -> Result<Option<usize>, FrameError> {
-        self.release_returned();
-        while self.body.is_none() {
-            if self.head_len < 4 {
-                self.read_head().await?;
-                if self.head_len == 0 {
-                    return Ok(None);
-                }
-                continue;
-            }
-            let size = i32::from_be_bytes(self.head);
-            let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
-            if size > self.max {
-                return Err(FrameError::TooLarge {
-                    size,
-                    max: self.max,
-                });
-            }
-            if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
-                return Err(FrameError::OverBudget {
-                    size,
-                    budget: budget.total,
-                    setting: budget.setting,
-                });
-            }
-            self.size = size;
-            self.body = Some(Vec::new());
-        }
-        Ok(Some(self.size))
-    }
-
     /// The caller holds the next frame back, waiting on something of its
-    /// own: until [`resume`](Self::resume) (or the next `read_frame`) that
-    /// time does not count against the frame timeout. Repeated calls keep
-    /// the first instant, so a wait cancelled and begun again counts whole.
-    pub(crate) fn pause(&mut self) {
+    /// own: until [`resume`](Self::resume) that time does not count against
+    /// the frame timeout. Repeated calls keep the first instant, so a wait
+    /// cancelled and begun again counts whole.
+    fn pause(&mut self) {
         self.paused_since.get_or_insert_with(Instant::now);
     }
 
     /// The hold of [`pause`](Self::pause) is over.
-    pub(crate) fn resume(&mut self) {
+    fn resume(&mut self) {
         if let Some(since) = self.paused_since.take() {
             if let Some(deadline) = self.deadline.as_mut() {
                 *deadline += since.elapsed();
@@ -300,17 +266,109 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// The next frame without its size prefix, or `None` on a clean close
-    /// between frames. After `next_size`, the frame
-    /// whose size it returned: its size prefix is not looked for again.
-    pub(crate) async fn read_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {
-        // A frame whose size is known already: nothing of `next_size` is
-        // left to do (it gave the last frame's budget back when it began
-        // this one), so its future is not even made.
-        if self.body.is_none() && self.next_size().await?.is_none() {
-            return Ok(None);
-        }
-        self.resume();
+    /// between frames.
+    pub(crate) fn read_frame(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<Option<BytesMut>, FrameError>> + '_ {
+        self.read_frame_held(|_| None::<std::future::Pending<Result<(), FrameError>>>)
+    }
+
+    /// [`read_frame`](Self::read_frame), with a say for the caller once the
+    /// frame's size is known: `hold(size)` may return a wait to finish
+    /// before anything of the frame is charged to the budget or read past
+    /// what came with its size prefix. The time held does not count against
+    /// the frame timeout, and an error from the wait is the call's.
+    /// `hold` is asked once a call, so a wait cancelled (the whole call
+    /// dropped) is asked for again by the next call, and its time counts
+    /// from the first start.
+    ///
+    /// One future from the size prefix to the frame's last byte: each poll
+    /// goes through one state machine, not one for the size and another
+    /// for the body.
+    pub(crate) async fn read_frame_held<H, W>(
+        &mut self,
+        mut hold: H,
+    ) -> Result<Option<BytesMut>, FrameError>
+    where
+        H: FnMut(usize) -> Option<W>,
+        W: std::future::Future<Output = Result<(), FrameError>>,
+    {
+        self.release_returned();
+        let mut asked = false;
         loop {
+            if self.body.is_none() {
+                if self.head_len < 4 {
+                    // Inline rather than an async fn of its own: this is
+                    // where a connection waits between frames, polled on
+                    // every wake-up of its task, so it goes through no
+                    // state machine but this one.
+                    let start = self.head_len;
+                    // When the bytes read now arrived, if they were read
+                    // now: the frame's first byte, read from the stream,
+                    // arrived then.
+                    let mut read_at = None;
+                    if self.buffered.is_empty() {
+                        let n = if start == 0 {
+                            // Idle between frames: no deadline, so the
+                            // stream is polled straight.
+                            let (buffered, inner) = (&mut self.buffered, &mut self.inner);
+                            std::future::poll_fn(|cx| buffered.poll_read_inline(inner, cx))
+                                .await
+                                .map_err(ReadError::Io)
+                        } else {
+                            timed(self.deadline, self.buffered.read_inline(&mut self.inner)).await
+                        };
+                        match n {
+                            Ok(0) if start == 0 => return Ok(None),
+                            Ok(0) => return Err(FrameError::Truncated { buffered: start }),
+                            Ok(_) => {
+                                let now = Instant::now();
+                                self.last_read = now;
+                                read_at = Some(now);
+                            }
+                            Err(e) => return Err(self.read_error(e)),
+                        }
+                    }
+                    let n = (4 - start).min(self.buffered.len());
+                    self.head[start..start + n].copy_from_slice(&self.buffered.bytes()[..n]);
+                    self.buffered.consume(n);
+                    self.head_len += n;
+                    if start == 0 {
+                        // One clock read a frame, not two: the instant of
+                        // the read above is this one (a frame taken from
+                        // bytes read earlier starts now).
+                        if let Some(t) = self.frame_timeout {
+                            self.deadline = Some(read_at.unwrap_or_else(Instant::now) + t);
+                        }
+                    }
+                    continue;
+                }
+                let size = i32::from_be_bytes(self.head);
+                let size = usize::try_from(size).map_err(|_| FrameError::NegativeSize(size))?;
+                if size > self.max {
+                    return Err(FrameError::TooLarge {
+                        size,
+                        max: self.max,
+                    });
+                }
+                if let Some(budget) = self.budget.as_ref().filter(|b| size > b.total) {
+                    return Err(FrameError::OverBudget {
+                        size,
+                        budget: budget.total,
+                        setting: budget.setting,
+                    });
+                }
+                self.size = size;
+                self.body = Some(Vec::new());
+            }
+            if !asked {
+                asked = true;
+                if let Some(wait) = hold(self.size) {
+                    self.pause();
+                    wait.await?;
+                }
+                self.resume();
+            }
             let len = self.body.as_ref().map_or(0, Vec::len);
             let remaining = self.size - len;
             if remaining == 0 {
@@ -360,42 +418,6 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 Err(e) => return Err(self.read_error(e)),
             }
         }
-    }
-
-    /// Read (part of) the size prefix, from the bytes read already or the
-    /// stream. Leaves `head_len == 0` on a clean close between frames.
-    async fn read_head(&mut self) -> Result<(), FrameError> {
-        let start = self.head_len;
-        // When the bytes read now arrived, if they were read now: the
-        // frame's first byte, read from the stream, arrived then.
-        let mut read_at = None;
-        if self.buffered.is_empty() {
-            // Idle between frames: no deadline.
-            let deadline = if start == 0 { None } else { self.deadline };
-            match timed(deadline, self.buffered.read_inline(&mut self.inner)).await {
-                Ok(0) if start == 0 => return Ok(()),
-                Ok(0) => return Err(FrameError::Truncated { buffered: start }),
-                Ok(_) => {
-                    let now = Instant::now();
-                    self.last_read = now;
-                    read_at = Some(now);
-                }
-                Err(e) => return Err(self.read_error(e)),
-            }
-        }
-        let n = (4 - start).min(self.buffered.len());
-        self.head[start..start + n].copy_from_slice(&self.buffered.bytes()[..n]);
-        self.buffered.consume(n);
-        self.head_len += n;
-        if start == 0 {
-            // One clock read a frame, not two: the instant of the read
-            // above is this one (a frame taken from bytes read earlier
-            // starts now).
-            if let Some(t) = self.frame_timeout {
-                self.deadline = Some(read_at.unwrap_or_else(Instant::now) + t);
-            }
-        }
-        Ok(())
     }
 
     fn read_error(&self, e: ReadError) -> FrameError {
@@ -595,11 +617,23 @@ impl Buffered {
 
     /// One read into the inline array; only when nothing is buffered.
     async fn read_inline<R: AsyncRead + Unpin>(&mut self, r: &mut R) -> std::io::Result<usize> {
+        std::future::poll_fn(|cx| self.poll_read_inline(r, cx)).await
+    }
+
+    /// [`read_inline`](Self::read_inline) as a poll, for a caller that
+    /// waits on it without a future of its own.
+    fn poll_read_inline<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut R,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<usize>> {
         debug_assert!(self.is_empty());
-        let n = r.read(&mut self.inline).await?;
+        let mut buf = ReadBuf::new(&mut self.inline);
+        ready!(Pin::new(r).poll_read(cx, &mut buf))?;
+        let n = buf.filled().len();
         self.inline_at = 0;
         self.inline_len = n;
-        Ok(n)
+        Poll::Ready(Ok(n))
     }
 
     /// The read-ahead buffer to read into, allocated if it is not; only
@@ -618,16 +652,27 @@ enum ReadError {
     Timeout,
 }
 
+/// `read`, or [`ReadError::Timeout`] if it is still waiting at `deadline`.
+/// The read is polled once before the timer is made: one that is ready at
+/// once (a frame's body, usually: it came with its first bytes) then
+/// makes no timer, which would look up the runtime's handle and clone
+/// it. One that waits goes on under `timeout_at`, which polls it before
+/// the deadline, so data that is there is taken even past the deadline,
+/// as before.
 async fn timed(
     deadline: Option<Instant>,
     read: impl std::future::Future<Output = std::io::Result<usize>>,
 ) -> Result<usize, ReadError> {
-    match deadline {
-        None => read.await.map_err(ReadError::Io),
-        Some(at) => match tokio::time::timeout_at(at, read).await {
-            Ok(r) => r.map_err(ReadError::Io),
-            Err(_) => Err(ReadError::Timeout),
-        },
+    let mut read = std::pin::pin!(read);
+    let Some(at) = deadline else {
+        return read.await.map_err(ReadError::Io);
+    };
+    if let Poll::Ready(r) = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+        return r.map_err(ReadError::Io);
+    }
+    match tokio::time::timeout_at(at, read).await {
+        Ok(r) => r.map_err(ReadError::Io),
+        Err(_) => Err(ReadError::Timeout),
     }
 }
 
@@ -761,6 +806,28 @@ mod tests {
         ) -> std::task::Poll<std::io::Result<()>> {
             std::task::Poll::Ready(Ok(()))
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_read_takes_what_is_there_even_past_its_deadline_and_times_out_waiting() {
+        let past = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let mut ready: &[u8] = &[1, 2, 3];
+        let mut buf = [0u8; 8];
+        let n = timed(Some(past), ready.read(&mut buf)).await;
+        assert!(matches!(n, Ok(3)), "the bytes there are taken");
+        let (_tx, mut rx) = tokio::io::duplex(64);
+        let waited = timed(
+            Some(Instant::now() + Duration::from_millis(100)),
+            rx.read(&mut buf),
+        )
+        .await;
+        assert!(
+            matches!(waited, Err(ReadError::Timeout)),
+            "a read that waits times out"
+        );
+        let mut closed: &[u8] = &[];
+        assert!(matches!(timed(None, closed.read(&mut buf)).await, Ok(0)));
     }
 
     #[tokio::test]
@@ -1073,27 +1140,88 @@ mod tests {
         tx.write_all(&100_000u32.to_be_bytes())
             .await
             .expect("write");
-        assert_eq!(r.next_size().await.expect("size"), Some(100_000));
+        // The hold never ends; the call is dropped after 5 s, as a
+        // `select!` would drop it.
+        let mut asked = Vec::new();
+        let held = tokio::time::timeout(
+            Duration::from_secs(5),
+            r.read_frame_held(|size| {
+                asked.push(size);
+                Some(std::future::pending())
+            }),
+        )
+        .await;
+        assert!(held.is_err(), "held until dropped");
+        assert_eq!(asked, [100_000]);
         assert_eq!(budget.in_use(), 0, "only the size prefix was read");
         assert!(r.mid_frame());
-        r.pause();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        // A cancelled wait that begins again keeps its first instant.
-        r.pause();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        // The body comes 100 ms after the hold: within the frame timeout
-        // only if the hold did not count.
+        // The body comes 100 ms after the second hold: within the frame
+        // timeout only if neither hold counted (a cancelled wait that
+        // begins again keeps its first instant).
         let body = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(5_100)).await;
             tx.write_all(&[7; 100_000]).await.expect("write");
             tx
         });
-        let got = r.read_frame().await.expect("not timed out").expect("frame");
+        let got = r
+            .read_frame_held(|size| {
+                asked.push(size);
+                Some(async {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    Ok(())
+                })
+            })
+            .await
+            .expect("not timed out")
+            .expect("frame");
+        assert_eq!(asked, [100_000, 100_000], "asked once a call");
         drop(body.await.expect("writer"));
         assert_eq!(got.len(), 100_000);
         assert_eq!(budget.in_use(), 100_000);
         r.release();
         assert_eq!(budget.in_use(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_hold_is_asked_once_the_size_is_known_and_its_error_is_the_reads() {
+        let budget = budget_of(1 << 20);
+        let mut input = frame(&[1; 300]);
+        input.extend(frame(&[2; 20_000]));
+        input.extend(frame(&[3; 10]));
+        let mut r = FrameReader::new(&input[..], 1 << 20).with_budget(Arc::clone(&budget));
+        let mut asked = Vec::new();
+        // Declined: the frame is read as by `read_frame`.
+        let f = r
+            .read_frame_held(|size| {
+                asked.push(size);
+                None::<std::future::Ready<Result<(), FrameError>>>
+            })
+            .await
+            .expect("read")
+            .expect("frame");
+        assert_eq!(&f[..], &[1; 300][..]);
+        // A wait that fails fails the read, before the frame is charged.
+        let err = r
+            .read_frame_held(|size| {
+                asked.push(size);
+                Some(std::future::ready(Err(FrameError::Io(
+                    std::io::Error::other("reset"),
+                ))))
+            })
+            .await;
+        assert!(matches!(err, Err(FrameError::Io(_))), "{err:?}");
+        assert_eq!(asked, [300, 20_000]);
+        assert_eq!(
+            budget.in_use(),
+            0,
+            "the first frame given back, the second not charged"
+        );
+        // The frame whose wait failed is still the next one.
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&f[..], &[2; 20_000][..]);
+        let f = r.read_frame().await.expect("read").expect("frame");
+        assert_eq!(&f[..], &[3; 10][..]);
+        assert!(r.read_frame().await.expect("read").is_none());
     }
 
     #[tokio::test]

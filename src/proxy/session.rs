@@ -612,18 +612,27 @@ async fn requests<S: Service>(
             Step::Wait(decided) => unless_reset(reset, decided).await??,
         };
         // A broker holding an earlier request of this connection takes no
-        // more of it: the write may wait as long as that.
-        unless_reset(reset, stack.flush()).await??;
+        // more of it: the write may wait as long as that. Pinned here and
+        // lent to `unless_reset`, not moved into its future: a copy of the
+        // whole write on every request otherwise.
+        {
+            let flush = std::pin::pin!(stack.flush());
+            unless_reset(reset, flush).await??;
+        }
         // Written on: its memory must not wait for room in the queue.
         client.release();
         match outcome {
-            Outcome::Owed(pending) => queue(owed, pending, reset).await?,
+            Outcome::Owed(pending) => {
+                if let Err(pending) = try_queue(owed, pending) {
+                    queue(owed, pending, reset).await?;
+                }
+            }
             Outcome::NotOwed => {}
             Outcome::Fenced {
                 owed: fenced_owed,
                 link,
             } => {
-                if let Some(pending) = fenced_owed {
+                if let Some(pending) = fenced_owed.and_then(|p| try_queue(owed, p).err()) {
                     queue(owed, pending, reset).await?;
                 }
                 return Ok(End::Fenced(link));
@@ -639,41 +648,46 @@ async fn requests<S: Service>(
 /// waiting for acks), so the frame could not be written and would hold
 /// shared memory for as long as the broker holds the request. Cancel-safe:
 /// what was read stays in the reader, and a wait begun again counts from
-/// its first start.
-async fn next_frame<P>(
-    client: &mut FrameReader<ReadHalf<BoxStream>>,
-    owed: &Queue<P>,
+/// its first start. The reader's own future, not one wrapped around it:
+/// the request loop polls it on every wake-up.
+fn next_frame<'a, P>(
+    client: &'a mut FrameReader<ReadHalf<BoxStream>>,
+    owed: &'a Queue<P>,
     share: usize,
-    reset: &ResetWatch,
-) -> Result<Option<BytesMut>, FrameError> {
-    let Some(size) = client.next_size().await? else {
-        return Ok(None);
-    };
-    if size > share && owed.at_broker() > 0 {
-        client.pause();
-        tokio::select! {
-            biased;
-            () = owed.broker_quiet() => {}
-            () = reset.reset() => return Err(FrameError::Io(reset_error())),
-        }
-    }
-    client.read_frame().await
+    reset: &'a ResetWatch,
+) -> impl Future<Output = Result<Option<BytesMut>, FrameError>> + 'a {
+    client.read_frame_held(move |size| {
+        (size > share && owed.at_broker() > 0).then(|| {
+            // Boxed: rare, and its future would size the reader's.
+            Box::pin(async move {
+                tokio::select! {
+                    biased;
+                    () = owed.broker_quiet() => Ok(()),
+                    () = reset.reset() => Err(FrameError::Io(reset_error())),
+                }
+            })
+        })
+    })
 }
 
-/// Queue `pending` for the response loop: at once where the queue has
-/// room (the usual case: no future, no wait), else once it has, unless the
-/// client resets first.
+/// Queue `pending` for the response loop if the queue has room (the usual
+/// case), else give it back for [`queue`]. Not async: the usual case makes
+/// no future (one would move `pending` into it and out again).
+fn try_queue<P: Pending>(owed: &Queue<P>, pending: P) -> Result<(), P> {
+    let at_broker = pending.awaits_broker().is_some();
+    owed.try_push(pending, at_broker)
+}
+
+/// Queue `pending` for the response loop once the queue has room, unless
+/// the client resets first.
 async fn queue<P: Pending>(
     owed: &Queue<P>,
     pending: P,
     reset: &ResetWatch,
 ) -> Result<(), SessionError> {
     let at_broker = pending.awaits_broker().is_some();
-    match owed.try_push(pending, at_broker) {
-        Ok(()) => Ok(()),
-        // Boxed: rare, and its future would size the request loop's.
-        Err(pending) => unless_reset(reset, Box::pin(owed.push(pending, at_broker))).await,
-    }
+    // Boxed: rare, and its future would size the request loop's.
+    unless_reset(reset, Box::pin(owed.push(pending, at_broker))).await
 }
 
 /// `wait`, unless the client resets its connection first. A session that

@@ -82,8 +82,10 @@ pub(crate) async fn begin(
     // again, after which what the state says comes from the log.
     let mut duplicates_checked = false;
     loop {
-        let now = tokio::time::Instant::now();
-        let wait = !shutting_down && in_flight_deadline.is_none_or(|d| now < d);
+        // The clock is read only where a deadline is set or checked: a
+        // request begun at the first try (the usual case) reads none.
+        let wait =
+            !shutting_down && in_flight_deadline.is_none_or(|d| tokio::time::Instant::now() < d);
         let deadline = match dedupe.begin(plan, link, wait, writer) {
             Begin::Begun(mut tracked) => {
                 // If its answer never comes, the broker may still append
@@ -112,8 +114,10 @@ pub(crate) async fn begin(
                 *plan = recovery.replan();
                 continue;
             }
-            Begin::InFlight => *in_flight_deadline.get_or_insert(now + IN_FLIGHT_WAIT),
+            Begin::InFlight => *in_flight_deadline
+                .get_or_insert_with(|| tokio::time::Instant::now() + IN_FLIGHT_WAIT),
             Begin::Rebuild { claims, waiting } if claims.is_empty() => {
+                let now = tokio::time::Instant::now();
                 let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
                 if shutting_down || now >= d {
                     for partition in waiting {
@@ -130,7 +134,8 @@ pub(crate) async fn begin(
             Begin::Rebuild { claims, .. } => {
                 // Bounded too: a partition marked again during each of its
                 // rebuilds is not rebuilt forever by one request.
-                let d = *rebuild_deadline.get_or_insert(now + REBUILD_WAIT);
+                let d = *rebuild_deadline
+                    .get_or_insert_with(|| tokio::time::Instant::now() + REBUILD_WAIT);
                 for claim in claims {
                     if shutting_down || tokio::time::Instant::now() >= d {
                         let message = format!(

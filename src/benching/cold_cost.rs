@@ -18,7 +18,6 @@ use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use crate::mirror::produce;
 use crate::mirror::produce_response::Answers;
 use crate::mirror::state_records::{OriginValue, StateRecord};
-use crate::wire::batch::{self, NewBatch, NewRecord};
 use crate::wire::header::RequestHeaderPeek;
 use crate::wire::produce_response_walk::Walked;
 
@@ -96,7 +95,7 @@ impl ColdCost {
         );
         let writer = dedupe.writer();
         dedupe.assume_rebuilt(at, writer);
-        let b = batch(15);
+        let b = super::batch(15, 1024);
         let template = request(&b);
         let batch_at = template
             .windows(b.len())
@@ -194,41 +193,6 @@ impl ColdCost {
             assert_eq!(walked, Walked::Whole);
         });
     }
-}
-
-/// One batch of `records` 1 KiB records from producer `PID` (the library's
-/// batch builder; incompressible values).
-fn batch(records: usize) -> Bytes {
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let values: Vec<Vec<u8>> = (0..records)
-        .map(|_| {
-            (0..1024)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u8
-                })
-                .collect()
-        })
-        .collect();
-    let records: Vec<NewRecord<'_>> = values
-        .iter()
-        .map(|v| NewRecord {
-            key: None,
-            value: Some(v),
-            headers: &[],
-            timestamp: 1_700_000_000_000,
-        })
-        .collect();
-    let producer = NewBatch {
-        producer_id: PID,
-        producer_epoch: 0,
-        base_sequence: 0,
-        transactional: false,
-        control: false,
-    };
-    Bytes::from(batch::build(&producer, &records).expect("batch"))
 }
 
 /// A v13 Produce of `b` to partition 0 of `orders`, as the link sends it.

@@ -12,6 +12,8 @@ pub use rewrite::cases;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::wire::batch::{build, NewBatch, NewRecord};
+
 /// One measured case: criterion's group and id, and the work.
 pub struct Case {
     pub group: &'static str,
@@ -39,4 +41,40 @@ pub enum Work {
         input: Bytes,
         run: Box<dyn FnMut(Bytes) -> BytesMut>,
     },
+}
+
+/// One batch of `records` records of `value_len` incompressible bytes each
+/// (a xorshift stream), from producer 5, built by the library's own batch
+/// builder.
+fn batch(records: usize, value_len: usize) -> Bytes {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let values: Vec<Vec<u8>> = (0..records)
+        .map(|_| {
+            (0..value_len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect()
+        })
+        .collect();
+    let records: Vec<NewRecord<'_>> = values
+        .iter()
+        .map(|v| NewRecord {
+            key: None,
+            value: Some(v),
+            headers: &[],
+            timestamp: 1_700_000_000_000,
+        })
+        .collect();
+    let producer = NewBatch {
+        producer_id: 5,
+        producer_epoch: 0,
+        base_sequence: 0,
+        transactional: false,
+        control: false,
+    };
+    Bytes::from(build(&producer, &records).expect("a batch of valid records"))
 }

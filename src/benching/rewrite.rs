@@ -19,10 +19,9 @@ use crate::mirror::produce;
 use crate::mirror::produce_response::Answers;
 use crate::mirror::producer_state::{BatchId, Check, ProducerStates};
 use crate::mirror::state_records::{OriginValue, StateRecord};
-use crate::wire::batch::{NewBatch, NewRecord};
+use crate::wire::crc32c;
 use crate::wire::header::RequestHeaderPeek;
 use crate::wire::produce_response_walk::Walked;
-use crate::wire::{self, crc32c};
 
 /// Every case, in the order the bench runs them.
 pub fn cases() -> Vec<Case> {
@@ -52,41 +51,9 @@ fn repeat(f: impl FnMut() + 'static) -> Work {
 const VERSION: i16 = 9;
 const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
 
-/// One batch of about `size` bytes from producer 5 (incompressible values),
-/// built by the library's own batch builder.
+/// One batch of about `size` bytes from producer 5.
 fn batch(size: usize) -> Bytes {
-    let record_value = 1000;
-    let count = (size / (record_value + 20)).max(1);
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let values: Vec<Vec<u8>> = (0..count)
-        .map(|_| {
-            (0..record_value)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u8
-                })
-                .collect()
-        })
-        .collect();
-    let records: Vec<NewRecord<'_>> = values
-        .iter()
-        .map(|v| NewRecord {
-            key: None,
-            value: Some(v),
-            headers: &[],
-            timestamp: 1_700_000_000_000,
-        })
-        .collect();
-    let producer = NewBatch {
-        producer_id: 5,
-        producer_epoch: 0,
-        base_sequence: 0,
-        transactional: false,
-        control: false,
-    };
-    Bytes::from(wire::batch::build(&producer, &records).expect("batch"))
+    super::batch((size / 1020).max(1), 1000)
 }
 
 fn request(partitions: usize, batch_size: usize) -> (Bytes, Bytes) {
@@ -277,28 +244,29 @@ fn produce_response(all: &mut Vec<Case>) {
             })
             .collect(),
     );
-    let mut frame = BytesMut::new();
-    ResponseHeader::default()
-        .with_correlation_id(9)
-        .encode(&mut frame, ApiKey::Produce.response_header_version(version))
-        .expect("header");
-    body.encode(&mut frame, version).expect("body");
-    let frame = frame.freeze();
+    let frame = produce::encode_response(9, version, &body)
+        .expect("response")
+        .freeze();
     let adv = Rc::new(Advertised {
         host: "proxy".into(),
         port_base: 19093,
         sni: None,
     });
     const GROUP: &str = "produce_response_v11_32_partitions";
-    let (f, a) = (frame.clone(), Rc::clone(&adv));
+    let walk_and_pass = |f: Bytes, a: Rc<Advertised>| {
+        move || {
+            let (out, _) = addresses::rewrite(ApiKey::Produce, version, &f, &a).expect("walk");
+            assert!(
+                out.is_none(),
+                "a response naming no broker passes untouched"
+            );
+        }
+    };
     all.push(case(
         GROUP,
         "walk_and_pass",
         None,
-        repeat(move || {
-            let (out, _) = addresses::rewrite(ApiKey::Produce, version, &f, &a).expect("walk");
-            assert!(out.is_none());
-        }),
+        repeat(walk_and_pass(frame.clone(), Rc::clone(&adv))),
     ));
     all.push(case(
         GROUP,
@@ -325,13 +293,9 @@ fn produce_response(all: &mut Vec<Case>) {
             .with_index(0)
             .with_base_offset(1_000_000)
             .with_log_append_time_ms(-1)])]);
-    let mut frame = BytesMut::new();
-    ResponseHeader::default()
-        .with_correlation_id(9)
-        .encode(&mut frame, ApiKey::Produce.response_header_version(version))
-        .expect("header");
-    one.encode(&mut frame, version).expect("body");
-    let frame = frame.freeze();
+    let frame = produce::encode_response(9, version, &one)
+        .expect("response")
+        .freeze();
     let tracked = produce::TopicRef {
         name: topic,
         topic_id: Uuid::nil(),
@@ -349,24 +313,19 @@ fn produce_response(all: &mut Vec<Case>) {
             black_box(answers.into_found());
         }),
     ));
-    let (f, a) = (frame.clone(), Rc::clone(&adv));
     all.push(case(
         LINK_GROUP,
         "schema_endpoint_walk_alone",
         None,
-        repeat(move || {
-            let (out, _) = addresses::rewrite(ApiKey::Produce, version, &f, &a).expect("walk");
-            assert!(out.is_none());
-        }),
+        repeat(walk_and_pass(frame.clone(), Rc::clone(&adv))),
     ));
+    let walk = walk_and_pass(frame.clone(), adv);
     all.push(case(
         LINK_GROUP,
         "endpoint_walk_then_validate_and_decode",
         None,
         repeat(move || {
-            let (out, _) =
-                addresses::rewrite(ApiKey::Produce, version, &frame, &adv).expect("walk");
-            assert!(out.is_none());
+            walk();
             black_box(produce::decode_response(&frame, version).expect("decode"));
         }),
     ));

@@ -7,23 +7,20 @@ use std::sync::{Arc, RwLock};
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ApiKey, ProduceResponse};
-use regex::Regex;
 use uuid::Uuid;
 
 use crate::client::protocol::{self, PartitionRef};
 use crate::metrics::Metrics;
 use crate::mirror::dedupe::{Begin, Dedupe, Writer};
 use crate::mirror::link::{ControlBatchPolicy, Link};
-use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
+use crate::mirror::origins::{Origins, PartitionId};
 use crate::mirror::produce;
 use crate::mirror::produce_response::Answers;
-use crate::mirror::state_records::{OriginValue, StateRecord};
 use crate::wire::header::RequestHeaderPeek;
 use crate::wire::produce_response_walk::Walked;
 
 const VERSION: i16 = 13;
 const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
-const PID: i64 = 5;
 /// Offset of baseSequence in a v2 record batch.
 const BASE_SEQUENCE: usize = 53;
 
@@ -58,35 +55,12 @@ impl ColdCost {
 
     #[allow(clippy::new_without_default)] // built once, at some cost
     pub fn new() -> ColdCost {
-        let link = Link::new(
-            "east".into(),
-            "MkU3OEVBNTcwNTJENDM2Qk".parse().expect("cluster id"),
-            "mirror-east".into(),
-            vec![Regex::new("^(?:orders)$").expect("regex")],
-            None,
-            ControlBatchPolicy::Forward,
-        );
+        let link = super::orders_link(ControlBatchPolicy::Forward);
         let at = PartitionId {
             topic_id: ORDERS_ID,
             partition: 0,
         };
-        let origin = OriginId {
-            source: *link.source_cluster_id(),
-            pid: PID,
-        };
-        let mut view = Origins::new([*link.source_cluster_id()]);
-        view.apply(
-            0,
-            &StateRecord::Origin(
-                origin.key(at),
-                Some(OriginValue {
-                    mapped_pid: compose(link.region(), PID),
-                    salt: 0,
-                    claim_offset: -1,
-                    last_seen_ms: 0,
-                }),
-            ),
-        );
+        let view = super::known_origins(&link, ORDERS_ID, 1);
         let dedupe = Dedupe::new(
             10_000,
             1 << 20,

@@ -12,6 +12,12 @@ pub use rewrite::cases;
 
 use bytes::{Bytes, BytesMut};
 
+use regex::Regex;
+use uuid::Uuid;
+
+use crate::mirror::link::{ControlBatchPolicy, Link};
+use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
+use crate::mirror::state_records::{OriginValue, StateRecord};
 use crate::wire::batch::{build, NewBatch, NewRecord};
 
 /// One measured case: criterion's group and id, and the work.
@@ -77,4 +83,46 @@ fn batch(records: usize, value_len: usize) -> Bytes {
         control: false,
     };
     Bytes::from(build(&producer, &records).expect("a batch of valid records"))
+}
+
+/// Link `east` (a fixed source cluster id) over topic `orders`.
+fn orders_link(control_batches: ControlBatchPolicy) -> Link {
+    Link::new(
+        "east".into(),
+        "MkU3OEVBNTcwNTJENDM2Qk"
+            .parse()
+            .expect("a valid cluster id"),
+        "mirror-east".into(),
+        vec![Regex::new("^(?:orders)$").expect("a valid pattern")],
+        None,
+        control_batches,
+    )
+}
+
+/// The origins view of a link in steady state: producer 5 of `link`'s
+/// source known in partitions `0..partitions` of `topic_id`, mapped
+/// without a salt.
+fn known_origins(link: &Link, topic_id: Uuid, partitions: i32) -> Origins {
+    let mut view = Origins::new([*link.source_cluster_id()]);
+    let origin = OriginId {
+        source: *link.source_cluster_id(),
+        pid: 5,
+    };
+    for partition in 0..partitions {
+        let value = OriginValue {
+            mapped_pid: compose(link.region(), 5),
+            salt: 0,
+            claim_offset: -1,
+            last_seen_ms: 0,
+        };
+        let at = PartitionId {
+            topic_id,
+            partition,
+        };
+        view.apply(
+            i64::from(partition),
+            &StateRecord::Origin(origin.key(at), Some(value)),
+        );
+    }
+    view
 }

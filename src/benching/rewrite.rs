@@ -9,19 +9,17 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, TopicName};
 use kafka_protocol::protocol::{Encodable, StrBytes};
-use regex::Regex;
 use uuid::Uuid;
 
 use super::{Case, Per, Work};
-use crate::mirror::link::{ControlBatchPolicy, Link};
-use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
-use crate::mirror::produce;
+use crate::mirror::link::ControlBatchPolicy;
+use crate::mirror::produce::{self, ProducePlan};
 use crate::mirror::produce_response::Answers;
 use crate::mirror::producer_state::{BatchId, Check, ProducerStates};
-use crate::mirror::state_records::{OriginValue, StateRecord};
 use crate::wire::crc32c;
 use crate::wire::header::RequestHeaderPeek;
 use crate::wire::produce_response_walk::Walked;
+use crate::wire::produce_walk::Index;
 
 /// Every case, in the order the bench runs them.
 pub fn cases() -> Vec<Case> {
@@ -93,15 +91,26 @@ fn request_at(version: i16, partitions: usize, batch_size: usize) -> (Bytes, Byt
     (out.freeze(), b)
 }
 
+/// A plan made by `plan` over a fresh copy of `frame`, applied.
+fn plan_and_patch(
+    frame: &Bytes,
+    body_offset: usize,
+    plan: impl Fn(&Bytes, &Index) -> ProducePlan + 'static,
+) -> Work {
+    Work::Fresh {
+        input: frame.clone(),
+        run: Box::new(move |f| {
+            let index = produce::index(&f, body_offset, VERSION).expect("index");
+            let plan = plan(&f, &index);
+            let mut m = BytesMut::from(f);
+            plan.apply(&mut m).expect("apply");
+            m
+        }),
+    }
+}
+
 fn rewrite(all: &mut Vec<Case>) {
-    let link = Rc::new(Link::new(
-        "east".into(),
-        "MkU3OEVBNTcwNTJENDM2Qk".parse().expect("cluster id"),
-        "mirror-east".into(),
-        vec![Regex::new("^(?:orders)$").expect("regex")],
-        None,
-        ControlBatchPolicy::Drop,
-    ));
+    let link = Rc::new(super::orders_link(ControlBatchPolicy::Drop));
     let cases = [
         ("1KiB", 1, 1024),
         ("64KiB", 1, 64 * 1024),
@@ -121,64 +130,31 @@ fn rewrite(all: &mut Vec<Case>) {
             GROUP,
             format!("plan_and_patch/{name}"),
             Some(Per::Bytes(bytes)),
-            Work::Fresh {
-                input: frame.clone(),
-                run: Box::new(move |f| {
-                    let index = produce::index(&f, body_offset, VERSION).expect("index");
-                    let plan = produce::plan(&f, &index, &l, &|_| None);
-                    let mut m = BytesMut::from(f);
-                    plan.apply(&mut m).expect("apply");
-                    m
-                }),
-            },
+            plan_and_patch(&frame, body_offset, move |f, index| {
+                produce::plan(f, index, &l, &|_| None)
+            }),
         ));
         // The state-backed path: every origin known (lookup in the origins
         // view, last-seen touch, patch), as for a link in steady state.
         let topic_id = Uuid::from_u128(0x5eed);
-        let mut view = Origins::new([*link.source_cluster_id()]);
-        for i in 0..partitions as i32 {
-            let at = PartitionId {
-                topic_id,
-                partition: i,
-            };
-            let origin = OriginId {
-                source: *link.source_cluster_id(),
-                pid: 5,
-            };
-            let value = OriginValue {
-                mapped_pid: compose(link.region(), 5),
-                salt: 0,
-                claim_offset: -1,
-                last_seen_ms: 0,
-            };
-            view.apply(
-                i64::from(i),
-                &StateRecord::Origin(origin.key(at), Some(value)),
-            );
-        }
+        let view = super::known_origins(&link, topic_id, partitions as i32);
         let l = Rc::clone(&link);
         all.push(case(
             GROUP,
             format!("known_origin_plan_and_patch/{name}"),
             Some(Per::Bytes(bytes)),
-            Work::Fresh {
-                input: frame.clone(),
-                run: Box::new(move |f| {
-                    let index = produce::index(&f, body_offset, VERSION).expect("index");
-                    let plan = produce::plan_with(
-                        &f,
-                        &index,
-                        &l,
-                        &|_| None,
-                        &|_| Some(topic_id),
-                        &produce::AtTime(&view, 1_000_000),
-                    );
-                    assert!(plan.unresolved.is_empty());
-                    let mut m = BytesMut::from(f);
-                    plan.apply(&mut m).expect("apply");
-                    m
-                }),
-            },
+            plan_and_patch(&frame, body_offset, move |f, index| {
+                let plan = produce::plan_with(
+                    f,
+                    index,
+                    &l,
+                    &|_| None,
+                    &|_| Some(topic_id),
+                    &produce::AtTime(&view, 1_000_000),
+                );
+                assert!(plan.unresolved.is_empty());
+                plan
+            }),
         ));
         all.push(case(
             GROUP,

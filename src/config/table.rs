@@ -682,7 +682,7 @@ mod tests {
 
     /// A variable that is not Unicode: outside the prefix it is passed
     /// over (`std::env::vars` would panic on it); inside, it is a problem
-    /// that names the variable, and the variables beside it still read.
+    /// that names the variable.
     #[test]
     fn process_vars_passes_over_what_is_not_ours_and_reports_what_is() {
         use std::ffi::OsStr;

@@ -9,6 +9,7 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{ApiKey, ProduceResponse};
 use uuid::Uuid;
 
+use super::ORDERS_ID;
 use crate::client::protocol::{self, PartitionRef};
 use crate::metrics::Metrics;
 use crate::mirror::dedupe::{Begin, Dedupe, Writer};
@@ -16,13 +17,13 @@ use crate::mirror::link::{ControlBatchPolicy, Link};
 use crate::mirror::origins::{Origins, PartitionId};
 use crate::mirror::produce;
 use crate::mirror::produce_response::Answers;
+use crate::wire::batch::BASE_SEQUENCE_OFFSET;
 use crate::wire::header::RequestHeaderPeek;
 use crate::wire::produce_response_walk::Walked;
 
 const VERSION: i16 = 13;
-const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
-/// Offset of baseSequence in a v2 record batch.
-const BASE_SEQUENCE: usize = 53;
+/// Records in the request's one batch (of 1 KiB each: 16 KiB in all).
+const RECORDS: usize = 15;
 
 /// A 16 KiB v13 request of one partition, one batch, from a known origin,
 /// and what the Produce path looks it up in: the link, the topic-id table
@@ -69,7 +70,7 @@ impl ColdCost {
         );
         let writer = dedupe.writer();
         dedupe.assume_rebuilt(at, writer);
-        let b = super::batch(15, 1024);
+        let b = super::batch(RECORDS, 1024);
         let template = request(&b);
         let batch_at = template
             .windows(b.len())
@@ -95,9 +96,9 @@ impl ColdCost {
     /// Request `n` (new sequences, new offsets) through every phase: phase
     /// `k`'s work is run inside `phase(k, work)`, which times it.
     pub fn request(&self, n: usize, phase: &mut dyn FnMut(usize, &mut dyn FnMut())) {
-        let seq = i32::try_from(n * 15).expect("sequence");
+        let seq = i32::try_from(n * RECORDS).expect("sequence");
         let mut frame = self.template.clone();
-        let at = self.batch_at + BASE_SEQUENCE;
+        let at = self.batch_at + BASE_SEQUENCE_OFFSET;
         frame[at..at + 4].copy_from_slice(&seq.to_be_bytes());
         let frame = frame.freeze();
         let resp = response(i64::from(seq));

@@ -20,6 +20,11 @@ use crate::mirror::origins::{compose, OriginId, Origins, PartitionId};
 use crate::mirror::state_records::{OriginValue, StateRecord};
 use crate::wire::batch::{build, NewBatch, NewRecord};
 
+/// Topic `orders`' id, where a request or the topic-id table names it by id.
+const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
+/// The source producer of every batch the workloads build.
+const PRODUCER: i64 = 5;
+
 /// One measured case: criterion's group and id, and the work.
 pub struct Case {
     pub group: &'static str,
@@ -50,7 +55,7 @@ pub enum Work {
 }
 
 /// One batch of `records` records of `value_len` incompressible bytes each
-/// (a xorshift stream), from producer 5, built by the library's own batch
+/// (a xorshift stream), from [`PRODUCER`], built by the library's own batch
 /// builder.
 fn batch(records: usize, value_len: usize) -> Bytes {
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -76,7 +81,7 @@ fn batch(records: usize, value_len: usize) -> Bytes {
         })
         .collect();
     let producer = NewBatch {
-        producer_id: 5,
+        producer_id: PRODUCER,
         producer_epoch: 0,
         base_sequence: 0,
         transactional: false,
@@ -99,18 +104,18 @@ fn orders_link(control_batches: ControlBatchPolicy) -> Link {
     )
 }
 
-/// The origins view of a link in steady state: producer 5 of `link`'s
+/// The origins view of a link in steady state: [`PRODUCER`] of `link`'s
 /// source known in partitions `0..partitions` of `topic_id`, mapped
 /// without a salt.
 fn known_origins(link: &Link, topic_id: Uuid, partitions: i32) -> Origins {
     let mut view = Origins::new([*link.source_cluster_id()]);
     let origin = OriginId {
         source: *link.source_cluster_id(),
-        pid: 5,
+        pid: PRODUCER,
     };
     for partition in 0..partitions {
         let value = OriginValue {
-            mapped_pid: compose(link.region(), 5),
+            mapped_pid: compose(link.region(), PRODUCER),
             salt: 0,
             claim_offset: -1,
             last_seen_ms: 0,

@@ -11,7 +11,7 @@ use kafka_protocol::messages::{ApiKey, ProduceRequest, RequestHeader, TopicName}
 use kafka_protocol::protocol::{Encodable, StrBytes};
 use uuid::Uuid;
 
-use super::{Case, Per, Work};
+use super::{Case, Per, Work, ORDERS_ID};
 use crate::mirror::link::ControlBatchPolicy;
 use crate::mirror::produce::{self, ProducePlan};
 use crate::mirror::produce_response::Answers;
@@ -47,9 +47,8 @@ fn repeat(f: impl FnMut() + 'static) -> Work {
 }
 
 const VERSION: i16 = 9;
-const ORDERS_ID: Uuid = Uuid::from_u128(0x5eed_0001);
 
-/// One batch of about `size` bytes from producer 5.
+/// One batch of about `size` bytes from [`super::PRODUCER`].
 fn batch(size: usize) -> Bytes {
     super::batch((size / 1020).max(1), 1000)
 }
